@@ -1,0 +1,149 @@
+"""`dsv4deploy`: validate and render profiles, drive the twin, read release history.
+
+Exit codes: 0 fine, 1 an operation failed, 2 bad input (with a message naming file, line and
+key, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, ProfileError
+from .profiles import list_profiles, load_profile
+from .validate import Report, validate
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def checked_profile(name: str) -> Report:
+    """Load and validate; raise ProfileError (all errors) when it must not be deployed."""
+    report = validate(load_profile(name))
+    if report.errors:
+        raise ProfileError(report.problems)
+    return report
+
+
+def budget_table(report: Report) -> Table:
+    b = report.budget
+    table = Table(title=f"GPU memory budget per GPU: {report.profile.name}", show_lines=False)
+    table.add_column("item")
+    table.add_column("value", justify="right")
+    table.add_column("note")
+    rows = [
+        ("capacity", f"{b.capacity_gib:.1f} GiB", "nvidia-smi memory.total"),
+        ("static (weights + KV)", f"{b.static_gib:.1f} GiB", f"mem_fraction_static {b.fraction}"),
+        ("weights", f"{b.weights_gib:.1f} GiB", "checkpoint / TP + replicated"),
+        ("KV pool", f"{b.kv_pool_gib:.1f} GiB", f"{b.kv_bytes_per_token:,.0f} B/token"),
+        ("KV tokens", f"{b.kv_tokens:,}", f"{b.full_context_requests:.1f} requests of {b.context_length:,}"),
+        ("headroom", f"{b.headroom_gib:.1f} GiB", f"capacity - static - CUDA context {b.cuda_context_gib:.1f}"),
+        ("  CUDA graphs", f"{b.graph_gib:.1f} GiB", f"{b.allreduce_path} all-reduce in graphs"),
+        ("  activations", f"{b.activations_gib:.1f} GiB", "prefill chunk"),
+        ("  NCCL buffers", f"{b.nccl_gib:.1f} GiB", "per peer"),
+        ("  margin", f"{b.margin_gib:.1f} GiB", ""),
+        ("reserve needed", f"{b.reserve_gib:.1f} GiB", b.reserve_source),
+        ("verdict", "fits" if b.fits else "OOM at graph capture",
+         f"max safe fraction {b.max_safe_fraction:.2f}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def cmd_validate(args) -> int:
+    try:
+        report = validate(load_profile(args.profile))
+    except ProfileError as exc:
+        if args.json:
+            print(json.dumps({"profile": args.profile, "ok": False,
+                              "problems": [p.as_dict() for p in exc.problems]}, indent=2))
+        else:
+            _err(str(exc))
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps({"profile": report.profile.name, "ok": report.ok,
+                          "content_hash": report.profile.content_hash,
+                          "budget": report.budget.as_dict() if report.budget else None,
+                          "problems": [p.as_dict() for p in report.problems]}, indent=2))
+    else:
+        console = Console()
+        if report.budget:
+            console.print(budget_table(report))
+        for p in report.problems:
+            console.print(str(p), style="red" if p.severity == "error" else "yellow", markup=False, highlight=False)
+        console.print(f"{report.profile.name}: {'valid' if report.ok else 'INVALID'} "
+                      f"({len(report.errors)} errors, {len(report.warnings)} warnings)", markup=False)
+    return 0 if report.ok else EXIT_BAD_INPUT
+
+
+def cmd_render(args) -> int:
+    from .render import SGLANG_MODULE, render
+
+    report = checked_profile(args.profile)
+    rendered = render(report.profile, module=args.module or SGLANG_MODULE)
+    out = Path(args.out)
+    for host_path, text in rendered.files.items():
+        target = out / host_path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(target)
+    (out / "argv.json").write_text(json.dumps(rendered.argv, indent=2) + "\n")
+    print(out / "argv.json")
+    return 0
+
+
+def cmd_list(args) -> int:
+    for name in list_profiles():
+        print(name)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dsv4deploy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check a profile and print its GPU-memory budget")
+    p.add_argument("profile")
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("render", help="write the unit, NCCL env, manifest and argv of a profile")
+    p.add_argument("profile")
+    p.add_argument("--out", required=True, help="folder to write into (host paths below it)")
+    p.add_argument("--module", help="server module (default sglang.launch_server; the twin uses dsv4deploy.twin.server)")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("list", help="list deployable profiles")
+    p.set_defaults(func=cmd_list)
+
+    for plugin in ("dsv4deploy.sim.cli",):
+        try:
+            module = __import__(plugin, fromlist=["register"])
+        except ImportError:
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ProfileError as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Where things live on the GPU host. One place, so the renderer, the deploy steps and the
+release store agree, and two releases never share a half-upgraded venv or checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+OPT = "/opt/dsv4deploy"
+ETC = "/etc/dsv4deploy"
+STATE = "/var/lib/dsv4deploy"
+MODELS = "/srv/dsv4deploy/models"
+
+
+def patchset_id(patches: list[dict]) -> str:
+    """Names a patch set by its content: 'nopatch' or 12 hex of the sorted patch sha256s."""
+    if not patches:
+        return "nopatch"
+    joined = ",".join(sorted(p["sha256"] for p in patches))
+    return hashlib.sha256(joined.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Host paths for one profile."""
+
+    service: str
+    sglang_version: str
+    patchset: str
+    model_repo: str
+    model_revision: str
+
+    @classmethod
+    def of(cls, data: dict) -> "Layout":
+        return cls(
+            service=data["service"]["name"],
+            sglang_version=data["sglang"]["version"],
+            patchset=patchset_id(data["sglang"].get("patches") or []),
+            model_repo=data["model"]["repo"],
+            model_revision=data["model"]["revision"],
+        )
+
+    @property
+    def venv(self) -> str:
+        return f"{OPT}/venvs/sglang-{self.sglang_version}-{self.patchset}"
+
+    @property
+    def python(self) -> str:
+        return f"{self.venv}/bin/python"
+
+    @property
+    def model_dir(self) -> str:
+        return f"{MODELS}/{self.model_repo.replace('/', '--')}/{self.model_revision}"
+
+    @property
+    def config_dir(self) -> str:
+        return f"{ETC}/{self.service}"
+
+    @property
+    def nccl_env(self) -> str:
+        return f"{self.config_dir}/nccl.env"
+
+    @property
+    def secrets_env(self) -> str:
+        """HF token and other secret environment (0600, root): never in argv or the unit."""
+        return f"{ETC}/secrets.env"
+
+    @property
+    def secret_args(self) -> str:
+        """SGLang --config file carrying the API key (0600, owned by the service user)."""
+        return f"{self.config_dir}/secret-args.yaml"
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.config_dir}/manifest.json"
+
+    @property
+    def unit(self) -> str:
+        return f"/etc/systemd/system/{self.service}.service"
+
+    @property
+    def state_dir(self) -> str:
+        return f"{STATE}/{self.service}"
+
+    @property
+    def releases_dir(self) -> str:
+        return f"{STATE}/releases"

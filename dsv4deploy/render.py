@@ -1,0 +1,195 @@
+"""Profile -> the exact files the host runs: launch argv, systemd unit, NCCL env file and a
+launch manifest. Pure and deterministic: the same profile renders byte-identical output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+
+import jinja2
+
+from . import __version__, catalog
+from .layout import Layout
+from .nccl import nccl_environment, render_env_file
+from .profiles import Profile
+from .sglang_versions import facts
+
+SGLANG_MODULE = "sglang.launch_server"
+# PATH for the unit: SGLang sizes memory through nvidia-smi, which must be found.
+UNIT_PATH = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Flags the profile manages, with every alias SGLang accepts for them: extra_args may not
+# repeat them (an override buried in extra_args is how a launch silently differs from its profile).
+MANAGED_FLAGS: dict[str, tuple[str, ...]] = {
+    "model": ("--model-path", "--model"),
+    "served_model_name": ("--served-model-name",),
+    "tp_size": ("--tp-size", "--tensor-parallel-size"),
+    "nnodes": ("--nnodes",),
+    "mem_fraction_static": ("--mem-fraction-static",),
+    "context_length": ("--context-length",),
+    "cuda_graph_max_bs_decode": ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"),
+    "num_continuous_decode_steps": ("--num-continuous-decode-steps",),
+    "moe_runner_backend": ("--moe-runner-backend",),
+    "max_running_requests": ("--max-running-requests",),
+    "chunked_prefill_size": ("--chunked-prefill-size",),
+    "disable_custom_all_reduce": ("--disable-custom-all-reduce",),
+    "enable_metrics": ("--enable-metrics",),
+    "trust_remote_code": ("--trust-remote-code",),
+    "host": ("--host",),
+    "port": ("--port",),
+    "log_level": ("--log-level",),
+    "api_key": ("--api-key", "--config"),
+    "quantization": ("--quantization",),
+}
+
+
+def flag_owner(flag: str) -> str | None:
+    """The profile key that manages `flag` (given as `--x` or `--x=value`), if any."""
+    name = flag.split("=", 1)[0]
+    for key, spellings in MANAGED_FLAGS.items():
+        if name in spellings:
+            return key
+    return None
+
+
+def server_args(profile: Profile) -> list[str]:
+    """The flags after `-m sglang.launch_server`, spelled as the pinned version accepts them."""
+    data = profile.data
+    server, model = data["server"], data["model"]
+    version = facts(data["sglang"]["version"])
+    if version is None:
+        raise ValueError(f"no flag data for SGLang {data['sglang']['version']}")
+    layout = Layout.of(data)
+    args = ["--model-path", layout.model_dir,
+            "--served-model-name", model["served_model_name"],
+            "--tp-size", str(server["tp_size"])]
+    if server["nnodes"] > 1:
+        args += ["--nnodes", str(server["nnodes"])]
+    args += ["--mem-fraction-static", _number(server["mem_fraction_static"])]
+    if server.get("context_length"):
+        args += ["--context-length", str(int(server["context_length"]))]
+    if server.get("cuda_graph_max_bs_decode"):
+        args += [version.cuda_graph_max_bs_flag, str(server["cuda_graph_max_bs_decode"])]
+    args += ["--num-continuous-decode-steps", str(server["num_continuous_decode_steps"]),
+             "--moe-runner-backend", server["moe_runner_backend"]]
+    known = catalog.model(model["repo"])
+    if known and known.quantization_flag:
+        args += ["--quantization", known.quantization_flag]
+    for key, flag in (("max_running_requests", "--max-running-requests"),
+                      ("chunked_prefill_size", "--chunked-prefill-size")):
+        if server.get(key):
+            args += [flag, str(server[key])]
+    for key, flag in (("disable_custom_all_reduce", "--disable-custom-all-reduce"),
+                      ("trust_remote_code", "--trust-remote-code"),
+                      ("enable_metrics", "--enable-metrics")):
+        if server.get(key):
+            args.append(flag)
+    args += ["--host", server["host"], "--port", str(server["port"]), "--log-level", server["log_level"]]
+    if server.get("api_key"):
+        args += ["--config", layout.secret_args]
+    return args + list(server.get("extra_args") or [])
+
+
+def launch_argv(profile: Profile, module: str = SGLANG_MODULE) -> list[str]:
+    """The whole command: the release's venv python, the server module, the flags."""
+    return [Layout.of(profile.data).python, "-m", module, *server_args(profile)]
+
+
+def _number(value: float) -> str:
+    """0.7 -> '0.7', 1 -> '1': the shortest exact spelling, never an exponent."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+# --- systemd quoting --------------------------------------------------------------------------
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def systemd_word(word: str) -> str:
+    """One ExecStart word, quoted as systemd.service(5) reads it ($ and % are expanded there)."""
+    word = word.replace("%", "%%").replace("$", "$$")
+    if word and _PLAIN.match(word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def systemd_exec(argv: list[str]) -> str:
+    return " ".join(systemd_word(w) for w in argv)
+
+
+def systemd_env(key: str, value: str) -> str:
+    return systemd_word(f"{key}={value}")
+
+
+# --- the rendered release ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rendered:
+    """Everything the host gets for one profile; `files` maps host path -> content."""
+
+    argv: list[str]
+    unit: str
+    nccl_env: str
+    manifest: str
+    files: dict[str, str]
+
+
+@cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("dsv4deploy", "templates"),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, autoescape=False,
+    )
+
+
+def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
+    data = profile.data
+    layout = Layout.of(data)
+    server, service = data["server"], data["service"]
+    argv = launch_argv(profile, module)
+    env = {"PATH": UNIT_PATH, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           **{k: _env_value(v) for k, v in sorted(server.get("env", {}).items())}}
+    nccl_env = render_env_file(
+        nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides")),
+        f"NCCL preset {data['nccl']['preset']} for profile {profile.name}")
+    unit = _templates().get_template("sglang.service.j2").render(
+        profile=profile.name, content_hash=profile.content_hash,
+        sglang_version=data["sglang"]["version"], model_repo=data["model"]["repo"],
+        manifest=layout.manifest, user=service["user"], state_dir=layout.state_dir,
+        nccl_env=layout.nccl_env, secrets_env=layout.secrets_env,
+        environment=[systemd_env(k, v) for k, v in env.items()],
+        exec_start=systemd_exec(argv),
+        timeout_start_s=service["timeout_start_s"], timeout_stop_s=service["timeout_stop_s"],
+        start_limit_interval=max(600, 3 * service["timeout_start_s"]),
+    )
+    files = {layout.unit: unit, layout.nccl_env: nccl_env}
+    manifest = json.dumps({
+        "profile": profile.name,
+        "content_hash": profile.content_hash,
+        "profile_files": list(profile.files),
+        "dsv4deploy_version": __version__,
+        "sglang_version": data["sglang"]["version"],
+        "patchset": layout.patchset,
+        "module": module,
+        "argv": argv,
+        "model": {"repo": data["model"]["repo"], "revision": data["model"]["revision"],
+                  "path": layout.model_dir},
+        "venv": layout.venv,
+        "service": service["name"],
+        "endpoint": {"host": server["host"], "port": server["port"]},
+        "files": {path: hashlib.sha256(text.encode()).hexdigest() for path, text in sorted(files.items())},
+    }, indent=2, sort_keys=True) + "\n"
+    files[layout.manifest] = manifest
+    return Rendered(argv=argv, unit=unit, nccl_env=nccl_env, manifest=manifest, files=files)
+
+
+def _env_value(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)

@@ -1,0 +1,55 @@
+"""What each SGLang release accepts, kept as data (data/sglang/): its option strings, dumped
+from the release's own parser, and a few facts (versions.yaml). A version with no data is
+refused: guessing flag spellings is how launch scripts broke in the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import yaml
+
+from . import PACKAGE_DATA
+
+_DIR = PACKAGE_DATA / "sglang"
+
+
+@dataclass(frozen=True)
+class VersionFacts:
+    version: str
+    flags: frozenset[str]
+    cuda_graph_max_bs_flag: str
+    has_ready_endpoint: bool
+    nvfp4_dsv4_moe: bool
+    moe_runner_backends: tuple[str, ...]
+
+    def accepts(self, flag: str) -> bool:
+        return flag in self.flags
+
+
+@cache
+def _table() -> dict:
+    return yaml.safe_load((_DIR / "versions.yaml").read_text()) or {}
+
+
+def known_versions() -> list[str]:
+    return sorted((v for v in _table() if (_DIR / f"{v}.flags").is_file()),
+                  key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
+
+
+@cache
+def facts(version: str) -> VersionFacts | None:
+    entry = _table().get(version)
+    flag_file = _DIR / f"{version}.flags"
+    if entry is None or not flag_file.is_file():
+        return None
+    flags = frozenset(line.strip() for line in flag_file.read_text().splitlines() if line.strip())
+    return VersionFacts(
+        version=version,
+        flags=flags,
+        cuda_graph_max_bs_flag=entry["cuda_graph_max_bs_flag"],
+        has_ready_endpoint=bool(entry["has_ready_endpoint"]),
+        nvfp4_dsv4_moe=bool(entry["nvfp4_dsv4_moe"]),
+        moe_runner_backends=tuple(entry.get("moe_runner_backends") or ()),
+    )
