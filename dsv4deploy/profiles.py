@@ -210,8 +210,12 @@ def schema_problems(profile: Profile) -> list[Problem]:
             continue
         if kind == "required":
             missing = [k for k in error.validator_value if k not in value]
+            file, line = profile.where(path)
+            if file != profile.files[-1]:  # the parent came from a base: point at the profile itself
+                file, line = profile.files[-1], None
             for key in missing:
-                problems.append(profile.problem(path + (key,), f"missing required key ({_describe(error.schema, key)})"))
+                problems.append(Problem(f"missing required key ({_describe(error.schema, key)})",
+                                        path=format_path(path + (key,)), file=file, line=line))
             continue
         if kind == "type":
             expected = error.validator_value

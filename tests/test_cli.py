@@ -1,0 +1,67 @@
+"""The `dsv4deploy` command as a user runs it: exit codes, messages, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "dsv4deploy", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def test_validate_prints_the_budget_and_exits_0():
+    out = run("validate", "nvfp4-ctx8k")
+    assert out.returncode == 0, out.stderr
+    assert "GPU memory budget per GPU: nvfp4-ctx8k" in out.stdout
+    assert "fits" in out.stdout and "nvfp4-ctx8k: valid" in out.stdout
+
+
+def test_validate_json():
+    out = run("validate", "nvfp4-ctx8k", "--json")
+    doc = json.loads(out.stdout)
+    assert doc["ok"] is True and doc["budget"]["fits"] is True
+    assert 1_900_000 < doc["budget"]["kv_tokens"] < 2_100_000
+
+
+BAD = {
+    "malformed": "extends: nvfp4-ctx8k\nserver: [\n",
+    "wrongtype": "extends: nvfp4-ctx8k\nserver:\n  port: high\n",
+    "unknown": "extends: nvfp4-ctx8k\nservr: {}\n",
+    "range": "extends: nvfp4-ctx8k\nserver:\n  tp_size: 0\n",
+    "inject": "extends: nvfp4-ctx8k\nmodel:\n  served_model_name: \"x\\n[Service]\"\n",
+    "cycle": "extends: cycle\n",
+    "oom": "extends: nvfp4-ctx8k\nserver:\n  mem_fraction_static: 0.85\n",
+    "notmapping": "- just\n- a list\n",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD) + ["does-not-exist", "../etc/passwd"])
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_bad_input_exits_2_with_a_message_and_no_traceback(profile_dir, tmp_path, case, command):
+    if case in BAD:
+        profile_dir.write(case, BAD[case])
+    args = [command, case] + (["--out", str(tmp_path / "out")] if command == "render" else [])
+    out = run(*args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr + out.stdout
+    text = out.stderr + out.stdout
+    if case in BAD:
+        assert f"{case}.yaml" in text
+    assert not (tmp_path / "out").exists(), "nothing is written for a bad profile"
+
+
+def test_render_writes_unit_env_manifest_and_argv(tmp_path):
+    out = run("render", "nvfp4-ctx8k", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    unit = tmp_path / "etc/systemd/system/sglang.service"
+    assert unit.is_file() and (tmp_path / "etc/dsv4deploy/sglang/nccl.env").is_file()
+    manifest = json.loads((tmp_path / "etc/dsv4deploy/sglang/manifest.json").read_text())
+    assert manifest["profile"] == "nvfp4-ctx8k" and manifest["sglang_version"] == "0.5.23"
+    assert json.loads((tmp_path / "argv.json").read_text()) == manifest["argv"]

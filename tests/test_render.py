@@ -1,0 +1,145 @@
+"""Rendering: deterministic golden output, systemd accepts the unit, flags spelled right."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dsv4deploy.layout import Layout
+from dsv4deploy.profiles import list_profiles, load_profile
+from dsv4deploy.render import render, server_args, systemd_exec, systemd_word
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def golden_files(name: str) -> dict[str, str]:
+    r = render(load_profile(name))
+    layout = Layout.of(load_profile(name).data)
+    return {"sglang.service": r.unit, "nccl.env": r.nccl_env, "manifest.json": r.manifest,
+            "argv.json": json.dumps(r.argv, indent=2) + "\n", "unit-path": layout.unit + "\n"}
+
+
+@pytest.mark.parametrize("name", list_profiles())
+def test_rendered_files_match_golden(name):
+    """Golden files show every rendered byte in review; UPDATE_GOLDEN=1 rewrites them."""
+    files = golden_files(name)
+    folder = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        folder.mkdir(parents=True, exist_ok=True)
+        for fname, text in files.items():
+            (folder / fname).write_text(text)
+    for fname, text in files.items():
+        assert (folder / fname).read_text() == text, f"{name}/{fname} differs from golden (UPDATE_GOLDEN=1 to accept)"
+
+
+@pytest.mark.parametrize("name", list_profiles())
+def test_rendering_is_deterministic(name):
+    assert render(load_profile(name)) == render(load_profile(name))
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze missing (make bootstrap installs systemd)")
+@pytest.mark.parametrize("name", list_profiles())
+def test_systemd_analyze_verify_accepts_the_unit(name, tmp_path):
+    """verify in a scratch root: the venv python exists there, the system's units are linked in."""
+    profile = load_profile(name)
+    rendered = render(profile)
+    root = tmp_path / "root"
+    for path, text in rendered.files.items():
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/")).write_text(text)
+    python = root / rendered.argv[0].lstrip("/")
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    (root / "usr/lib/systemd").mkdir(parents=True)
+    (root / "usr/lib/systemd/system").symlink_to("/lib/systemd/system")
+    unit = Layout.of(profile.data).unit
+    out = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", unit],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr.strip() == "", out.stderr
+
+
+def test_flags_are_spelled_in_full_for_0_5_23():
+    args = server_args(load_profile("nvfp4-ctx8k"))
+    assert "--tp-size" in args and "--tp" not in args
+    assert args[args.index("--cuda-graph-max-bs-decode") + 1] == "32"
+    assert "--cuda-graph-max-bs" not in args
+    assert args[args.index("--context-length") + 1] == "8192"
+    assert args[args.index("--mem-fraction-static") + 1] == "0.7"
+    assert args[args.index("--moe-runner-backend") + 1] == "marlin"
+
+
+def test_no_quantization_flag_for_the_nvfp4_checkpoint():
+    for name in list_profiles():
+        assert "--quantization" not in server_args(load_profile(name))
+
+
+def test_default_context_renders_no_context_flag():
+    assert "--context-length" not in server_args(load_profile("fp8-ctx1m-baseline"))
+
+
+def test_nop2p_profile_renders_the_workaround():
+    r = render(load_profile("nvfp4-tp8-nop2p"))
+    assert "--disable-custom-all-reduce" in r.argv
+    assert "NCCL_P2P_DISABLE=1\n" in r.nccl_env
+
+
+def test_nccl_overrides_win_over_the_preset(profile_dir):
+    profile_dir.write("dbg", "extends: nvfp4-ctx8k\nnccl:\n  preset: ll-ring\n  overrides:\n    NCCL_PROTO: Simple\n    NCCL_DEBUG: INFO\n")
+    env = render(load_profile("dbg")).nccl_env
+    assert "NCCL_PROTO=Simple\n" in env and "NCCL_DEBUG=INFO\n" in env and "NCCL_PROTO=LL\n" not in env
+
+
+def test_api_key_never_reaches_argv_or_unit(profile_dir):
+    profile_dir.write("keyed", "extends: nvfp4-ctx8k\nserver:\n  api_key: true\n")
+    r = render(load_profile("keyed"))
+    assert "--api-key" not in r.argv
+    assert r.argv[r.argv.index("--config") + 1] == "/etc/dsv4deploy/sglang/secret-args.yaml"
+    assert "EnvironmentFile=-/etc/dsv4deploy/secrets.env" in r.unit
+
+
+def test_unit_runs_as_service_user_with_long_start_timeout():
+    unit = render(load_profile("nvfp4-ctx8k")).unit
+    for line in ("User=sglang", "TimeoutStartSec=1800", "Restart=on-failure", "StartLimitBurst=3",
+                 "EnvironmentFile=/etc/dsv4deploy/sglang/nccl.env"):
+        assert f"\n{line}\n" in unit
+    assert "/usr/bin" in next(l for l in unit.splitlines() if l.startswith("Environment=PATH="))
+
+
+def test_the_twin_swaps_only_the_module():
+    real = render(load_profile("nvfp4-ctx8k")).argv
+    twin = render(load_profile("nvfp4-ctx8k"), module="dsv4deploy.twin.server").argv
+    assert real[2] == "sglang.launch_server" and twin[2] == "dsv4deploy.twin.server"
+    assert real[:2] + real[3:] == twin[:2] + twin[3:]
+
+
+def test_venv_path_names_version_and_patch_set(profile_dir):
+    plain = Layout.of(load_profile("nvfp4-ctx8k").data).venv
+    profile_dir.write("patched", "extends: nvfp4-ctx8k\nsglang:\n  patches:\n    - {name: p, file: p.diff, sha256: " + "b" * 64 + "}\n")
+    patched = Layout.of(load_profile("patched").data).venv
+    assert plain.endswith("sglang-0.5.23-nopatch")
+    assert patched.startswith("/opt/dsv4deploy/venvs/sglang-0.5.23-") and patched != plain
+
+
+@pytest.mark.parametrize("word,quoted", [
+    ("--port", "--port"),
+    ("a b", '"a b"'),
+    ('say "hi"', '"say \\"hi\\""'),
+    ("100%", "100%%"),
+    ("$HOME", '"$$HOME"'),
+    ("back\\slash", '"back\\\\slash"'),
+])
+def test_systemd_quoting(word, quoted):
+    assert systemd_word(word) == quoted
+
+
+def test_exec_line_round_trips_through_a_systemd_like_split():
+    import shlex
+    argv = ["/x/python", "-m", "m", "--served-model-name", "a b", "--x", 'q"t']
+    line = systemd_exec(argv)
+    assert shlex.split(line) == argv

@@ -1,0 +1,95 @@
+"""Semantic validation: errors fail with numbers, warnings are listed."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4deploy.profiles import list_profiles, load_profile
+from dsv4deploy.validate import validate
+
+
+def report_for(profile_dir, text: str):
+    profile_dir.write("case", "extends: nvfp4-ctx8k\n" + text)
+    return validate(load_profile("case"))
+
+
+def errors(report) -> str:
+    return "\n".join(str(p) for p in report.errors)
+
+
+@pytest.mark.parametrize("name", list_profiles())
+def test_every_shipped_profile_is_valid(name):
+    report = validate(load_profile(name))
+    assert report.ok, errors(report)
+    assert report.budget.fits
+
+
+def test_campaign_oom_configuration_is_rejected_with_its_numbers(profile_dir):
+    report = report_for(profile_dir, "server:\n  mem_fraction_static: 0.85\n")
+    msg = errors(report)
+    assert "case.yaml:3: server.mem_fraction_static: CUDA-graph capture would run out of GPU memory" in msg
+    assert "headroom 13.3 GiB" in msg and "static 81.3" in msg and "bs 32" in msg
+    assert "use mem_fraction_static <= 0.84" in msg
+
+
+def test_tp_must_divide_the_heads(profile_dir):
+    assert "does not divide the model's 64 attention heads" in errors(report_for(profile_dir, "server:\n  tp_size: 3\n"))
+
+
+def test_tp_needs_that_many_gpus_on_the_host(profile_dir):
+    msg = errors(report_for(profile_dir, "server:\n  tp_size: 16\n"))
+    assert "needs 16 GPUs per host" in msg and "the host has 8" in msg
+
+
+def test_context_above_the_model_max(profile_dir):
+    assert "exceeds the model's maximum context 1048576" in errors(
+        report_for(profile_dir, "server:\n  context_length: 2000000\n"))
+
+
+def test_context_below_the_smoke_requests(profile_dir):
+    msg = errors(report_for(profile_dir, "server:\n  context_length: 300\n"))
+    assert "gate.levels[0]: a request of 512 tokens (input + output) exceeds context_length 300" in msg
+
+
+def test_kv_pool_smaller_than_one_full_context_request(profile_dir):
+    msg = errors(report_for(profile_dir, "server:\n  tp_size: 2\n  mem_fraction_static: 0.92\n"
+                                         "  context_length: 1048576\n  moe_runner_backend: marlin\n"))
+    assert "less than one full-context request (1,048,576)" in msg
+
+
+def test_fewer_full_context_requests_than_max_running_is_a_warning():
+    report = validate(load_profile("fp8-ctx1m-baseline"))
+    assert report.ok
+    assert any("fewer than max_running_requests 256" in str(w) for w in report.warnings)
+
+
+def test_extra_args_may_not_override_a_managed_flag(profile_dir):
+    msg = errors(report_for(profile_dir, "server:\n  extra_args: [--tp, '8', --context-length=4096]\n"))
+    assert "extra_args[0]: SGLang 0.5.23 has no flag --tp; abbreviations are not allowed: write --tp-size" in msg
+    assert "extra_args[2]: --context-length is managed by the profile (server.context_length" in msg
+
+
+def test_extra_args_unknown_flag(profile_dir):
+    assert "has no flag --turbo" in errors(report_for(profile_dir, "server:\n  extra_args: [--turbo]\n"))
+
+
+def test_extra_args_known_flag_passes(profile_dir):
+    assert report_for(profile_dir, "server:\n  extra_args: [--watchdog-timeout, '600']\n").ok
+
+
+def test_unknown_sglang_version_is_refused(profile_dir):
+    assert "no flag data for SGLang 0.4.0" in errors(report_for(profile_dir, "sglang:\n  version: 0.4.0\n"))
+
+
+def test_moe_backend_without_sm120_kernels(profile_dir):
+    msg = errors(report_for(profile_dir, "server:\n  moe_runner_backend: flashinfer_trtllm_routed\n"))
+    assert "has no kernels for NVIDIA RTX PRO 6000" in msg
+
+
+def test_nop2p_requires_disabling_custom_all_reduce(profile_dir):
+    msg = errors(report_for(profile_dir, "nccl:\n  preset: nop2p\n"))
+    assert "nop2p NCCL preset needs disable_custom_all_reduce: true" in msg
+
+
+def test_old_driver_branch(profile_dir):
+    assert "needs driver branch >= 570" in errors(report_for(profile_dir, "driver:\n  branch: 535\n"))
