@@ -1,0 +1,66 @@
+"""What one deploy run works from, decided before pyinfra touches the host: the validated
+profile, its rendered files, the host paths, and the stand-ins an inventory names for parts
+that cannot exist on that host (the twin has no CUDA torch and no NVIDIA apt repository).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from pyinfra.api import DeployError
+
+from .errors import ProfileError
+from .layout import Layout
+from .profiles import Profile, load_profile
+from .render import SGLANG_MODULE, Rendered, render
+from .validate import Report, validate
+
+
+@dataclass(frozen=True)
+class Rollout:
+    profile: Profile
+    report: Report
+    rendered: Rendered
+    layout: Layout
+    module: str
+    stand_ins: dict = field(default_factory=dict)   # inventory data `stand_ins`
+    weights_source: dict = field(default_factory=dict)
+    allow_reboot: bool = False
+    run: dict = field(default_factory=dict)          # execution-time state of this run
+
+    @property
+    def data(self) -> dict:
+        return self.profile.data
+
+    @property
+    def manifest_sha256(self) -> str:
+        return hashlib.sha256(self.rendered.manifest.encode()).hexdigest()
+
+    @property
+    def base_url(self) -> str:
+        host = self.data["server"]["host"]
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        return f"http://{host}:{self.data['server']['port']}"
+
+
+def rollout_for(host_data) -> Rollout:
+    """Build the Rollout from `--data profile=...` and the inventory's host data.
+
+    A bad profile raises DeployError here, in pyinfra's prepare stage: nothing is changed."""
+    name = host_data.get("profile")
+    if not name:
+        raise DeployError("no profile given: use --data profile=NAME (or make deploy PROFILE=NAME)")
+    try:
+        profile = load_profile(str(name))
+        report = validate(profile)
+    except ProfileError as exc:
+        raise DeployError(f"invalid profile {name}:\n{exc}") from None
+    if report.errors:
+        raise DeployError(f"invalid profile {name}:\n" + "\n".join(map(str, report.problems)))
+    stand_ins = dict(host_data.get("stand_ins") or {})
+    module = stand_ins.get("server_module", SGLANG_MODULE)
+    weights_source = dict(host_data.get("weights_source") or profile.data["model"]["source"])
+    return Rollout(profile=profile, report=report, rendered=render(profile, module=module),
+                   layout=Layout.of(profile.data), module=module, stand_ins=stand_ins,
+                   weights_source=weights_source, allow_reboot=bool(host_data.get("allow_reboot", False)))

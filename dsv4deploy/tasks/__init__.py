@@ -1,0 +1,13 @@
+"""The rollout's steps as reusable pyinfra `@deploy` functions, one module per concern,
+in the order deploy/serve.py calls them."""
+
+from .preflight import preflight
+from .driver import driver
+from .system import service_user
+from .venv import launch_check, sglang_venv
+from .weights import weights
+from .service import config_files, restart_if_changed
+from .release import begin_release, deploy_lock, needs_release, settle_interrupted, verify_and_record
+
+__all__ = ["preflight", "driver", "service_user", "sglang_venv", "launch_check", "weights", "config_files",
+           "restart_if_changed", "begin_release", "deploy_lock", "needs_release", "settle_interrupted", "verify_and_record"]

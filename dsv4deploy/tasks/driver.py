@@ -1,0 +1,73 @@
+"""The NVIDIA driver: installed only when nvidia-smi is missing or older than the profile's
+branch. Blackwell needs the open kernel modules (nvidia-open) from NVIDIA's CUDA repository.
+It never reboots on its own: it records that a reboot is required and stops, unless the run
+says `--data allow_reboot=true`.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files as package_files
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import DeployError, deploy
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import apt, files, python, server
+
+from ..layout import STATE
+from ..rollout import Rollout
+
+REBOOT_FLAG = f"{STATE}/reboot-required"
+CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/cuda-keyring_1.1-1_all.deb"
+
+
+def _repo_distro() -> str:
+    dist = host.get_fact(LinuxDistribution)
+    name = (dist.get("name") or "").lower()
+    major, minor = dist.get("major"), dist.get("minor")
+    if name == "ubuntu":
+        return f"ubuntu{major}{int(minor or 0):02d}"
+    return f"debian{major}"
+
+
+@deploy("NVIDIA driver")
+def driver(r: Rollout, needed: bool) -> None:
+    if not needed:
+        host.noop(f"nvidia-smi reports a driver of branch >= {r.data['driver']['branch']}")
+        return
+    branch = r.data["driver"]["branch"]
+    if r.stand_ins.get("driver"):
+        # The twin cannot load a kernel module: its stand-in is the twin's nvidia-smi, reporting
+        # the branch the profile asks for (see inventory/sim.py).
+        script = package_files("dsv4deploy.sim").joinpath("nvidia_smi.py").read_text()
+        files.directory(name="twin GPU settings dir", path="/etc/dsv4deploy-twin")
+        server.shell(name=f"stand-in: mark driver {branch} installed in the twin's GPU settings",
+                     commands=["python3 - <<'EOF'\nimport json, pathlib\n"
+                               "p = pathlib.Path('/etc/dsv4deploy-twin/gpus.json')\n"
+                               "d = json.loads(p.read_text()) if p.exists() else {}\n"
+                               f"d['driver_installed'] = True\nd['driver_version'] = '{branch}.95.05'\n"
+                               "p.write_text(json.dumps(d, indent=2))\nEOF"])
+        files.put(name="stand-in: nvidia-smi (twin)", src=StringIO(script), dest="/usr/bin/nvidia-smi", mode="755")
+        return
+
+    distro = _repo_distro()
+    apt.packages(name="prerequisites", packages=["ca-certificates", "curl", "gnupg"], update=True, cache_time=3600)
+    apt.deb(name="NVIDIA CUDA repository (cuda-keyring)", src=CUDA_REPO.format(distro=distro))
+    files.put(name=f"pin the driver to branch {branch}",
+              src=StringIO(f"Package: nvidia-open* nvidia-driver* libnvidia-* nvidia-kernel-* cuda-drivers*\n"
+                           f"Pin: version {branch}.*\nPin-Priority: 1001\n"),
+              dest="/etc/apt/preferences.d/dsv4deploy-nvidia-driver", mode="644")
+    packages = ["nvidia-open"]
+    if r.data["driver"].get("cuda_toolkit"):
+        packages.append(r.data["driver"]["cuda_toolkit"])
+    install = apt.packages(name=f"nvidia-open (branch {branch}, open kernel modules) and CUDA toolkit",
+                           packages=packages, update=True)
+    files.file(name="record: reboot required", path=REBOOT_FLAG, touch=True, _if=install.did_change)
+    if r.allow_reboot:
+        server.reboot(name="reboot to load the new driver (allow_reboot=true)", _if=install.did_change)
+        files.file(name="clear reboot flag", path=REBOOT_FLAG, present=False)
+    else:
+        python.raise_exception(name="stop: reboot required", exception=DeployError,
+                               args=[f"the NVIDIA driver {branch} was installed: reboot the host (or run "
+                                     "again with --data allow_reboot=true), then deploy again"],
+                               _if=install.did_change)

@@ -1,0 +1,72 @@
+"""Preflight: read the host before changing it, and refuse clearly.
+
+Runs in pyinfra's prepare stage, so a refusal (DeployError) leaves the host untouched.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import DeployError, deploy
+
+from .. import catalog
+from ..facts import FreeDiskMib, HostBasics, JsonFile, NvidiaSmi, PortOwners, UnitInfo
+from ..layout import MODELS
+from ..preflight.gpus import check_gpus, driver_branch, parse_query
+from ..rollout import Rollout
+
+SUPPORTED_OS = ("debian", "ubuntu")
+
+
+@deploy("Preflight")
+def preflight(r: Rollout) -> dict:
+    """Returns what later steps need to know: {'driver_needed': bool, 'gpus': [...]}."""
+    problems: list[str] = []
+    data = r.data
+    basics = host.get_fact(HostBasics)
+    os_id = basics.get("os", "").split(" ")[0]
+    if os_id not in SUPPORTED_OS:
+        problems.append(f"unsupported OS {basics.get('os')!r} (supported: Debian, Ubuntu)")
+    py = basics.get("python", "")
+    if not py or tuple(int(x) for x in py.split(".")) < (3, 10):
+        problems.append(f"python3 >= 3.10 is needed on the host (found {py or 'none'})")
+
+    gpu = catalog.gpu(data["hardware"]["gpu"])
+    branch = data["driver"]["branch"]
+    smi = host.get_fact(NvidiaSmi)
+    driver_needed = False
+    gpus = []
+    if smi is None:
+        driver_needed = True
+    elif smi and smi[0] == "NVIDIA_SMI_FAILED":
+        problems.append("nvidia-smi is installed but fails: the driver is not loaded (reboot pending?)")
+    else:
+        gpus = parse_query("\n".join(smi))
+        if gpus and driver_branch(gpus[0].driver_version) < branch:
+            driver_needed = True
+        expect_cc = str(host.data.get("expect_compute_cap") or gpu.compute_cap)
+        static_mib = data["server"]["mem_fraction_static"] * gpu.memory_mib
+        problems += check_gpus(gpus, tp_size=data["server"]["tp_size"] // data["server"]["nnodes"],
+                               compute_cap=expect_cc, min_free_mib=static_mib,
+                               min_driver_branch=None if driver_needed else branch)
+
+    marker = host.get_fact(JsonFile, path=f"{r.layout.model_dir}/.dsv4deploy-complete.json")
+    if marker is None:
+        need_gib = float(r.weights_source.get("size_gib") or catalog.model(data["model"]["repo"]).size_gib)
+        free = host.get_fact(FreeDiskMib, path=MODELS)
+        if free < need_gib * 1024 * 1.05:
+            problems.append(f"not enough disk for the weights under {MODELS}: {free / 1024:.1f} GiB free, "
+                            f"{need_gib * 1.05:.1f} GiB needed")
+
+    port = data["server"]["port"]
+    owners = host.get_fact(PortOwners, port=port)
+    unit = host.get_fact(UnitInfo, service=r.layout.service)
+    ours = unit.get("MainPID") or 0
+    strangers = sorted({pid for _, pid in owners if pid != ours}, key=lambda p: p or 0)
+    if owners and (strangers or not ours):
+        who = ", ".join(f"PID {p}" if p else "an unknown process" for p in strangers) or "a process"
+        problems.append(f"port {port} is already held by {who}, not by {r.layout.service}.service "
+                        f"(a stale server?): stop it by its PID or its unit, then deploy again")
+
+    if problems:
+        raise DeployError("preflight refused the host:\n  - " + "\n  - ".join(problems))
+    return {"driver_needed": driver_needed, "gpus": gpus}

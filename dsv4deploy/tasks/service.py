@@ -1,0 +1,69 @@
+"""The files the unit reads (NCCL env, secrets, launch manifest), the unit itself, and the
+restart: daemon-reload and restart only when one of them, the venv or the weights changed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import FactBase, StringCommand, deploy, operation
+from pyinfra.api.operation import OperationMeta
+from pyinfra.operations import files, systemd
+
+from ..rollout import Rollout
+
+
+class ApiKeyState(FactBase):
+    """Whether the secrets file holds an API key, and whether SGLang's --config file matches it."""
+
+    def command(self, secrets_env: str, secret_args: str):
+        s, a = shlex.quote(secrets_env), shlex.quote(secret_args)
+        return (f"k=$(sed -n 's/^SGLANG_API_KEY=//p' {s} 2>/dev/null | tail -n1); "
+                f"[ -n \"$k\" ] && echo key=yes || echo key=no; "
+                f"[ -n \"$k\" ] && [ \"$(cat {a} 2>/dev/null)\" = \"api-key: $k\" ] && echo args=yes || echo args=no")
+
+    def process(self, output):
+        found = dict(line.split("=", 1) for line in output if "=" in line)
+        return {"key": found.get("key") == "yes", "args": found.get("args") == "yes"}
+
+
+@operation()
+def api_key(secrets_env: str, secret_args: str, user: str):
+    """Generate the API key on the host once (it never leaves it, never in argv or logs) and give
+    SGLang a 0600 --config file holding it."""
+    state = host.get_fact(ApiKeyState, secrets_env=secrets_env, secret_args=secret_args)
+    if state["key"] and state["args"]:
+        host.noop("API key present")
+        return
+    s, a = shlex.quote(secrets_env), shlex.quote(secret_args)
+    if not state["key"]:
+        yield StringCommand(f"umask 077; printf 'SGLANG_API_KEY=%s\\n' \"$(od -An -N24 -tx1 /dev/urandom | tr -d ' \\n')\" >> {s}")
+    yield StringCommand(f"umask 077; k=$(sed -n 's/^SGLANG_API_KEY=//p' {s} | tail -n1); "
+                        f"printf 'api-key: %s\\n' \"$k\" > {a}.tmp && chown {user}:{user} {a}.tmp && mv {a}.tmp {a}")
+
+
+@deploy("Unit and its files")
+def config_files(r: Rollout) -> list[OperationMeta]:
+    layout, user = r.layout, r.data["service"]["user"]
+    ops = [files.put(name="NCCL env file", src=StringIO(r.rendered.nccl_env), dest=layout.nccl_env, mode="644")]
+    files.file(name="secrets file (0600, root)", path=layout.secrets_env, touch=False, present=True,
+               mode="600", user="root", group="root")
+    if r.data["server"].get("api_key"):
+        ops.append(api_key(name="API key (generated on the host, 0600)", secrets_env=layout.secrets_env,
+                           secret_args=layout.secret_args, user=user))
+    ops.append(files.put(name="launch manifest", src=StringIO(r.rendered.manifest), dest=layout.manifest,
+                         mode="644"))
+    ops.append(files.put(name=f"unit {layout.service}.service", src=StringIO(r.rendered.unit),
+                         dest=layout.unit, mode="644"))
+    return ops
+
+
+@deploy("Restart")
+def restart_if_changed(r: Rollout, when) -> None:
+    """`when` is evaluated at execution time: restart only if this run changed something."""
+    unit = f"{r.layout.service}.service"
+    systemd.daemon_reload(name="daemon-reload", _if=when)
+    systemd.service(name=f"restart {unit} (something changed)", service=unit, restarted=True, _if=when)
+    systemd.service(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)

@@ -1,0 +1,113 @@
+"""The SGLang venv: a path that names version and patch set, the pinned package, the
+sha256-pinned patches, and a launch check (the host's own SGLang parses the rendered argv).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from importlib.resources import files as package_files
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import DeployError, FactBase, StringCommand, deploy, operation
+from pyinfra.api.operation import OperationMeta
+from pyinfra.facts.files import Directory
+from pyinfra.operations import files, pip, server
+
+from ..facts import HostBasics
+from ..profiles import REPO_ROOT
+from ..rollout import Rollout
+
+SGLANG_PARSE = ("import argparse, sys; from sglang.srt.server_args import ServerArgs; "
+                "p = argparse.ArgumentParser(prog='sglang serve'); ServerArgs.add_cli_args(p); "
+                "p.parse_args(sys.argv[1:])")
+
+
+class PatchApplied(FactBase):
+    """True when `patch -R --dry-run` says the patch is already in `directory`."""
+
+    def command(self, directory: str, patch_file: str, strip: int):
+        return (f"cd {shlex.quote(directory)} && if [ -f {shlex.quote(patch_file)} ] && "
+                f"patch -p{int(strip)} -R -s -f --dry-run < {shlex.quote(patch_file)} >/dev/null 2>&1; "
+                f"then echo applied; else echo missing; fi")
+
+    def process(self, output):
+        return bool(output) and output[0].strip() == "applied"
+
+
+@operation()
+def patch_applied(directory: str, patch_file: str, strip: int = 1):
+    """Apply a patch once: a reverse dry-run that succeeds means it is already there."""
+    if host.get_fact(PatchApplied, directory=directory, patch_file=patch_file, strip=strip):
+        host.noop(f"{patch_file} already applied")
+        return
+    yield StringCommand(f"cd {shlex.quote(directory)} && patch -p{int(strip)} -s -f --no-backup-if-mismatch "
+                        f"< {shlex.quote(patch_file)}")
+
+
+def _site_packages(r: Rollout) -> str:
+    py = host.get_fact(HostBasics).get("python", "3")
+    return f"{r.layout.venv}/lib/python{py}/site-packages"
+
+
+@deploy("SGLang venv")
+def sglang_venv(r: Rollout) -> list[OperationMeta]:
+    """Returns the operations whose change means the server must restart."""
+    data, venv = r.data, r.layout.venv
+    changed: list[OperationMeta] = [pip.venv(name=f"venv {venv}", path=venv, python="python3")]
+    site = _site_packages(r)
+    stand_in = r.stand_ins.get("sglang")
+    if stand_in:
+        # The twin cannot hold SGLang with CUDA torch: its stand-in is this project's twin server
+        # (dsv4deploy.twin.server, same argv and HTTP API), put on the venv's path.
+        src = Path(package_files("dsv4deploy"))
+        changed.append(files.sync(name="stand-in: dsv4deploy package for the twin server", src=str(src),
+                                  dest=f"{venv}/stand-in/dsv4deploy", delete=True,
+                                  exclude=["*.pyc", "__pycache__"], exclude_dir=["__pycache__"]))
+        changed.append(files.put(name="stand-in: put it on the venv's path", src=StringIO(f"{venv}/stand-in\n"),
+                                 dest=f"{site}/dsv4deploy-stand-in.pth", mode="644"))
+        changed.append(pip.packages(name="stand-in: its requirements", packages=list(stand_in["requirements"]),
+                                    pip=f"{venv}/bin/pip"))
+    else:
+        extras = data["sglang"].get("extras") or []
+        spec = f"sglang[{','.join(extras)}]=={data['sglang']['version']}" if extras else \
+            f"sglang=={data['sglang']['version']}"
+        args = []
+        if data["sglang"].get("index_url"):
+            args += ["--index-url", data["sglang"]["index_url"]]
+        for url in data["sglang"].get("extra_index_urls") or []:
+            args += ["--extra-index-url", url]
+        changed.append(pip.packages(name=f"{spec}", packages=[spec], pip=f"{venv}/bin/pip",
+                                    extra_install_args=" ".join(shlex.quote(a) for a in args) or None))
+
+    patches = data["sglang"].get("patches") or []
+    if patches:
+        pdir = f"{venv}/patches"
+        files.directory(name="patch dir", path=pdir)
+        for patch in patches:
+            dest = f"{pdir}/{patch['name']}.patch"
+            if patch.get("url"):
+                files.download(name=f"patch {patch['name']} (sha256-pinned)", src=patch["url"], dest=dest,
+                               sha256sum=patch["sha256"])
+            else:
+                local = REPO_ROOT / patch["file"]
+                digest = hashlib.sha256(local.read_bytes()).hexdigest() if local.is_file() else None
+                if digest != patch["sha256"]:
+                    raise DeployError(f"patch {patch['name']}: {local} has sha256 {digest}, the profile pins "
+                                      f"{patch['sha256']}")
+                files.put(name=f"patch {patch['name']} (sha256 verified)", src=str(local), dest=dest, mode="644")
+            changed.append(patch_applied(name=f"apply {patch['name']}", directory=site, patch_file=dest,
+                                         strip=int(patch.get("strip", 1))))
+    return changed
+
+
+@deploy("Launch check")
+def launch_check(r: Rollout, when) -> None:
+    """The host's own server module parses the rendered argv before anything restarts."""
+    args = " ".join(shlex.quote(a) for a in r.rendered.argv[3:])
+    check = r.stand_ins.get("launch_check_module")
+    cmd = (f"{r.layout.python} -m {check} {args}" if check
+           else f"{r.layout.python} -c {shlex.quote(SGLANG_PARSE)} {args}")
+    server.shell(name=f"{r.module} parses the rendered argv", commands=[cmd], _if=when)
