@@ -61,6 +61,11 @@ def rollout_for(host_data) -> Rollout:
     stand_ins = dict(host_data.get("stand_ins") or {})
     module = stand_ins.get("server_module", SGLANG_MODULE)
     weights_source = dict(host_data.get("weights_source") or profile.data["model"]["source"])
+    if "{repo}" in weights_source.get("path", ""):
+        weights_source["path"] = weights_source["path"].format(repo=profile.data["model"]["repo"].replace("/", "--"))
+    if host_data.get("sim") and weights_source.get("type") == "rsync":
+        from .sim.checkpoint import make_checkpoint  # the twin's small stand-in checkpoint
+        make_checkpoint(profile.data["model"]["repo"])
     return Rollout(profile=profile, report=report, rendered=render(profile, module=module),
                    layout=Layout.of(profile.data), module=module, stand_ins=stand_ins,
                    weights_source=weights_source, allow_reboot=bool(host_data.get("allow_reboot", False)))

@@ -14,6 +14,7 @@ import socket
 from io import StringIO
 
 from pyinfra import host, state
+from pyinfra.context import ctx_host, ctx_state
 from pyinfra.api import BaseStateCallback, DeployError, deploy
 from pyinfra.operations import python
 
@@ -77,7 +78,7 @@ def deploy_lock(r: Rollout) -> None:
         ok, _ = sh(host, f"mkdir -p {STATE} && mkdir {LOCK} 2>/dev/null")
         if ok:
             write_json(host, f"{LOCK}/owner.json", me)
-            state.add_callback_handler(_ReleaseLock(host))
+            ctx_state.get().add_callback_handler(_ReleaseLock(ctx_host.get()))  # the real Host, not the proxy
             return
         holder = host.get_fact(JsonFile, path=f"{LOCK}/owner.json") or {}
         stale = holder.get("controller") == me["controller"] and not _pid_alive(int(holder.get("pid", 0)))
@@ -120,7 +121,8 @@ def settle_interrupted(r: Rollout) -> None:
     if not any(rec["status"] == releases.PENDING for rec in records):
         return
 
-    def settle(state_, host_):
+    def settle(state, host):  # noqa: pyinfra passes (state, host) by these names
+        host_ = host
         live = host_.get_fact(JsonFile, path=r.layout.manifest)
         import hashlib
         live_sha = hashlib.sha256((json.dumps(live, indent=2, sort_keys=True) + "\n").encode()).hexdigest() if live else None
@@ -143,7 +145,8 @@ def needs_release(r: Rollout) -> bool:
 def begin_release(r: Rollout, when) -> None:
     """Write release NNNN as pending, with the resolved profile and the rendered files."""
 
-    def begin(state_, host_):
+    def begin(state, host):  # noqa: pyinfra passes (state, host) by these names
+        host_ = host
         records = host_.get_fact(Releases, releases_dir=r.layout.releases_dir)
         rec = releases.new_record(records, profile=r.profile.name, content_hash=r.profile.content_hash,
                                   manifest_sha256=r.manifest_sha256,
@@ -168,7 +171,8 @@ def verify_and_record(r: Rollout, when) -> None:
     """Wait for health within the profile's budget, prove it is our server, record the verdict."""
     budget = r.data["service"]["health_timeout_s"]
 
-    def verify(state_, host_):
+    def verify(state, host):  # noqa: pyinfra passes (state, host) by these names
+        host_ = host
         rec = r.run.get("release")
         try:
             wait_healthy(_observe(r), budget_s=budget, poll_s=float(host_.data.get("health_poll_s", 2.0)))

@@ -1,0 +1,47 @@
+"""Release-record transitions (pure): pending -> deployed | failed, superseded, interrupted runs."""
+
+from __future__ import annotations
+
+from dsv4deploy import releases as rel
+
+
+def record(n, status, sha="s"):
+    return {"release": n, "status": status, "manifest_sha256": sha, "profile": "p"}
+
+
+def test_numbers_grow_from_the_highest():
+    assert rel.next_number([]) == 1
+    assert rel.next_number([record(1, rel.FAILED), record(7, rel.DEPLOYED)]) == 8
+
+
+def test_new_record_starts_pending():
+    doc = rel.new_record([record(1, rel.DEPLOYED)], profile="x", content_hash="h", manifest_sha256="m",
+                         sglang_version="0.5.23")
+    assert (doc["release"], doc["status"], doc["kind"]) == (2, rel.PENDING, "deploy")
+
+
+def test_deploying_supersedes_the_previous_deployed():
+    records = [record(1, rel.SUPERSEDED), record(2, rel.DEPLOYED), record(3, rel.PENDING)]
+    changed = {d["release"]: d["status"] for d in rel.mark_deployed(records, 3)}
+    assert changed == {2: rel.SUPERSEDED, 3: rel.DEPLOYED}
+
+
+def test_interrupted_pending_is_failed_unless_it_is_live_and_healthy():
+    records = [record(1, rel.DEPLOYED, "a"), record(2, rel.PENDING, "b")]
+    failed = rel.settle_interrupted(records, live_manifest_sha256="a", healthy=True)
+    assert [(d["release"], d["status"]) for d in failed] == [(2, rel.FAILED)]
+    assert "interrupted" in failed[0]["reason"]
+    live = {d["release"]: d["status"] for d in rel.settle_interrupted(records, "b", healthy=True)}
+    assert live == {1: rel.SUPERSEDED, 2: rel.DEPLOYED}
+    assert rel.settle_interrupted(records, "b", healthy=False)[0]["status"] == rel.FAILED
+
+
+def test_nothing_stays_pending_after_settling():
+    records = [record(1, rel.PENDING, "a"), record(2, rel.PENDING, "b")]
+    settled = rel.settle_interrupted(records, "b", healthy=True)
+    assert {d["release"]: d["status"] for d in settled if d["release"] in (1, 2)} == {1: rel.FAILED, 2: rel.DEPLOYED}
+
+
+def test_current_is_the_newest_deployed():
+    assert rel.current([record(1, rel.SUPERSEDED), record(2, rel.DEPLOYED), record(3, rel.FAILED)])["release"] == 2
+    assert rel.current([record(1, rel.FAILED)]) is None
