@@ -1,0 +1,192 @@
+"""``dsv4deploy sim ...``: the CT200 twin's command line.
+
+``register(subparsers)`` adds the ``sim`` command to the main argparse parser;
+every leaf sets ``func(args) -> int``.  ``python -m dsv4deploy.sim.cli`` runs it
+on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from typing import Callable
+
+from . import host as simhost
+from .host import SimError, SimHost
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
+    return value
+
+
+def _setup_logging() -> None:
+    logger = logging.getLogger("dsv4deploy.sim")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("sim: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def wrapper(args: argparse.Namespace) -> int:
+        _setup_logging()
+        try:
+            return fn(args)
+        except SimError as e:
+            print(f"dsv4deploy sim: error: {e}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt:
+            print("dsv4deploy sim: interrupted", file=sys.stderr)
+            return 130
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+@_guard
+def cmd_up(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    twins = simhost.up(args.hosts, timeout=args.timeout, rebuild=args.rebuild)
+    for h in twins:
+        print(f"{h.name}\t{h.address}\tpid {h.pid}\tssh root@{h.address}")
+    print(f"up in {time.monotonic() - t0:.1f} s; inventory: inventory/sim.py", file=sys.stderr)
+    return 0
+
+
+@_guard
+def cmd_down(args: argparse.Namespace) -> int:
+    stopped = simhost.down(args.host or None, timeout=args.timeout, purge=args.purge)
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
+@_guard
+def cmd_status(args: argparse.Namespace) -> int:
+    rows = simhost.status(check_ssh=not args.no_ssh)
+    if args.json:
+        print(json.dumps({"sim_dir": str(simhost.sim_dir()), "rootfs_ready": simhost.rootfs_ready(),
+                          "known_hosts": str(simhost.known_hosts_file()),
+                          "ssh_key": str(simhost.client_key()), "twins": rows}, indent=2))
+        return 0
+    if not rows:
+        print(f"no twins (state in {simhost.sim_dir()}); start one with `make sim-up`")
+        return 0
+    print(f"{'NAME':<8} {'ADDRESS':<12} {'PID':>8}  {'STATE':<8} SSH")
+    for r in rows:
+        ssh = "-" if not r["running"] or args.no_ssh else ("ok" if r["ssh"] else "unreachable")
+        print(f"{r['name']:<8} {r['address']:<12} {r['pid'] or '-':>8}  "
+              f"{'running' if r['running'] else 'stopped':<8} {ssh}")
+    return 0
+
+
+@_guard
+def cmd_gpus(args: argparse.Namespace) -> int:
+    h = SimHost(args.host)
+    changes = dict(count=args.count, memory_mib=args.memory_mib, memory_used_mib=args.memory_used_mib,
+                   driver_version=args.driver, name=args.name, compute_cap=args.compute_cap)
+    if args.no_driver and args.driver:
+        raise SimError("--driver and --no-driver exclude each other", 2)
+    if args.no_driver:
+        changes["driver_installed"] = False
+    if args.reset or any(v is not None for v in changes.values()):
+        settings = h.set_gpus(reset=args.reset, **changes)
+    else:
+        if not h.exists():
+            raise SimError(f"{h.name} does not exist; run `dsv4deploy sim up --hosts {h.index}` first")
+        settings = h.gpus()
+    print(json.dumps(settings, indent=1, sort_keys=True))
+    return 0
+
+
+@_guard
+def cmd_ssh(args: argparse.Namespace) -> int:
+    h = SimHost(args.host)
+    if not h.running():
+        raise SimError(f"{h.name} is not running; run `dsv4deploy sim up --hosts {h.index}`")
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    argv = h.ssh_argv(" ".join(command) if command else None)
+    if args.print:
+        import shlex
+        print(shlex.join(argv))
+        return 0
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+    return 1  # not reached
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``sim`` (up, down, status, gpus, ssh) to the main parser's subparsers."""
+    p = subparsers.add_parser("sim", help="the CT200 twin: local Debian hosts booted with systemd-nspawn",
+                              description="Bring CT200 twins up and down, inspect them, set their GPUs.")
+    sp = p.add_subparsers(dest="sim_command", metavar="COMMAND", required=True)
+
+    u = sp.add_parser("up", help="start twins 1..N (build the cached root the first time); needs root")
+    u.add_argument("--hosts", type=_positive, default=1, metavar="N", help="number of twins (default 1)")
+    u.add_argument("--timeout", type=float, default=simhost.SSH_WAIT_S, metavar="S",
+                   help="seconds to wait for ssh (default %(default)s)")
+    u.add_argument("--rebuild", action="store_true", help="rebuild the cached Debian root first")
+    u.set_defaults(func=cmd_up)
+
+    d = sp.add_parser("down", help="stop twins by their recorded nspawn PID; needs root")
+    d.add_argument("--host", type=_positive, action="append", metavar="N",
+                   help="only twin N (repeatable; default all)")
+    d.add_argument("--timeout", type=float, default=simhost.STOP_WAIT_S, metavar="S",
+                   help="seconds before SIGKILL (default %(default)s)")
+    d.add_argument("--purge", action="store_true", help="also delete the twins' roots")
+    d.set_defaults(func=cmd_down)
+
+    s = sp.add_parser("status", help="list twins: address, PID, running, ssh reachable")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--no-ssh", action="store_true", help="skip the ssh probe")
+    s.set_defaults(func=cmd_status)
+
+    g = sp.add_parser("gpus", help="set what nvidia-smi reports in a twin (no option: show)")
+    g.add_argument("--host", type=_positive, default=1, metavar="N", help="twin number (default 1)")
+    g.add_argument("--count", type=_non_negative, metavar="N", help="number of GPUs")
+    g.add_argument("--memory-mib", type=_positive, metavar="MIB", help="memory per GPU")
+    g.add_argument("--memory-used-mib", type=_non_negative, metavar="MIB", help="memory in use per GPU")
+    g.add_argument("--driver", metavar="VERSION", help="driver version (installs nvidia-smi)")
+    g.add_argument("--no-driver", action="store_true", help="no driver: remove nvidia-smi")
+    g.add_argument("--name", metavar="NAME", help="GPU product name")
+    g.add_argument("--compute-cap", metavar="X.Y", help="compute capability")
+    g.add_argument("--reset", action="store_true", help="start from CT200's defaults")
+    g.set_defaults(func=cmd_gpus)
+
+    h = sp.add_parser("ssh", help="ssh into a twin (host-key checking on)")
+    h.add_argument("--host", type=_positive, default=1, metavar="N", help="twin number (default 1)")
+    h.add_argument("--print", action="store_true", help="print the ssh command instead")
+    h.add_argument("command", nargs=argparse.REMAINDER, help="command to run")
+    h.set_defaults(func=cmd_ssh)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dsv4deploy")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1020 @@
+"""The CT200 twin host: Debian bookworm booted with systemd-nspawn, reached over SSH.
+
+State layout (``sim_dir()``, by default ``<repo>/.sim``, env ``DSV4_SIM_DIR``)::
+
+    .sim/
+      .lock                      flock taken by up/down/gpus
+      rootfs/bookworm/           debootstrap root, built once (marker .dsv4deploy-rootfs.json)
+      rootfs/debootstrap.log     log of the last build
+      ssh/id_ed25519[.pub]       client key pair (root's authorized_keys in every twin)
+      ssh/known_hosts            the twins' host keys (host-key checking stays on)
+      hosts/twin-N/root/         twin N's own copy of the root
+      hosts/twin-N/console.log   nspawn + boot console
+      hosts/twin-N/nspawn.pid    PID of the systemd-nspawn process (only while running)
+      hosts/twin-N/host.json     name, address, PID start time, container leader PID
+
+Twin N listens on 127.0.0.(N+1):22 (twin-1 -> 127.0.0.2).  The container shares
+this machine's network namespace, so sshd is pinned with ListenAddress.
+Stopping is by recorded PID only (SIGTERM to nspawn, SIGKILL after a timeout).
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+log = logging.getLogger("dsv4deploy.sim")
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent.parent
+NVIDIA_SMI_SCRIPT = PACKAGE_DIR / "nvidia_smi.py"
+
+SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+ROOTFS_PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
+    "python3-pip", "iproute2", "curl", "ca-certificates", "patch", "rsync", "sudo",
+    # what pyinfra facts/operations and a driver/SGLang deploy reach for
+    "procps", "gnupg", "xz-utils", "less", "kmod", "lsb-release", "git",
+)
+ROOTFS_RECIPE_VERSION = 1
+ROOTFS_MARKER = ".dsv4deploy-rootfs.json"
+
+TWIN_SETTINGS_DIR = "etc/dsv4deploy-twin"          # inside the twin root
+TWIN_GPUS_FILE = TWIN_SETTINGS_DIR + "/gpus.json"
+TWIN_NVIDIA_SMI_LIB = "usr/lib/dsv4deploy-twin/nvidia-smi"
+TWIN_NVIDIA_SMI = "usr/bin/nvidia-smi"
+TWIN_DRIVER_TOOL = "usr/local/sbin/dsv4deploy-twin-driver"
+
+GPU_DEFAULTS: dict[str, Any] = {
+    "count": 8,
+    "memory_mib": 97887,
+    "driver_version": "580.95.05",
+    "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    "compute_cap": "12.0",
+    "memory_used_mib": 0,
+    "driver_installed": True,
+}
+
+SSH_WAIT_S = 120.0
+STOP_WAIT_S = 60.0
+
+
+class SimError(Exception):
+    """A failed twin operation; ``exit_code`` 1 (operation failed) or 2 (bad input)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# ------------------------------------------------------------------ paths
+
+def sim_dir() -> Path:
+    env = os.environ.get("DSV4_SIM_DIR")
+    return Path(env).resolve() if env else REPO_ROOT / ".sim"
+
+
+def rootfs_dir() -> Path:
+    return sim_dir() / "rootfs" / SUITE
+
+
+def ssh_dir() -> Path:
+    return sim_dir() / "ssh"
+
+
+def client_key() -> Path:
+    return ssh_dir() / "id_ed25519"
+
+
+def known_hosts_file() -> Path:
+    return ssh_dir() / "known_hosts"
+
+
+def hosts_dir() -> Path:
+    return sim_dir() / "hosts"
+
+
+def twin_name(index: int) -> str:
+    return f"twin-{index}"
+
+
+def twin_address(index: int) -> str:
+    if not 1 <= index <= 253:
+        raise SimError(f"twin index must be 1..253, got {index}", 2)
+    return f"127.0.0.{index + 1}"
+
+
+# ------------------------------------------------------------ processes
+
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is not None:
+            _CHILDREN.pop(pid, None)
+        return
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _is_nspawn_of(pid: int, name: str, starttime: int | None = None) -> bool:
+    """True if PID is alive and is the systemd-nspawn that runs twin NAME."""
+    _reap(pid)
+    st = _proc_stat(pid)
+    if st is None or st[0] in ("Z", "X"):
+        return False
+    if starttime is not None and st[1] != starttime:
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if not argv or not argv[0].endswith(b"systemd-nspawn"):
+        return False
+    return any(a == b"-M" and b == name.encode() for a, b in zip(argv, argv[1:]))
+
+
+def _children_of(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(x) for x in (task / "children").read_text().split()]
+    return out
+
+
+def _pidns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+# ----------------------------------------------------------------- locking
+
+@contextlib.contextmanager
+def _locked():
+    sim_dir().mkdir(parents=True, exist_ok=True)
+    with open(sim_dir() / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ------------------------------------------------------------------ checks
+
+def require_root(action: str) -> None:
+    if os.geteuid() != 0:
+        raise SimError(f"`sim {action}` needs root (debootstrap and systemd-nspawn do); run it as root or with sudo")
+
+
+def require_tools() -> None:
+    missing = [t for t in ("debootstrap", "systemd-nspawn", "ssh", "ssh-keygen") if not shutil.which(t)]
+    if missing:
+        pkgs = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container",
+                "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
+        need = sorted({pkgs[m] for m in missing})
+        raise SimError(f"missing {', '.join(missing)}: install the Debian packages {' '.join(need)} "
+                       f"(apt-get install -y {' '.join(need)}; `make` does this)")
+
+
+def _port_in_use(address: str, port: int = 22) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError:
+            return True
+    return False
+
+
+# --------------------------------------------------------------- file utils
+
+def _twin_root_of(path: Path) -> Path | None:
+    """The twin (or cached) root that PATH lies in, if any."""
+    try:
+        rel = path.relative_to(sim_dir())
+    except ValueError:
+        return None
+    parts = rel.parts
+    if len(parts) >= 3 and parts[0] == "hosts" and parts[2] in ("root", "root.tmp"):
+        return sim_dir().joinpath(*parts[:3])
+    if len(parts) >= 2 and parts[0] == "rootfs":
+        return sim_dir().joinpath(*parts[:2])
+    return None
+
+
+def _guard(path: Path, is_dir: bool = False) -> Path:
+    """Refuse PATH if a symlink inside a twin root would lead it out of the root.
+
+    The twins are written to from this machine while code running inside them
+    (as root) may have changed them: an absolute symlink there points here.
+    """
+    root = _twin_root_of(path)
+    if root is None:
+        return path
+    real_root = root.resolve()
+    probe = path if is_dir else path.parent      # a file's own symlink gets replaced, not followed
+    while not probe.exists() and probe != root:
+        probe = probe.parent
+    real = probe.resolve()
+    if real != real_root and real_root not in real.parents:
+        raise SimError(f"refusing to write {path}: a symlink in the twin leads to {real}")
+    return path
+
+
+def _write(path: Path, data: str | bytes, mode: int | None = None) -> None:
+    _guard(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        path.unlink()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _mkdir(path: Path) -> Path:
+    _guard(path, is_dir=True).mkdir(parents=True, exist_ok=True)
+    return _guard(path, is_dir=True)
+
+
+def _mounts_under(path: Path) -> list[str]:
+    prefix = str(path.resolve())
+    out = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/mounts").read_text().splitlines():
+            mnt = line.split()[1].replace("\\040", " ")
+            if mnt == prefix or mnt.startswith(prefix + "/"):
+                out.append(mnt)
+    return sorted(out, key=len, reverse=True)
+
+
+def _safe_rmtree(path: Path) -> None:
+    if not path.exists() and not path.is_symlink():
+        return
+    for mnt in _mounts_under(path):
+        subprocess.run(["umount", "-l", mnt], check=False)
+    if _mounts_under(path):
+        raise SimError(f"refusing to delete {path}: something is still mounted under it")
+    shutil.rmtree(path)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+# ------------------------------------------------------------------ rootfs
+
+def _recipe() -> dict[str, Any]:
+    return {"suite": SUITE, "variant": "minbase", "packages": list(ROOTFS_PACKAGES),
+            "version": ROOTFS_RECIPE_VERSION}
+
+
+def rootfs_ready() -> bool:
+    marker = rootfs_dir() / ROOTFS_MARKER
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return data.get("recipe") == _recipe() and (rootfs_dir() / "usr/sbin/sshd").exists()
+
+
+def _mirror() -> str:
+    return os.environ.get("DSV4_SIM_MIRROR", DEFAULT_MIRROR)
+
+
+def ensure_rootfs(rebuild: bool = False) -> Path:
+    """Build the cached Debian root once (into a temp dir, renamed atomically)."""
+    final = rootfs_dir()
+    if not rebuild and rootfs_ready():
+        return final
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(f".{SUITE}.*"):
+        _safe_rmtree(stale)
+    build = Path(tempfile.mkdtemp(prefix=f".{SUITE}.build-", dir=parent))
+    os.chmod(build, 0o755)          # mkdtemp makes 0700: that would be the twin's "/"
+    logfile = parent / "debootstrap.log"
+    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(ROOTFS_PACKAGES),
+           SUITE, str(build), _mirror()]
+    log.info("building the twin root (debootstrap %s, about 2 min, once): log in %s", SUITE, logfile)
+    t0 = time.monotonic()
+    with open(logfile, "w") as out:
+        out.write("$ " + shlex.join(cmd) + "\n")
+        out.flush()
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+    if rc != 0:
+        _safe_rmtree(build)
+        raise SimError(f"debootstrap failed (exit {rc}); see {logfile}:\n{_tail(logfile, 15)}")
+    _prepare_rootfs(build)
+    _write(build / ROOTFS_MARKER, json.dumps({"recipe": _recipe(), "built": time.time(),
+                                               "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+    if final.exists() or final.is_symlink():
+        old = parent / f".{SUITE}.old-{os.getpid()}"
+        os.rename(final, old)
+        _safe_rmtree(old)
+    os.rename(build, final)
+    log.info("twin root built in %.0f s", time.monotonic() - t0)
+    return final
+
+
+def _prepare_rootfs(root: Path) -> None:
+    """One-time edits of the cached root, shared by all twins."""
+    # host keys are per twin
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    # no unattended apt runs racing the deploy for the dpkg lock; no console login
+    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "console-getty.service",
+                 "systemd-networkd-wait-online.service"):
+        link = root / "etc/systemd/system" / unit
+        _mkdir(link.parent)
+        if not link.is_symlink():
+            link.symlink_to("/dev/null")
+    # drop downloaded .debs
+    for deb in (root / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+    _write(root / "etc/machine-id", "")
+
+
+# ------------------------------------------------------------- ssh client
+
+def ensure_client_key() -> Path:
+    key = client_key()
+    if not key.exists() or not key.with_suffix(".pub").exists():
+        ssh_dir().mkdir(parents=True, exist_ok=True)
+        os.chmod(ssh_dir(), 0o700)
+        for p in (key, key.with_suffix(".pub")):
+            p.unlink(missing_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dsv4deploy-sim",
+                        "-f", str(key)], check=True)
+    return key
+
+
+def _record_host_key(address: str, pubkey_line: str) -> None:
+    kh = known_hosts_file()
+    keytype, keydata = pubkey_line.split()[:2]
+    lines = []
+    if kh.exists():
+        lines = [ln for ln in kh.read_text().splitlines()
+                 if ln.strip() and ln.split()[0] != address]
+    lines.append(f"{address} {keytype} {keydata}")
+    _write(kh, "\n".join(sorted(lines)) + "\n", 0o644)
+
+
+# ------------------------------------------------------- host environment
+
+def _host_ca_bundle() -> Path | None:
+    for cand in (os.environ.get("SSL_CERT_FILE"), os.environ.get("REQUESTS_CA_BUNDLE"),
+                 "/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"):
+        if cand and Path(cand).is_file():
+            return Path(cand)
+    return None
+
+
+def _host_os_codename() -> str:
+    try:
+        text = Path("/etc/os-release").read_text()
+    except OSError:
+        return ""
+    m = re.search(r"^VERSION_CODENAME=\"?([^\"\n]*)", text, re.M)
+    ids = re.search(r"^ID=\"?([^\"\n]*)", text, re.M)
+    return f"{ids.group(1) if ids else ''}:{m.group(1) if m else ''}"
+
+
+def _pip_config_files() -> list[tuple[Path, str]]:
+    """(host file, path in the twin) for the pip configuration that applies here."""
+    home = Path.home()
+    pairs = [(Path("/etc/pip.conf"), "/etc/pip.conf"),
+             (Path("/etc/xdg/pip/pip.conf"), "/etc/xdg/pip/pip.conf"),
+             (home / ".pip/pip.conf", "/root/.pip/pip.conf"),
+             (home / ".config/pip/pip.conf", "/root/.config/pip/pip.conf")]
+    env = os.environ.get("PIP_CONFIG_FILE")
+    if env and Path(env).is_file():
+        pairs.append((Path(env), "/etc/dsv4deploy-twin/pip.conf"))
+    return [(h, t) for h, t in pairs if h.is_file()]
+
+
+_PIP_PATH_KEYS = ("find-links", "find_links", "index-url", "index_url", "extra-index-url",
+                  "extra_index_url", "constraint", "requirement", "cert", "client-cert")
+_PIP_PATH_ENV = ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT", "PIP_CERT")
+
+
+def _local_paths(values: Iterable[str]) -> list[Path]:
+    out = []
+    for value in values:
+        for tok in value.split():
+            if tok.startswith("file://"):
+                tok = tok[len("file://"):]
+            if tok.startswith("/"):
+                out.append(Path(tok))
+    return out
+
+
+def _pip_local_paths() -> list[Path]:
+    """Local files/dirs the pip configuration points at (find-links, file:// indexes, constraints)."""
+    values = [os.environ[k] for k in _PIP_PATH_ENV if os.environ.get(k)]
+    for host_file, _ in _pip_config_files():
+        cp = configparser.ConfigParser(interpolation=None, strict=False)
+        with contextlib.suppress(configparser.Error, OSError):
+            cp.read(host_file)
+            for section in cp.sections():
+                for key in _PIP_PATH_KEYS:
+                    if cp.has_option(section, key):
+                        values.append(cp.get(section, key))
+    return [p for p in _local_paths(values) if p.exists()]
+
+
+_PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+              "ftp_proxy", "all_proxy", "ALL_PROXY")
+_CARRY_ENV = _PROXY_ENV + ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT",
+                           "PIP_TRUSTED_HOST", "PIP_DEFAULT_TIMEOUT", "PIP_CERT", "PIP_CONFIG_FILE")
+
+
+def bind_mounts() -> list[Path]:
+    """Host directories made visible read-only in every twin (local package mirrors)."""
+    dirs: list[Path] = []
+    for p in _pip_local_paths():
+        if not p.is_dir():
+            continue
+        # a PEP 503 tree (.../simple) links to ../../files: share the whole tree
+        d = p.parent if p.name == "simple" else p
+        if d not in dirs and d != Path("/"):
+            dirs.append(d)
+    return dirs
+
+
+def _sync_host_environment(root: Path) -> None:
+    """Carry this machine's CA bundle, DNS, apt/pip proxies and mirrors into a twin root."""
+    bundle = _host_ca_bundle()
+    if bundle:
+        data = bundle.read_bytes()
+        _write(root / "etc/ssl/certs/ca-certificates.crt", data, 0o644)
+        # survives update-ca-certificates inside the twin
+        _write(root / "usr/local/share/ca-certificates/dsv4deploy-host-bundle.crt", data, 0o644)
+    resolv = Path("/etc/resolv.conf")
+    if resolv.exists():
+        _write(root / "etc/resolv.conf", resolv.read_bytes(), 0o644)
+
+    # apt: the host's sources when it is the same release, else Debian's own
+    apt = root / "etc/apt"
+    host_is_same = _host_os_codename() == f"debian:{SUITE}"
+    host_sources = []
+    if host_is_same:
+        if Path("/etc/apt/sources.list").is_file() and Path("/etc/apt/sources.list").read_text().strip():
+            host_sources.append(Path("/etc/apt/sources.list"))
+        host_sources += sorted(p for p in Path("/etc/apt/sources.list.d").glob("*")
+                               if p.suffix in (".list", ".sources") and p.is_file())
+    managed = _mkdir(apt / "sources.list.d")
+    for old in managed.glob("*"):
+        old.unlink()
+    if host_sources:
+        _guard(apt / "sources.list").unlink(missing_ok=True)
+        for src in host_sources:
+            name = "host-sources.list" if src.name == "sources.list" else src.name
+            text = src.read_text()
+            _write(managed / name, text, 0o644)
+            for ring in re.findall(r"[Ss]igned-[Bb]y[:=]\s*(/\S+?)\]?(?:\s|$)", text):
+                hp = Path(ring)
+                if hp.is_file() and not (root / ring.lstrip("/")).exists():
+                    _write(root / ring.lstrip("/"), hp.read_bytes(), 0o644)
+        for d in ("trusted.gpg.d", "keyrings"):
+            for key in Path("/etc/apt", d).glob("*"):
+                if key.is_file():
+                    _write(apt / d / key.name, key.read_bytes(), 0o644)
+    else:
+        _guard(apt / "sources.list").unlink(missing_ok=True)
+        mirror = _mirror()
+        _write(managed / "debian.sources",
+               f"Types: deb\nURIs: {mirror}\nSuites: {SUITE} {SUITE}-updates\nComponents: main\n"
+               f"Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+               f"Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: {SUITE}-security\n"
+               f"Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n", 0o644)
+    conf = _mkdir(apt / "apt.conf.d")
+    for old in conf.glob("50dsv4deploy-host-*"):
+        old.unlink()
+    for f in sorted(Path("/etc/apt/apt.conf.d").glob("*")):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            text = f.read_text()
+            if f.is_file() and "Acquire::" in text:
+                _write(conf / f"50dsv4deploy-host-{f.name}", text, 0o644)
+    proxy_lines = []
+    for scheme in ("http", "https"):
+        val = os.environ.get(f"{scheme}_proxy") or os.environ.get(f"{scheme.upper()}_PROXY")
+        if val:
+            proxy_lines.append(f'Acquire::{scheme}::Proxy "{val}";')
+    _guard(conf / "50dsv4deploy-host-proxy").unlink(missing_ok=True)
+    if proxy_lines:
+        _write(conf / "50dsv4deploy-host-proxy", "\n".join(proxy_lines) + "\n", 0o644)
+
+    # pip: config files and the local files they name (directories are bind-mounted)
+    for host_file, twin_path in _pip_config_files():
+        _write(root / twin_path.lstrip("/"), host_file.read_bytes(), 0o644)
+    for p in _pip_local_paths():
+        if p.is_file():
+            _write(root / str(p).lstrip("/"), p.read_bytes(), 0o644)
+    for d in bind_mounts():
+        _mkdir(root / str(d).lstrip("/"))
+
+    # environment of SSH sessions (pam_env)
+    env_lines = [f'{k}="{os.environ[k]}"' for k in _CARRY_ENV if os.environ.get(k)]
+    if os.environ.get("PIP_CONFIG_FILE") and Path(os.environ["PIP_CONFIG_FILE"]).is_file():
+        env_lines = [ln for ln in env_lines if not ln.startswith("PIP_CONFIG_FILE=")]
+        env_lines.append('PIP_CONFIG_FILE="/etc/dsv4deploy-twin/pip.conf"')
+    _write(root / "etc/environment", "".join(ln + "\n" for ln in env_lines), 0o644)
+
+
+# ------------------------------------------------------------- GPU settings
+
+_DRIVER_TOOL = r"""#!/bin/sh
+# dsv4deploy CT200 twin: stand-in for installing/removing the NVIDIA driver.
+#   dsv4deploy-twin-driver install [VERSION] | remove | status
+set -e
+SETTINGS="${DSV4_TWIN_GPUS:-/etc/dsv4deploy-twin/gpus.json}"
+update() {
+  python3 - "$SETTINGS" "$1" "$2" <<'EOF'
+import json, sys
+path, installed, version = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+try:
+    data = json.load(open(path))
+except FileNotFoundError:
+    data = {}
+data["driver_installed"] = installed
+if version:
+    data["driver_version"] = version
+open(path + ".tmp", "w").write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+import os; os.replace(path + ".tmp", path)
+EOF
+}
+case "$1" in
+  install) update 1 "${2:-}"; install -m 0755 /usr/lib/dsv4deploy-twin/nvidia-smi /usr/bin/nvidia-smi ;;
+  remove) update 0 ""; rm -f /usr/bin/nvidia-smi ;;
+  status) cat "$SETTINGS" ;;
+  *) echo "usage: $0 install [VERSION] | remove | status" >&2; exit 2 ;;
+esac
+"""
+
+
+def _read_gpus(root: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((root / TWIN_GPUS_FILE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _apply_gpus(root: Path, settings: dict[str, Any]) -> None:
+    _write(root / TWIN_GPUS_FILE, json.dumps(settings, indent=1, sort_keys=True) + "\n", 0o644)
+    smi = _guard(root / TWIN_NVIDIA_SMI)
+    if settings.get("driver_installed", True):
+        _write(smi, (root / TWIN_NVIDIA_SMI_LIB).read_bytes(), 0o755)
+    else:
+        smi.unlink(missing_ok=True)
+
+
+def _install_twin_tools(root: Path, name: str) -> None:
+    _write(root / TWIN_NVIDIA_SMI_LIB, NVIDIA_SMI_SCRIPT.read_bytes(), 0o755)
+    _write(root / TWIN_DRIVER_TOOL, _DRIVER_TOOL, 0o755)
+    settings = dict(GPU_DEFAULTS, uuid_seed=name)
+    settings.update(_read_gpus(root))
+    _apply_gpus(root, settings)
+
+
+# ------------------------------------------------------------------ twins
+
+@dataclass(frozen=True)
+class SimHost:
+    """One twin: ``SimHost(1)`` is twin-1 at 127.0.0.2."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return twin_name(self.index)
+
+    @property
+    def address(self) -> str:
+        return twin_address(self.index)
+
+    @property
+    def dir(self) -> Path:
+        return hosts_dir() / self.name
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    @property
+    def console_log(self) -> Path:
+        return self.dir / "console.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "nspawn.pid"
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "host.json"
+
+    # -- state
+    def _state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def running(self) -> bool:
+        pid = self.pid
+        return pid is not None and _is_nspawn_of(pid, self.name, self._state().get("starttime"))
+
+    def exists(self) -> bool:
+        return (self.root / "usr/sbin/sshd").exists()
+
+    # -- ssh
+    def ssh_options(self) -> list[str]:
+        return ["-F", "/dev/null",
+                "-o", "BatchMode=yes",
+                "-o", f"UserKnownHostsFile={known_hosts_file()}",
+                "-o", "GlobalKnownHostsFile=/dev/null",
+                "-o", "StrictHostKeyChecking=yes",
+                "-o", "IdentitiesOnly=yes",
+                "-o", "ConnectTimeout=5",
+                "-o", "LogLevel=ERROR",
+                "-i", str(client_key())]
+
+    def ssh_argv(self, command: str | Sequence[str] | None = None) -> list[str]:
+        """argv for ``ssh root@ADDRESS [command]`` with the sim key and known_hosts."""
+        argv = ["ssh", *self.ssh_options(), f"root@{self.address}"]
+        if command is not None:
+            argv.append(command if isinstance(command, str) else shlex.join(command))
+        return argv
+
+    def run(self, command: str | Sequence[str], check: bool = True, timeout: float | None = 120,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        """Run COMMAND (a shell string, or argv that gets quoted) in the twin over ssh."""
+        proc = subprocess.run(self.ssh_argv(command), capture_output=True, text=True,
+                              timeout=timeout, input=input,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+        if check and proc.returncode != 0:
+            raise SimError(f"{self.name}: `{command}` exited {proc.returncode}: "
+                           f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+        return proc
+
+    def write_file(self, path: str, text: str, mode: int | None = None) -> None:
+        """Write TEXT to PATH in the twin over ssh (parent directories created)."""
+        cmd = f"mkdir -p {shlex.quote(os.path.dirname(path) or '/')} && cat > {shlex.quote(path)}"
+        if mode is not None:
+            cmd += f" && chmod {mode:o} {shlex.quote(path)}"
+        self.run(cmd, input=text)
+
+    def read_file(self, path: str) -> str:
+        return self.run(["cat", path]).stdout
+
+    def ssh_ok(self, timeout: float = 10) -> bool:
+        try:
+            return subprocess.run(self.ssh_argv("true"), stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=timeout).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    # -- GPUs
+    def gpus(self) -> dict[str, Any]:
+        """The twin's nvidia-smi settings (defaults filled in)."""
+        return dict(GPU_DEFAULTS, uuid_seed=self.name) | _read_gpus(self.root)
+
+    def set_gpus(self, *, count: int | None = None, memory_mib: int | None = None,
+                 memory_used_mib: int | list[int] | None = None, driver_version: str | None = None,
+                 driver_installed: bool | None = None, name: str | None = None,
+                 compute_cap: str | None = None, reset: bool = False) -> dict[str, Any]:
+        """Change what nvidia-smi reports in this twin (effective at once; running or not).
+
+        ``driver_installed=False`` removes /usr/bin/nvidia-smi, True (or a
+        ``driver_version``) puts it back.  ``reset`` starts from CT200's defaults.
+        """
+        if count is not None and not 0 <= count <= 64:
+            raise SimError(f"--count must be 0..64, got {count}", 2)
+        if memory_mib is not None and memory_mib <= 0:
+            raise SimError(f"--memory-mib must be positive, got {memory_mib}", 2)
+        if compute_cap is not None and not re.fullmatch(r"\d+\.\d+", compute_cap):
+            raise SimError(f"--compute-cap must look like 12.0, got {compute_cap!r}", 2)
+        if driver_version is not None and not re.fullmatch(r"\d+(\.\d+){1,2}", driver_version):
+            raise SimError(f"--driver must look like 580.95.05, got {driver_version!r}", 2)
+        if not self.exists():
+            raise SimError(f"{self.name} does not exist; run `dsv4deploy sim up --hosts {self.index}` first")
+        with _locked():
+            settings = dict(GPU_DEFAULTS, uuid_seed=self.name)
+            if not reset:
+                settings.update(_read_gpus(self.root))
+            changes = {"count": count, "memory_mib": memory_mib, "memory_used_mib": memory_used_mib,
+                       "driver_version": driver_version, "name": name, "compute_cap": compute_cap}
+            settings.update({k: v for k, v in changes.items() if v is not None})
+            if driver_version is not None:
+                settings["driver_installed"] = True
+            if driver_installed is not None:
+                settings["driver_installed"] = bool(driver_installed)
+            if not (self.root / TWIN_NVIDIA_SMI_LIB).exists():
+                _write(self.root / TWIN_NVIDIA_SMI_LIB, NVIDIA_SMI_SCRIPT.read_bytes(), 0o755)
+            _apply_gpus(self.root, settings)
+        return settings
+
+    # -- status
+    def status(self, check_ssh: bool = True) -> dict[str, Any]:
+        running = self.running()
+        return {"name": self.name, "index": self.index, "address": self.address,
+                "pid": self.pid if running else None, "running": running,
+                "ssh": bool(running and check_ssh and self.ssh_ok(timeout=8)),
+                "root": str(self.root), "console_log": str(self.console_log)}
+
+    def inventory_entry(self) -> tuple[str, dict[str, Any]]:
+        return (self.address, {
+            "ssh_user": "root",
+            "ssh_port": 22,
+            "ssh_key": str(client_key()),
+            "ssh_known_hosts_file": str(known_hosts_file()),
+            "ssh_strict_host_key_checking": "yes",
+            "ssh_allow_agent": False,
+            "ssh_look_for_keys": False,
+            "sim": True,
+            "sim_name": self.name,
+            "sim_index": self.index,
+            "sim_root": str(self.root),
+        })
+
+
+def existing_hosts() -> list[SimHost]:
+    out = []
+    for d in hosts_dir().glob("twin-*"):
+        m = re.fullmatch(r"twin-(\d+)", d.name)
+        if m and d.is_dir():
+            out.append(SimHost(int(m.group(1))))
+    return sorted(out, key=lambda h: h.index)
+
+
+def running_hosts() -> list[SimHost]:
+    return [h for h in existing_hosts() if h.running()]
+
+
+# ------------------------------------------------------------------- up
+
+def _create_twin(host: SimHost, cache: Path) -> None:
+    host.dir.mkdir(parents=True, exist_ok=True)
+    tmp = host.dir / "root.tmp"
+    _safe_rmtree(tmp)
+    if host.root.exists():                      # incomplete copy from an interrupted run
+        _safe_rmtree(host.root)
+    log.info("%s: copying the root", host.name)
+    subprocess.run(["cp", "-a", "--reflink=auto", str(cache), str(tmp)], check=True)
+    (tmp / ROOTFS_MARKER).unlink(missing_ok=True)
+    _write(tmp / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
+    _write(tmp / "etc/hostname", host.name + "\n", 0o644)
+    key = tmp / "etc/ssh/ssh_host_ed25519_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}",
+                    "-f", str(key)], check=True)
+    os.chmod(tmp, 0o755)
+    os.rename(tmp, host.root)
+
+
+def _configure_twin(host: SimHost) -> None:
+    """Per-boot sync: sshd config and keys, host environment, twin tools."""
+    root = host.root
+    _write(root / "etc/ssh/sshd_config.d/00-dsv4deploy-twin.conf",
+           f"# written by dsv4deploy sim: twin {host.name}\n"
+           f"ListenAddress {host.address}\n"
+           "Port 22\n"
+           "HostKey /etc/ssh/ssh_host_ed25519_key\n"
+           "PermitRootLogin prohibit-password\n"
+           "PasswordAuthentication no\n"
+           "KbdInteractiveAuthentication no\n"
+           "UseDNS no\n", 0o644)
+    auth = root / "root/.ssh/authorized_keys"
+    _mkdir(auth.parent)
+    os.chmod(auth.parent, 0o700)
+    _write(auth, client_key().with_suffix(".pub").read_text(), 0o600)
+    _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n"
+                               "::1\tlocalhost ip6-localhost ip6-loopback\n", 0o644)
+    _sync_host_environment(root)
+    _install_twin_tools(root, host.name)
+    _record_host_key(host.address, (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text())
+
+
+def _boot(host: SimHost) -> int:
+    if _port_in_use(host.address):
+        raise SimError(f"{host.address}:22 is already in use on this machine; "
+                       f"{host.name} cannot listen there (stop what holds it)")
+    argv = ["systemd-nspawn", "--keep-unit", "--register=no", "-D", str(host.root), "-b",
+            "-M", host.name, "--console=read-only", "--setenv=SYSTEMD_COLORS=0", "--resolv-conf=off", "--timezone=off"]
+    argv += [f"--bind-ro={d}" for d in bind_mounts()]
+    if host.console_log.exists() and host.console_log.stat().st_size > 4 << 20:
+        os.replace(host.console_log, host.console_log.with_suffix(".log.1"))
+    with open(host.console_log, "ab") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} $ {shlex.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    _CHILDREN[proc.pid] = proc
+    st = _proc_stat(proc.pid)
+    state = {"name": host.name, "index": host.index, "address": host.address, "pid": proc.pid,
+             "starttime": st[1] if st else None, "started": time.time(), "argv": argv}
+    _write(host.state_file, json.dumps(state, indent=1))
+    _write(host.pid_file, f"{proc.pid}\n")
+    return proc.pid
+
+
+class _NotYet(Exception):
+    pass
+
+
+def _wait_ssh(host: SimHost, timeout: float) -> None:
+    def attempt() -> None:
+        if not host.running():
+            raise SimError(f"{host.name}: systemd-nspawn exited during boot; see {host.console_log}:\n"
+                           f"{_tail(host.console_log)}")
+        if not host.ssh_ok(timeout=6):
+            raise _NotYet()
+
+    try:
+        for att in Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.5),
+                            retry=retry_if_exception_type(_NotYet), reraise=True):
+            with att:
+                attempt()
+    except _NotYet:
+        detail = host.run("true", check=False, timeout=10).stderr.strip() if host.running() else ""
+        raise SimError(f"{host.name}: ssh root@{host.address} did not answer within {timeout:.0f} s"
+                       f"{' (' + detail + ')' if detail else ''}; see {host.console_log}:\n"
+                       f"{_tail(host.console_log)}") from None
+    # record the container's init (PID 1 inside) for cleanup after a SIGKILL
+    pid = host.pid
+    if pid:
+        mine = _pidns(os.getpid())
+        leaders = [c for c in _children_of(pid) if _pidns(c) not in (None, mine)]
+        if leaders:
+            state = host._state()
+            st = _proc_stat(leaders[0])
+            state.update(leader_pid=leaders[0], leader_starttime=st[1] if st else None)
+            _write(host.state_file, json.dumps(state, indent=1))
+
+
+def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False) -> list[SimHost]:
+    """Make sure twins 1..HOSTS are running and reachable over ssh; returns them.
+
+    Idempotent: running twins are left alone; stopped ones reuse their root.
+    """
+    if hosts < 1 or hosts > 253:
+        raise SimError(f"--hosts must be 1..253, got {hosts}", 2)
+    require_root("up")
+    require_tools()
+    twins = [SimHost(i) for i in range(1, hosts + 1)]
+    booted: list[SimHost] = []
+    with _locked():
+        ensure_client_key()
+        cache = None
+        if rebuild or any(not h.exists() for h in twins):
+            cache = ensure_rootfs(rebuild=rebuild)
+        for h in twins:
+            if h.running():
+                log.info("%s: already running (pid %s) at %s", h.name, h.pid, h.address)
+                continue
+            if not h.exists():
+                _create_twin(h, cache or ensure_rootfs())
+            _configure_twin(h)
+            log.info("%s: booting at %s", h.name, h.address)
+            _boot(h)
+            booted.append(h)
+        try:
+            for h in booted:
+                _wait_ssh(h, timeout)
+                log.info("%s: ssh root@%s ready", h.name, h.address)
+        except BaseException:
+            for h in booted:
+                _stop(h, 20)
+            raise
+    return twins
+
+
+# ------------------------------------------------------------------- down
+
+def _stop(host: SimHost, timeout: float) -> bool:
+    """Stop HOST by its recorded nspawn PID; True if it was running."""
+    pid = host.pid
+    state = host._state()
+    was_running = pid is not None and _is_nspawn_of(pid, host.name, state.get("starttime"))
+    if was_running:
+        assert pid is not None
+        log.info("%s: stopping (SIGTERM to nspawn pid %d)", host.name, pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _is_nspawn_of(pid, host.name, state.get("starttime")):
+            time.sleep(0.2)
+        if _is_nspawn_of(pid, host.name, state.get("starttime")):
+            log.warning("%s: no clean shutdown after %.0f s; SIGKILL to pid %d", host.name, timeout, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            for _ in range(50):
+                if not _is_nspawn_of(pid, host.name, state.get("starttime")):
+                    break
+                time.sleep(0.1)
+    # the container's init, if it outlived a killed nspawn (identified by recorded PID + start time)
+    leader, lstart = state.get("leader_pid"), state.get("leader_starttime")
+    if leader and lstart:
+        st = _proc_stat(leader)
+        if st and st[1] == lstart and st[0] not in ("Z", "X"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(leader, signal.SIGKILL)
+    host.pid_file.unlink(missing_ok=True)
+    return was_running
+
+
+def down(indexes: Iterable[int] | None = None, timeout: float = STOP_WAIT_S,
+         purge: bool = False) -> list[str]:
+    """Stop twins (all by default) by their recorded PIDs; PURGE also deletes their roots.
+
+    Returns the names of the twins that were running.
+    """
+    require_root("down")
+    with _locked():
+        targets = existing_hosts() if indexes is None else [SimHost(i) for i in indexes]
+        stopped = []
+        for h in targets:
+            if _stop(h, timeout):
+                stopped.append(h.name)
+            if purge and h.dir.exists():
+                _safe_rmtree(h.dir)
+                kh = known_hosts_file()
+                if kh.exists():
+                    _write(kh, "".join(ln + "\n" for ln in kh.read_text().splitlines()
+                                       if ln.strip() and ln.split()[0] != h.address), 0o644)
+    return stopped
+
+
+# ----------------------------------------------------------------- status
+
+def status(check_ssh: bool = True) -> list[dict[str, Any]]:
+    return [h.status(check_ssh=check_ssh) for h in existing_hosts()]
+
+
+def set_gpus(index: int = 1, **settings: Any) -> dict[str, Any]:
+    """``SimHost(index).set_gpus(**settings)``."""
+    return SimHost(index).set_gpus(**settings)
+
+
+def inventory_hosts() -> list[tuple[str, dict[str, Any]]]:
+    """pyinfra host entries of the running twins; SimError if none runs."""
+    hosts = running_hosts()
+    if not hosts:
+        raise SimError(f"no CT200 twin is running (state in {hosts_dir()}); "
+                       "start one with `make sim-up` (or `dsv4deploy sim up`)")
+    return [h.inventory_entry() for h in hosts]
+
+
+def fingerprint() -> str:
+    """Short hash of the rootfs recipe (handy in CI cache keys)."""
+    return hashlib.sha256(json.dumps(_recipe(), sort_keys=True).encode()).hexdigest()[:12]

@@ -1,0 +1,35 @@
+"""Fixtures for tests that need a CT200 twin (import them into a test module or conftest).
+
+    from sim_fixtures import sim_twin  # noqa: F401
+
+`sim_twin` (session scope) brings twin-1 up (building the cached root the first
+time), resets its GPUs to CT200's defaults and yields its `SimHost`.  At the end
+it stops the twin again unless it was already running before the session (or
+DSV4_SIM_KEEP=1).  Twin tests skip only when not root: CI runs as root.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dsv4deploy.sim import host as simhost
+
+NOT_ROOT = os.geteuid() != 0
+NOT_ROOT_REASON = "the CT200 twin needs root (debootstrap, systemd-nspawn); CI runs as root"
+
+needs_root = pytest.mark.skipif(NOT_ROOT, reason=NOT_ROOT_REASON)
+
+
+@pytest.fixture(scope="session")
+def sim_twin():
+    if NOT_ROOT:
+        pytest.skip(NOT_ROOT_REASON)
+    was_running = simhost.SimHost(1).running()
+    twin = simhost.up(1)[0]
+    twin.set_gpus(reset=True)
+    yield twin
+    twin.set_gpus(reset=True)
+    if not was_running and os.environ.get("DSV4_SIM_KEEP") != "1":
+        simhost.down([1])

@@ -1,0 +1,239 @@
+"""The CT200 twin host: lifecycle, ssh with host-key checking, nvidia-smi there, pyinfra inventory.
+
+The first group is pure (no twin).  The rest boots twin-1 (and briefly twin-2)
+with systemd-nspawn; those skip only when not root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsv4deploy.sim import cli as simcli
+from dsv4deploy.sim import host as simhost
+from sim_fixtures import needs_root, sim_twin  # noqa: F401
+
+REPO = Path(__file__).resolve().parent.parent
+PYINFRA = [sys.executable, "-m", "pyinfra"]
+
+
+# ----------------------------------------------------------------- pure
+
+def test_addresses_and_state_layout(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
+    h = simhost.SimHost(1)
+    assert (h.name, h.address) == ("twin-1", "127.0.0.2")
+    assert simhost.SimHost(3).address == "127.0.0.4"
+    assert h.pid_file == tmp_path / "hosts/twin-1/nspawn.pid"
+    assert h.console_log == tmp_path / "hosts/twin-1/console.log"
+    assert simhost.known_hosts_file() == tmp_path / "ssh/known_hosts"
+    monkeypatch.delenv("DSV4_SIM_DIR")
+    assert simhost.sim_dir() == REPO / ".sim"
+
+
+def test_ssh_argv_keeps_host_key_checking(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
+    argv = simhost.SimHost(1).ssh_argv("nvidia-smi -L")
+    assert argv[0] == "ssh" and argv[-2:] == ["root@127.0.0.2", "nvidia-smi -L"]
+    joined = " ".join(argv)
+    assert "StrictHostKeyChecking=yes" in joined and "StrictHostKeyChecking=no" not in joined
+    assert f"UserKnownHostsFile={tmp_path}/ssh/known_hosts" in joined
+
+
+def test_pid_check_is_not_fooled(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
+    assert not simhost._is_nspawn_of(os.getpid(), "twin-1")      # alive, but not our nspawn
+    h = simhost.SimHost(1)
+    h.pid_file.parent.mkdir(parents=True)
+    h.pid_file.write_text(f"{os.getpid()}\n")
+    assert not h.running()
+
+
+def test_writes_into_a_twin_do_not_follow_its_symlinks_out(tmp_path, monkeypatch):
+    """Code in a twin runs as root; a symlink it plants must not redirect our writes here."""
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path / "sim"))
+    h = simhost.SimHost(1)
+    (h.root / "usr/sbin").mkdir(parents=True)
+    (h.root / "usr/sbin/sshd").write_text("")
+    (h.root / "etc").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (h.root / "etc/dsv4deploy-twin").symlink_to(outside)
+    with pytest.raises(simhost.SimError, match="refusing to write"):
+        h.set_gpus(count=2)
+    assert list(outside.iterdir()) == []
+    (h.root / "etc/dsv4deploy-twin").unlink()
+    (h.root / "tmp").mkdir()
+    (h.root / "etc/dsv4deploy-twin").symlink_to("../tmp")          # stays inside: fine
+    assert h.set_gpus(count=2)["count"] == 2
+    assert (h.root / "tmp/gpus.json").exists() and (h.root / "usr/bin/nvidia-smi").exists()
+
+
+def test_inventory_without_twins_says_make_sim_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
+    with pytest.raises(simhost.SimError, match="make sim-up"):
+        exec(compile((REPO / "inventory/sim.py").read_text(), str(REPO / "inventory/sim.py"), "exec"),
+             {"__file__": str(REPO / "inventory/sim.py")})
+
+
+def test_cli_errors_without_root_or_tools(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
+    monkeypatch.setattr(simhost.os, "geteuid", lambda: 1000)
+    assert simcli.main(["sim", "up"]) == 1
+    assert "needs root" in capsys.readouterr().err
+    assert simcli.main(["sim", "down"]) == 1
+    monkeypatch.setattr(simhost.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(simhost.shutil, "which", lambda name: None)
+    assert simcli.main(["sim", "up"]) == 1
+    err = capsys.readouterr().err
+    assert "debootstrap" in err and "systemd-container" in err and "Traceback" not in err
+
+
+def test_cli_bad_input_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        simcli.main(["sim", "up", "--hosts", "0"])
+    assert e.value.code == 2
+    assert simcli.main(["sim", "gpus", "--driver", "latest"]) == 2
+    assert simcli.main(["sim", "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["twins"] == []
+
+
+# ----------------------------------------------------------- on a twin
+
+def _ssh(twin, cmd, **kw):
+    return subprocess.run(twin.ssh_argv(cmd), capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, **kw)
+
+
+@pytest.mark.slow
+def test_ssh_with_host_key_checking(sim_twin, tmp_path):
+    proc = _ssh(sim_twin, "hostname; systemctl is-system-running --wait")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["twin-1", "running"]
+    kh = simhost.known_hosts_file().read_text()
+    assert any(line.startswith("127.0.0.2 ssh-ed25519 ") for line in kh.splitlines())
+    # another key for 127.0.0.2 in known_hosts: ssh refuses
+    other = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    bad = tmp_path / "known_hosts"
+    bad.write_text("127.0.0.2 " + " ".join(other.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    argv = [a.replace(str(simhost.known_hosts_file()), str(bad)) for a in sim_twin.ssh_argv("true")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 255 and "Host key verification failed" in proc.stderr
+
+
+@pytest.mark.slow
+def test_up_again_is_a_no_op(sim_twin):
+    pid = sim_twin.pid
+    t0 = time.monotonic()
+    assert simhost.up(1)[0].pid == pid
+    assert time.monotonic() - t0 < 10
+    row = {r["name"]: r for r in simhost.status()}["twin-1"]
+    assert row["running"] and row["ssh"] and row["pid"] == pid and row["address"] == "127.0.0.2"
+
+
+@pytest.mark.slow
+def test_nvidia_smi_on_the_twin(sim_twin):
+    out = sim_twin.run("nvidia-smi -L").stdout.splitlines()
+    assert len(out) == 8 and all("NVIDIA RTX PRO 6000 Blackwell Server Edition" in ln for ln in out)
+    q = sim_twin.run("nvidia-smi --query-gpu=index,compute_cap,memory.total,driver_version "
+                     "--format=csv,noheader,nounits").stdout.splitlines()
+    assert q == [f"{i}, 12.0, 97887, 580.95.05" for i in range(8)]
+    assert sim_twin.run("stat -c %a /usr/bin/nvidia-smi").stdout.strip() == "755"
+
+
+@pytest.mark.slow
+def test_gpu_settings_change_the_answer(sim_twin, capsys):
+    try:
+        sim_twin.set_gpus(count=2, memory_mib=48000)
+        assert sim_twin.run("nvidia-smi --query-gpu=memory.total --format=csv,noheader").stdout == \
+            "48000 MiB\n48000 MiB\n"
+        # no driver: the command is gone
+        assert simcli.main(["sim", "gpus", "--host", "1", "--no-driver"]) == 0
+        assert json.loads(capsys.readouterr().out)["driver_installed"] is False
+        proc = sim_twin.run("nvidia-smi -L", check=False)
+        assert proc.returncode == 127
+        # the twin's stand-in for a driver install brings it back
+        sim_twin.run("dsv4deploy-twin-driver install 580.95.05")
+        assert sim_twin.run("nvidia-smi --query-gpu=count --format=csv,noheader").stdout.split()[0] == "2"
+        assert sim_twin.gpus()["driver_installed"] is True
+    finally:
+        sim_twin.set_gpus(reset=True)
+    assert len(sim_twin.run("nvidia-smi -L").stdout.splitlines()) == 8
+
+
+@pytest.mark.slow
+def test_write_file_and_registries(sim_twin):
+    sim_twin.write_file("/tmp/dsv4/hello.txt", "hi\n", mode=0o600)
+    assert sim_twin.read_file("/tmp/dsv4/hello.txt") == "hi\n"
+    assert sim_twin.run("stat -c %a /tmp/dsv4/hello.txt").stdout.strip() == "600"
+    # apt and pip reach their registries (CA bundle, resolv.conf, mirrors carried in)
+    sim_twin.run("apt-get update -q", timeout=300)
+    sim_twin.run("rm -rf /tmp/pipdl && python3 -m pip download -q --no-deps -d /tmp/pipdl six", timeout=300)
+    assert "six-" in sim_twin.run("ls /tmp/pipdl").stdout
+
+
+@pytest.mark.slow
+def test_pyinfra_inventory_exec_and_deploy(sim_twin, tmp_path):
+    proc = subprocess.run(PYINFRA + ["-y", "inventory/sim.py", "exec", "--", "nvidia-smi", "-L"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (proc.stdout + proc.stderr).count("[127.0.0.2] GPU ") == 8
+    deploy = tmp_path / "sleep_unit.py"
+    deploy.write_text(
+        "from io import StringIO\n"
+        "from pyinfra.operations import files, server, systemd\n"
+        "files.put(name='unit', dest='/etc/systemd/system/dsv4-twin-test.service', mode='644',\n"
+        "    src=StringIO('[Unit]\\nDescription=twin test\\n[Service]\\nExecStart=/bin/sleep infinity\\n'\n"
+        "                 '[Install]\\nWantedBy=multi-user.target\\n'))\n"
+        "systemd.service(name='start', service='dsv4-twin-test.service', running=True, enabled=True,\n"
+        "                daemon_reload=True)\n"
+        "server.shell(name='check', commands=['systemctl is-active dsv4-twin-test.service'])\n")
+    try:
+        proc = subprocess.run(PYINFRA + ["-y", "inventory/sim.py", str(deploy)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert sim_twin.run("systemctl is-active dsv4-twin-test.service").stdout.strip() == "active"
+    finally:
+        sim_twin.run("systemctl disable --now dsv4-twin-test.service; "
+                     "rm -f /etc/systemd/system/dsv4-twin-test.service; systemctl daemon-reload", check=False)
+
+
+def _nspawn_pids(name: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and simhost._is_nspawn_of(int(p.name), name):
+            out.append(int(p.name))
+    return out
+
+
+@pytest.mark.slow
+def test_second_twin_is_separate_and_down_stops_it_by_pid(sim_twin):
+    twin2 = simhost.up(2)[1]
+    try:
+        assert (twin2.name, twin2.address) == ("twin-2", "127.0.0.3")
+        assert twin2.run("hostname").stdout.strip() == "twin-2"
+        assert twin2.root != sim_twin.root
+        twin2.set_gpus(count=1)
+        assert len(twin2.run("nvidia-smi -L").stdout.splitlines()) == 1
+        assert len(sim_twin.run("nvidia-smi -L").stdout.splitlines()) == 8
+        pid = twin2.pid
+        assert _nspawn_pids("twin-2") == [pid]
+        assert simhost.down([2]) == ["twin-2"]
+        assert not Path(f"/proc/{pid}").exists() or simhost._proc_stat(pid)[0] == "Z"
+        assert _nspawn_pids("twin-2") == []
+        assert not twin2.pid_file.exists() and not twin2.running()
+        assert not simhost._port_in_use("127.0.0.3")
+        assert simhost.down([2]) == []                                  # idempotent
+        assert sim_twin.running() and sim_twin.ssh_ok()
+    finally:
+        if twin2.running():
+            simhost.down([2])
+        twin2.set_gpus(reset=True)
