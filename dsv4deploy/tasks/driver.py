@@ -6,7 +6,6 @@ says `--data allow_reboot=true`.
 
 from __future__ import annotations
 
-from importlib.resources import files as package_files
 from io import StringIO
 
 from pyinfra import host
@@ -37,17 +36,10 @@ def driver(r: Rollout, needed: bool) -> None:
         return
     branch = r.data["driver"]["branch"]
     if r.stand_ins.get("driver"):
-        # The twin cannot load a kernel module: its stand-in is the twin's nvidia-smi, reporting
-        # the branch the profile asks for (see inventory/sim.py).
-        script = package_files("dsv4deploy.sim").joinpath("nvidia_smi.py").read_text()
-        files.directory(name="twin GPU settings dir", path="/etc/dsv4deploy-twin")
-        server.shell(name=f"stand-in: mark driver {branch} installed in the twin's GPU settings",
-                     commands=["python3 - <<'EOF'\nimport json, pathlib\n"
-                               "p = pathlib.Path('/etc/dsv4deploy-twin/gpus.json')\n"
-                               "d = json.loads(p.read_text()) if p.exists() else {}\n"
-                               f"d['driver_installed'] = True\nd['driver_version'] = '{branch}.95.05'\n"
-                               "p.write_text(json.dumps(d, indent=2))\nEOF"])
-        files.put(name="stand-in: nvidia-smi (twin)", src=StringIO(script), dest="/usr/bin/nvidia-smi", mode="755")
+        # The twin cannot load a kernel module: its stand-in (see inventory/sim.py) makes the twin's
+        # nvidia-smi report a driver of the profile's branch. No reboot is needed for it.
+        server.shell(name=f"stand-in: driver {branch} in the twin's nvidia-smi",
+                     commands=[f"dsv4deploy-twin-driver install {branch}.95.05"])
         return
 
     distro = _repo_distro()

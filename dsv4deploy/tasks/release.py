@@ -7,8 +7,10 @@ operation ends or one fails, so a run that changes nothing reports no changed op
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
 import shlex
 import socket
 from io import StringIO
@@ -56,9 +58,17 @@ class _ReleaseLock(BaseStateCallback):
 
     def __init__(self, h):
         self.host = h
+        self.held = True
+        atexit.register(self._release)  # a run that ends early (declined prompt, ^C) still gives it back
 
     def _release(self):
-        sh(self.host, f"rm -rf {LOCK}")
+        if not self.held:
+            return
+        try:
+            sh(self.host, f"rm -rf {LOCK}")
+            self.held = False
+        except Exception:  # noqa: BLE001 - the connection may be gone; the stale-lock check copes
+            pass
 
     def operation_end(self, st, op_hash):  # noqa: N805 - pyinfra calls these on the instance
         order = st.get_op_order()
@@ -71,7 +81,11 @@ class _ReleaseLock(BaseStateCallback):
 
 
 def deploy_lock(r: Rollout) -> None:
-    """Take the host's deploy lock now (prepare stage); refuse with the holder's PID and start."""
+    """Take the host's deploy lock now (prepare stage); refuse with the holder's PID and start.
+
+    A dry run (`--dry`, `make plan`) changes nothing, so it takes no lock."""
+    if "--dry" in sys.argv:
+        return
     me = {"controller": socket.gethostname(), "pid": os.getpid(), "started": releases.now(),
           "profile": r.profile.name}
     for attempt in range(2):

@@ -65,7 +65,7 @@ def sglang_venv(r: Rollout) -> list[OperationMeta]:
         src = Path(package_files("dsv4deploy"))
         changed.append(files.sync(name="stand-in: dsv4deploy package for the twin server", src=str(src),
                                   dest=f"{venv}/stand-in/dsv4deploy", delete=True,
-                                  exclude=["*.pyc", "__pycache__"], exclude_dir=["__pycache__"]))
+                                  exclude=["*.pyc"], exclude_dir=["__pycache__", "*/__pycache__"]))
         changed.append(files.put(name="stand-in: put it on the venv's path", src=StringIO(f"{venv}/stand-in\n"),
                                  dest=f"{site}/dsv4deploy-stand-in.pth", mode="644"))
         changed.append(pip.packages(name="stand-in: its requirements", packages=list(stand_in["requirements"]),
