@@ -1,0 +1,290 @@
+"""`python -m dsv4deploy.preflight gpus|nccl`: check a GPU host against a profile.
+
+    gpus --profile P [--json] [--expect-compute-cap X] [--min-driver-branch N] [--input FILE]
+    nccl --profile P [--compare-presets] [--timeout S] [--sizes ...] [--nranks N] [--json]
+         [--env-file PATH] [--python PATH] [--dtype bfloat16|float32] [--nccl-debug]
+         [--hang-rank R] [--dry-run]
+
+Exit codes: 0 the host passes, 1 it does not (or the probe failed), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ProfileError
+from . import gpus as G
+from . import nccl_probe as P
+
+PROBE_SCRIPT = Path(P.__file__).resolve()
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _load(name: str):
+    from ..profiles import load_profile
+
+    return load_profile(name)
+
+
+# --- pieces the deploy calls -------------------------------------------------------------------
+
+def unit_environment(data: dict) -> dict[str, str]:
+    """The profile's server.env as the unit's Environment= lines spell it (bools as 1/0)."""
+    return {k: ("1" if v is True else "0" if v is False else str(v))
+            for k, v in sorted((data["server"].get("env") or {}).items())}
+
+
+def profile_nccl_env(data: dict, preset: str | None = None) -> dict[str, str]:
+    """What the profile's NCCL env file holds (or would, with `preset` instead of its own)."""
+    from ..nccl import nccl_environment
+
+    return nccl_environment(preset or data["nccl"]["preset"], data["nccl"].get("overrides"))
+
+
+def probe_argv(data: dict, *, script: str, python: str | None = None, env_file: str | None = None,
+               timeout_s: float = P.DEFAULT_TIMEOUT_S, nranks: int | None = None,
+               sizes: list[int] | None = None) -> list[str]:
+    """argv to run the probe on a host over SSH with the release's SGLang python:
+    `script` is where nccl_probe.py was uploaded, `env_file` the rendered NCCL env file
+    (default: the profile's NCCL settings passed with --nccl). Prints the JSON document."""
+    from ..layout import Layout
+
+    server = data["server"]
+    python = python or Layout.of(data).python
+    argv = [python, script, "launch", "--json", "--timeout", f"{timeout_s:g}",
+            "--nranks", str(nranks or int(server["tp_size"]) // int(server.get("nnodes") or 1))]
+    if env_file:
+        argv += ["--env-file", env_file]
+    else:
+        argv += [a for k, v in profile_nccl_env(data).items() for a in ("--nccl", f"{k}={v}")]
+    argv += [a for k, v in unit_environment(data).items() for a in ("--env", f"{k}={v}")]
+    if sizes:
+        argv += ["--sizes", *map(str, sizes)]
+    return argv
+
+
+# --- gpus --------------------------------------------------------------------------------------
+
+def _run_nvidia_smi(binary: str, args: list[str]) -> str:
+    exe = shutil.which(binary) or (binary if os.path.exists(binary) else None)
+    if not exe:
+        raise G.NvidiaSmiError(f"{binary} not found on PATH: no NVIDIA driver on this host?")
+    try:
+        proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise G.NvidiaSmiError(f"{binary} did not answer within 30 s (driver hung?)") from None
+    text = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        G.parse_query(text)   # raises with the known meaning, if any
+        raise G.NvidiaSmiError(f"{binary} exited with {proc.returncode}: {text.strip()[:300]}")
+    return proc.stdout
+
+
+def cmd_gpus(args) -> int:
+    expect = None
+    if args.profile:
+        try:
+            profile = _load(args.profile)
+            expect = G.profile_expectations(profile.data, compute_cap=args.expect_compute_cap,
+                                            min_driver_branch=args.min_driver_branch)
+        except ProfileError as exc:
+            _err(str(exc))
+            return EXIT_BAD_INPUT
+        if args.tp_size:
+            expect["tp_size"] = args.tp_size
+    try:
+        if args.input:
+            text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text()
+            source = args.input
+        else:
+            query = G.query_args()
+            text = _run_nvidia_smi(args.nvidia_smi, query[1:])
+            source = " ".join(query)
+        gpus = G.parse_query(text)
+    except OSError as exc:
+        _err(f"preflight gpus: {exc}")
+        return EXIT_BAD_INPUT
+    except G.NvidiaSmiError as exc:
+        problems = [str(exc)]
+        if args.json:
+            print(json.dumps({"profile": args.profile, "ok": False, "gpus": [],
+                              "expectations": expect, "problems": problems}, indent=2))
+        else:
+            _err(f"REFUSED: {exc}")
+        return EXIT_FAILED
+    problems = G.check_gpus(gpus, **expect) if expect else []
+    ok = not problems
+    if args.json:
+        print(json.dumps({"profile": args.profile, "ok": ok, "source": source,
+                          "gpus": [g.as_dict() for g in gpus], "expectations": expect,
+                          "problems": problems}, indent=2))
+    else:
+        print(G.format_table(gpus), end="")
+        if expect:
+            print(f"expected: {expect['tp_size']} GPUs of compute capability {expect['compute_cap']}, "
+                  f">= {expect['min_free_mib']:,} MiB free each, driver branch >= "
+                  f"{expect['min_driver_branch']}")
+        for p in problems:
+            print(f"REFUSED: {p}")
+        print(f"{args.profile or 'inventory'}: {'OK' if ok else 'REFUSED'} ({len(gpus)} GPUs)")
+    return 0 if ok else EXIT_FAILED
+
+
+# --- nccl --------------------------------------------------------------------------------------
+
+def visible_gpus(nvidia_smi: str = "nvidia-smi") -> int | None:
+    """GPUs the ranks will see (CUDA_VISIBLE_DEVICES applied), None if nvidia-smi is missing."""
+    try:
+        count = len(G.parse_query(_run_nvidia_smi(nvidia_smi, G.query_args()[1:])))
+    except G.NvidiaSmiError:
+        return None
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        count = min(count, len([x for x in cvd.split(",") if x.strip()]))
+    return count
+
+
+def cmd_nccl(args) -> int:
+    from ..layout import Layout
+    from ..nccl import PRESETS
+
+    data = None
+    try:
+        if args.profile:
+            data = _load(args.profile).data
+        elif not (args.env_file and args.nranks):
+            raise ValueError("give --profile (or --env-file with --nranks)")
+        if args.compare_presets and args.env_file:
+            raise ValueError("--compare-presets uses the presets, not --env-file: give one of them")
+        sizes = P.parse_sizes(args.sizes) if args.sizes else list(P.DEFAULT_SIZES)
+        nranks = args.nranks or (int(data["server"]["tp_size"]) // int(data["server"].get("nnodes") or 1))
+        if nranks < 1 or args.timeout <= 0:
+            raise ValueError("--nranks and --timeout must be positive")
+        if args.hang_rank is not None and not 0 <= args.hang_rank < nranks:
+            raise ValueError(f"--hang-rank must be in 0..{nranks - 1}")
+        env_file = None
+        if args.env_file:
+            env_file = P.read_env_file(Path(args.env_file).read_text())
+    except ProfileError as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    except (OSError, ValueError) as exc:
+        _err(f"preflight nccl: {exc}")
+        return EXIT_BAD_INPUT
+
+    python = args.python
+    if not python and data is not None and Path(Layout.of(data).python).exists():
+        python = Layout.of(data).python
+    if not python:
+        python = sys.executable
+        if data is not None:
+            _err(f"note: {Layout.of(data).python} does not exist here; ranks run with {python}")
+    if not args.dry_run:
+        visible = visible_gpus(args.nvidia_smi)
+        if visible is not None and visible < nranks:
+            msg = (f"{nranks} ranks need {nranks} GPUs; {visible} visible"
+                   + (" (use --nranks to probe fewer)" if not args.nranks else ""))
+            if args.json:
+                print(json.dumps({"profile": args.profile, "ok": False, "error": msg}, indent=2))
+            else:
+                _err(f"FAILED: {msg}")
+            return EXIT_FAILED
+
+    P.exit_on_term()
+    unit_env = unit_environment(data) if data else {}
+    common = dict(nranks=nranks, unit_env=unit_env, python=python, sizes=sizes, dtype=args.dtype,
+                  timeout_s=args.timeout, hang_rank=args.hang_rank, dry_run=args.dry_run,
+                  nccl_debug=args.nccl_debug,
+                  keep_inherited=P.KEEP_INHERITED + tuple(args.keep_env))
+    if args.compare_presets:
+        runs = []
+        for preset in PRESETS:
+            if not args.json:
+                _err(f"probing preset {preset} ...")
+            runs.append(P.launch(nccl_env=profile_nccl_env(data, preset), label=preset, **common))
+        own = data["nccl"]["preset"]
+        ok = next(r["ok"] for r in runs if r["label"] == own)
+        doc = {"profile": args.profile, "preset": own, "ok": ok, "runs": runs,
+               "summary": P.format_compare(runs)}
+        if args.json:
+            print(json.dumps(doc, indent=2))
+        else:
+            print(doc["summary"], end="")
+            print(f"profile preset {own}: {'OK' if ok else 'FAILED'}")
+        return 0 if ok else EXIT_FAILED
+
+    if env_file is not None:
+        label, nccl_env = Path(args.env_file).name, env_file
+    else:
+        label, nccl_env = data["nccl"]["preset"], profile_nccl_env(data)
+    res = P.launch(nccl_env=nccl_env, label=label, **common)
+    res["profile"] = args.profile
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print(P.format_result(res), end="")
+    return 0 if res["ok"] else EXIT_FAILED
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dsv4deploy.preflight",
+                                     description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("gpus", help="GPU inventory from nvidia-smi, checked against a profile")
+    p.add_argument("--profile", help="profile name (without it: inventory only)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--expect-compute-cap", help="expected compute capability (default: the "
+                   "profile's catalog GPU, e.g. 12.0; an H200 is 9.0)")
+    p.add_argument("--min-driver-branch", type=int, help="default: max(GPU minimum, profile driver.branch)")
+    p.add_argument("--tp-size", type=int, help="GPUs needed (default: the profile's tp_size/nnodes)")
+    p.add_argument("--input", help="read nvidia-smi query output from FILE ('-': stdin) instead")
+    p.add_argument("--nvidia-smi", default="nvidia-smi", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_gpus)
+
+    p = sub.add_parser("nccl", help="NCCL all-reduce probe with the profile's NCCL environment")
+    p.add_argument("--profile", help="profile name")
+    p.add_argument("--compare-presets", action="store_true", help="run every preset, side by side")
+    p.add_argument("--timeout", type=float, default=P.DEFAULT_TIMEOUT_S,
+                   help=f"hard limit per run in seconds (default {P.DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--sizes", nargs="+", help="e.g. 8K 1M 64M (default 8K..64M)")
+    p.add_argument("--nranks", type=int, help="ranks (default: the profile's tp_size)")
+    p.add_argument("--env-file", help="a rendered NCCL env file, read as systemd reads it")
+    p.add_argument("--python", help="python for the ranks (default: the profile's SGLang venv "
+                   "if present here, else this python)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--nccl-debug", action="store_true",
+                   help="add NCCL_DEBUG=INFO and report which transports NCCL chose")
+    p.add_argument("--hang-rank", type=int, help="debug: this rank never joins (shows the timeout path)")
+    p.add_argument("--dry-run", action="store_true", help="ranks report their environment; no torch, no GPU")
+    p.add_argument("--keep-env", action="append", default=[], metavar="NAME",
+                   help="keep this inherited NCCL_* variable (NCCL_NVLS_ENABLE always is; the "
+                        "others are dropped, as a systemd unit does not inherit them)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--nvidia-smi", default="nvidia-smi", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_nccl)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ProfileError as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return EXIT_FAILED

@@ -1,0 +1,628 @@
+#!/usr/bin/env python3
+"""NCCL all-reduce probe: N ranks of torch.distributed (NCCL), bounded in time.
+
+Standalone: this file needs only the Python standard library to launch, and torch in the
+ranks. Copy it to a GPU host and run it with the SGLang venv's python; dsv4deploy need not
+be installed there:
+
+    /opt/.../venv/bin/python nccl_probe.py launch --nranks 4 \
+        --env-file /etc/dsv4deploy/sglang/nccl.env --timeout 60 --json
+
+`launch` starts one process per rank (this same file, `rank` mode, with --python), each in
+its own session/process group, with this environment:
+
+    the launcher's environment, minus every inherited NCCL_* variable (a systemd unit does
+    not inherit the operator's shell) except those in KEEP_INHERITED (NCCL_NVLS_ENABLE:
+    NVLink multicast must stay off where it was turned off)
+    + the unit's Environment= values (--env KEY=VALUE)
+    + the NCCL env file (--env-file, read as systemd reads EnvironmentFile=, which wins
+      over Environment=) or --nccl KEY=VALUE
+    + MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK (torch's env:// rendezvous)
+
+Each rank sets its GPU to its rank (as SGLang does), all-reduces each size (default 8 KiB
+to 64 MiB, bf16), checks the sums exactly and times it (5 warm-up calls, then TRIALS loops
+of 20..200 calls timed with CUDA events); rank 0 reports the latency (per loop the slowest
+rank, then the median loop) and bus bandwidth (nccl-tests: busbw = algbw * 2(n-1)/n).
+
+The hard timeout covers everything (start, NCCL init, all sizes). On timeout, or a few
+seconds after any rank fails, every rank's process group gets SIGTERM then SIGKILL, and
+/proc is scanned to prove no process of those groups is left (`leftover` in the result).
+
+Exit status of `launch`: 0 all sums right, 1 failure (timeout, wrong sum, rank error,
+process left), 2 bad arguments. `--json` prints the result document; without it, a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_SIZES = (8 << 10, 32 << 10, 128 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+KEEP_INHERITED = ("NCCL_NVLS_ENABLE",)
+FAIL_GRACE_S = 3.0      # after a rank fails, how long the others get to finish on their own
+TERM_GRACE_S = 1.5      # SIGTERM -> SIGKILL
+REAP_S = 2.5            # after SIGKILL, how long to wait for processes to be gone
+HANG_HINT = (
+    "On PCIe hosts a hang at NCCL init or at the first all-reduce usually means GPU "
+    "peer-to-peer (P2P) transfers are blocked by the IOMMU or PCIe ACS. Try the `nop2p` "
+    "preset (NCCL_P2P_DISABLE=1; the server must then also run with "
+    "--disable-custom-all-reduce), or disable ACS / boot with iommu=pt.")
+TRIALS = 3              # timed loops per size; the median is reported
+PHASES = ("spawned", "python", "import-torch", "init", "warmup", "sizes", "done")
+
+
+# --- small pure helpers -----------------------------------------------------------------------
+
+def parse_size(text: str) -> int:
+    """'8K', '8KiB', '64M', '1G', '4096' -> bytes (binary units)."""
+    m = re.match(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", str(text), re.I)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 8K, 64M, 1048576)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def parse_sizes(items) -> list[int]:
+    out: list[int] = []
+    for item in items:
+        out += [parse_size(x) for x in str(item).replace(",", " ").split() if x]
+    if not out:
+        raise ValueError("no sizes given")
+    return out
+
+
+def human_size(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}iB"
+    return f"{n} B"
+
+
+def read_env_file(text: str) -> dict[str, str]:
+    """KEY=VALUE lines as systemd's EnvironmentFile= reads them: '#' and ';' comment lines,
+    blank lines, optional "double" or 'single' quotes, backslash line continuation."""
+    env: dict[str, str] = {}
+    joined = re.sub(r"\\\n", "", text)
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise ValueError(f"not an environment assignment: {raw!r}")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+            if raw.strip().partition("=")[2].strip()[0] == '"':
+                value = re.sub(r'\\(["\\$`])', r"\1", value)
+        env[key] = value
+    return env
+
+
+def rank_environment(base: dict[str, str], nccl_env: dict[str, str],
+                     unit_env: dict[str, str] | None = None,
+                     keep: tuple[str, ...] = KEEP_INHERITED) -> tuple[dict[str, str], dict]:
+    """The environment every rank gets (before the rendezvous variables), and a note of
+    what was dropped and kept from `base`. See the module docstring for the order."""
+    env = {k: v for k, v in base.items() if not k.startswith("NCCL_") or k in keep}
+    stripped = sorted(k for k in base if k.startswith("NCCL_") and k not in keep)
+    kept = {k: base[k] for k in keep if k in base and k not in nccl_env
+            and k not in (unit_env or {})}
+    env.update({k: str(v) for k, v in (unit_env or {}).items()})
+    env.update({k: str(v) for k, v in nccl_env.items()})
+    return env, {"stripped_inherited": stripped, "kept_inherited": kept}
+
+
+def busbw(nbytes: int, seconds: float, nranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 B/s) for an all-reduce, as nccl-tests computes them."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return algbw, algbw * (2 * (nranks - 1) / nranks if nranks > 1 else 1.0)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- process bookkeeping ------------------------------------------------------------------------
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, pgrp, session) of a live pid from /proc, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(")") + 2:].split()
+    return rest[0], int(rest[2]), int(rest[3])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+def group_members(groups: set[int]) -> list[dict]:
+    """Processes (not zombies) whose process group or session is one of `groups`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        st = _proc_stat(int(name))
+        if st and (st[1] in groups or st[2] in groups) and st[0] not in ("Z", "X"):
+            found.append({"pid": int(name), "state": st[0], "pgrp": st[1], "cmd": _cmdline(int(name))})
+    return found
+
+
+def kill_groups(procs: list[subprocess.Popen], groups: set[int]) -> list[dict]:
+    """SIGTERM every group, SIGKILL what is left after TERM_GRACE_S, reap; return leftovers."""
+    def signal_all(sig):
+        for g in groups:
+            try:
+                os.killpg(g, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    signal_all(signal.SIGTERM)
+    end = time.monotonic() + TERM_GRACE_S
+    while time.monotonic() < end and (any(p.poll() is None for p in procs) or group_members(groups)):
+        time.sleep(0.05)
+    signal_all(signal.SIGKILL)
+    end = time.monotonic() + REAP_S
+    while time.monotonic() < end:
+        alive = [p for p in procs if p.poll() is None]
+        if not alive and not group_members(groups):
+            break
+        time.sleep(0.05)
+    return group_members(groups)
+
+
+# --- the launcher -------------------------------------------------------------------------------
+
+def _tail(path: str, limit: int = 1500) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _phase(workdir: str, rank: int) -> str:
+    try:
+        with open(os.path.join(workdir, f"rank{rank}.phase"), encoding="utf-8") as f:
+            lines = [ln.split(" ", 1)[1].strip() for ln in f if " " in ln]
+        return lines[-1] if lines else "spawned"
+    except OSError:
+        return "spawned"
+
+
+def _transports(text: str) -> list[str]:
+    """NCCL_DEBUG=INFO lines 'Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM' -> ['P2P/CUMEM']."""
+    return sorted(set(re.findall(r"Channel \S+ : \S+ -> \S+ via (\S+)", text)))
+
+
+def launch(*, nranks: int, nccl_env: dict[str, str], unit_env: dict[str, str] | None = None,
+           python: str | None = None, sizes=DEFAULT_SIZES, dtype: str = "bfloat16",
+           timeout_s: float = DEFAULT_TIMEOUT_S, label: str = "", hang_rank: int | None = None,
+           dry_run: bool = False, nccl_debug: bool = False, program: str | None = None,
+           base_env: dict[str, str] | None = None, workdir: str | None = None,
+           keep_inherited: tuple[str, ...] = KEEP_INHERITED) -> dict:
+    """Run the probe; return the result document (see `result` keys below). Never raises
+    for a rank's failure or a hang: those are results. `program` replaces this file as the
+    rank program (tests use a fake); `dry_run` ranks dump their environment, no torch."""
+    python = python or sys.executable
+    program = program or os.path.abspath(__file__)
+    base = dict(os.environ if base_env is None else base_env)
+    env, env_note = rank_environment(base, nccl_env, unit_env, keep_inherited)
+    if nccl_debug:
+        env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"})
+    own_dir = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="nccl-probe-")
+    port = free_port()
+    config = {"sizes": list(sizes), "dtype": dtype, "hang_rank": hang_rank, "dry_run": dry_run,
+              "workdir": workdir, "nranks": nranks}
+    config_path = os.path.join(workdir, "config.json")
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    result = {
+        "label": label, "ok": False, "nranks": nranks, "dtype": dtype, "timeout_s": timeout_s,
+        "python": python, "nccl_env": dict(sorted(nccl_env.items())),
+        "unit_env": dict(sorted((unit_env or {}).items())),
+        "nccl_debug": nccl_debug, **env_note, "hang_rank": hang_rank, "dry_run": dry_run,
+        "error": None, "results": [], "ranks": [], "leftover": [], "elapsed_s": None,
+    }
+    procs: list[subprocess.Popen] = []
+    logs = []
+    start = time.monotonic()
+    try:
+        for r in range(nranks):
+            renv = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                        WORLD_SIZE=str(nranks), LOCAL_RANK=str(r), PYTHONUNBUFFERED="1")
+            log = open(os.path.join(workdir, f"rank{r}.log"), "wb")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [python, program, "rank", "--config", config_path, "--rank", str(r)],
+                env=renv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=workdir, start_new_session=True))
+    except OSError as exc:
+        result["error"] = {"kind": "spawn", "message": f"cannot start {python}: {exc}"}
+    groups = {p.pid for p in procs}    # start_new_session: pgid == sid == pid
+    deadline = start + timeout_s
+    first_fail = None
+    kind = None
+    try:
+        while procs and result["error"] is None:
+            codes = [p.poll() for p in procs]
+            now = time.monotonic()
+            if all(c is not None for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes):
+                first_fail = first_fail or now
+                if now - first_fail >= FAIL_GRACE_S:
+                    kind = "rank-failed"
+                    break
+            if now >= deadline:
+                kind = "timeout"
+                break
+            time.sleep(0.05)
+    except BaseException:              # Ctrl-C, SIGTERM/SIGHUP (see main): take the ranks along
+        kill_groups(procs, groups)
+        raise
+    killed_at = time.monotonic()
+    leftover = kill_groups(procs, groups) if groups else []
+    for log in logs:
+        log.close()
+    result["elapsed_s"] = round(time.monotonic() - start, 3)
+    result["cleanup_s"] = round(time.monotonic() - killed_at, 3)
+    result["leftover"] = leftover
+    ranks = []
+    for r, p in enumerate(procs):
+        doc = {}
+        try:
+            with open(os.path.join(workdir, f"rank{r}.json"), encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            pass
+        log_text = _tail(os.path.join(workdir, f"rank{r}.log"), 200_000)
+        ranks.append({"rank": r, "pid": p.pid, "returncode": p.returncode,
+                      "phase": _phase(workdir, r), "ok": bool(doc.get("ok")),
+                      "transports": _transports(log_text) if nccl_debug else [],
+                      "log_tail": log_text[-1500:], **({"report": doc} if doc else {})})
+    result["ranks"] = ranks
+    rank0 = ranks[0].get("report", {}) if ranks else {}
+    result["results"] = rank0.get("results", [])
+    result["system"] = rank0.get("system", {})
+    if nccl_debug:
+        result["transports"] = sorted({t for r in ranks for t in r["transports"]})
+    if result["error"] is None:
+        result["error"] = _diagnose(kind, ranks, result, timeout_s)
+    if result["error"] is None and leftover:
+        result["error"] = {"kind": "leftover", "message": "rank processes survived SIGKILL: "
+                           + ", ".join(f"{x['pid']} ({x['state']})" for x in leftover)}
+    result["ok"] = result["error"] is None
+    if own_dir and result["ok"]:
+        _rmtree(workdir)
+    else:
+        result["workdir"] = workdir
+    return result
+
+
+def _diagnose(kind: str | None, ranks: list[dict], result: dict, timeout_s: float) -> dict | None:
+    where = ", ".join(f"rank {r['rank']} at '{r['phase']}'" for r in ranks)
+    cleanup = ("all rank processes were killed; none is left" if not result["leftover"]
+               else f"{len(result['leftover'])} process(es) could NOT be killed")
+    if kind == "timeout":
+        stuck = [r for r in ranks if r["returncode"] is None or r["returncode"] < 0]
+        done = [str(r["rank"]) for r in ranks if r not in stuck]
+        state = "; ".join(f"rank {r['rank']} stuck at '{r['phase']}'" for r in stuck)
+        if done:
+            state += f"; rank(s) {', '.join(done)} had finished"
+        sweep = [r["phase"] for r in stuck if r["phase"].startswith("size") or r["phase"] == "sizes"]
+        hint = HANG_HINT if not sweep else ("The ranks hung during the size sweep (after "
+                                            f"'{sweep[0]}'). " + HANG_HINT)
+        msg = (f"NCCL probe did not finish within {timeout_s:g} s ({state}). {hint} ({cleanup}.)")
+        return {"kind": "timeout", "message": msg}
+    failed = [r for r in ranks if r["returncode"] not in (0, None) and r["returncode"] > 0]
+    if kind == "rank-failed" or failed:
+        first = failed[0] if failed else ranks[0]
+        last = [ln for ln in first["log_tail"].splitlines() if ln.strip()][-3:]
+        msg = (f"rank {first['rank']} exited with status {first['returncode']} at "
+               f"'{first['phase']}' ({where}): {' | '.join(last) or 'no output'} ({cleanup}.)")
+        return {"kind": "rank-failed", "message": msg}
+    bad = [r for r in ranks if not r["ok"]]
+    if bad:
+        return {"kind": "rank-failed", "message": f"rank {bad[0]['rank']} reported no success ({where})"}
+    wrong = [x for x in result["results"] if not x.get("correct", False)]
+    if wrong:
+        return {"kind": "wrong-sum", "message": "all-reduce gave wrong sums at "
+                + ", ".join(human_size(x["bytes"]) for x in wrong)}
+    return None
+
+
+def _rmtree(path: str) -> None:
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            try:
+                os.unlink(os.path.join(root, name))
+            except OSError:
+                pass
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+def format_result(res: dict) -> str:
+    """A human report of one `launch` result."""
+    head = f"NCCL all-reduce probe{(' [' + res['label'] + ']') if res.get('label') else ''}: " \
+           f"{res['nranks']} ranks, {res['dtype']}"
+    sysinfo = res.get("system") or {}
+    if sysinfo.get("torch"):
+        head += (f"; torch {sysinfo.get('torch')}, NCCL {sysinfo.get('nccl')}, "
+                 f"{', '.join(sysinfo.get('gpus', []))}")
+    lines = [head, "env: " + (" ".join(f"{k}={v}" for k, v in res["nccl_env"].items()) or "(none)")]
+    if res.get("transports"):
+        lines.append("transports: " + ", ".join(res["transports"]))
+    if res["results"]:
+        rows = [("size", "latency us", "algbw GB/s", "busbw GB/s", "sum")]
+        for x in res["results"]:
+            rows.append((human_size(x["bytes"]), f"{x['latency_us']:.1f}", f"{x['algbw_gbps']:.2f}",
+                         f"{x['busbw_gbps']:.2f}", "ok" if x["correct"] else "WRONG"))
+        lines += _grid(rows, right={1, 2, 3})
+    status = "OK" if res["ok"] else f"FAILED ({res['error']['kind']}): {res['error']['message']}"
+    lines.append(f"{status} in {res['elapsed_s']:.1f} s")
+    return "\n".join(lines) + "\n"
+
+
+def format_compare(results: list[dict]) -> str:
+    """Side-by-side table of several results (one column pair per preset/label)."""
+    sizes = sorted({x["bytes"] for res in results for x in res["results"]})
+    head = ["size"]
+    for res in results:
+        head += [f"{res['label']} us", f"{res['label']} GB/s"]
+    rows = [tuple(head)]
+    for size in sizes:
+        row = [human_size(size)]
+        for res in results:
+            x = next((x for x in res["results"] if x["bytes"] == size), None)
+            row += ([f"{x['latency_us']:.1f}", f"{x['busbw_gbps']:.2f}" + ("" if x["correct"] else "!")]
+                    if x else ["-", "-"])
+        rows.append(tuple(row))
+    status = ["status"]
+    for res in results:
+        status += ["ok" if res["ok"] else res["error"]["kind"], f"{res['elapsed_s']:.1f} s"]
+    rows.append(tuple(status))
+    lines = ["NCCL all-reduce, latency (us, max over ranks) and bus bandwidth (GB/s)"]
+    lines += _grid(rows, right=set(range(1, len(head))))
+    for res in results:
+        if not res["ok"]:
+            lines.append(f"{res['label']}: {res['error']['message']}")
+    return "\n".join(lines) + "\n"
+
+
+def _grid(rows, right=frozenset()) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+
+
+# --- the rank program ---------------------------------------------------------------------------
+
+def _mark(workdir: str, rank: int, phase: str) -> None:
+    with open(os.path.join(workdir, f"rank{rank}.phase"), "a", encoding="utf-8") as f:
+        f.write(f"{time.time():.3f} {phase}\n")
+
+
+def _write(workdir: str, rank: int, doc: dict) -> None:
+    path = os.path.join(workdir, f"rank{rank}.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def _hang_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def rank_main(config_path: str, rank: int) -> int:
+    with open(config_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    workdir, world = cfg["workdir"], int(cfg["nranks"])
+    _mark(workdir, rank, "python")
+    if cfg.get("dry_run"):
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith(("NCCL_", "MASTER_", "CUDA_", "TORCH_", "NVSHMEM_", "DSV4_"))
+               or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PATH")}
+        if cfg.get("hang_rank") == rank:
+            _mark(workdir, rank, "hang")
+            # a child in the same process group, so that tests see the group (not only the
+            # rank) killed
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+            _hang_forever()
+        _write(workdir, rank, {"rank": rank, "ok": True, "env": env, "results": [],
+                               "system": {"dry_run": True, "python": sys.version.split()[0]}})
+        _mark(workdir, rank, "done")
+        return 0
+
+    _mark(workdir, rank, "import-torch")
+    import torch
+    import torch.distributed as dist
+
+    if cfg.get("hang_rank") == rank:
+        _mark(workdir, rank, "hang")
+        _hang_forever()
+    if torch.cuda.device_count() < world:
+        print(f"rank {rank}: {world} ranks need {world} GPUs; torch sees "
+              f"{torch.cuda.device_count()}", file=sys.stderr)
+        return 3
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[cfg["dtype"]]
+    _mark(workdir, rank, "init")
+    try:
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    except TypeError:       # torch < 2.3 has no device_id
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+    _mark(workdir, rank, "warmup")
+    probe = torch.ones(1, device=device)
+    dist.all_reduce(probe)
+    torch.cuda.synchronize()
+    if probe.item() != world:
+        print(f"rank {rank}: warm-up all-reduce gave {probe.item()}, expected {world}", file=sys.stderr)
+    _mark(workdir, rank, "sizes")
+    elem = torch.tensor([], dtype=dtype).element_size()
+    results = []
+    for nbytes in cfg["sizes"]:
+        n = max(1, nbytes // elem)
+        pattern = (torch.arange(n, device=device) % 7).to(dtype)
+        x = pattern + (rank + 1)
+        dist.all_reduce(x)
+        expected = pattern * world + world * (world + 1) // 2
+        correct = bool(torch.equal(x, expected))
+        buf = torch.zeros(n, dtype=dtype, device=device)
+        iters = max(20, min(200, int(2.5e8 // max(nbytes, 1))))
+        for _ in range(5):
+            dist.all_reduce(buf)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        trials = []
+        for _ in range(TRIALS):
+            dist.barrier(device_ids=[rank])
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(iters):
+                dist.all_reduce(buf)
+            end.record()
+            end.synchronize()
+            trials.append(start.elapsed_time(end) / 1e3 / iters)
+        # per trial the slowest rank; then the median trial
+        stats = torch.tensor(trials + [0.0 if correct else 1.0], device=device, dtype=torch.float64)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        per_trial = sorted(float(t) for t in stats[:TRIALS])
+        seconds, any_wrong = per_trial[TRIALS // 2], bool(stats[TRIALS] > 0)
+        algbw, bus = busbw(n * elem, seconds, world)
+        results.append({"bytes": n * elem, "count": n, "iters": iters, "trials_us":
+                        [round(t * 1e6, 2) for t in per_trial],
+                        "latency_us": round(seconds * 1e6, 2), "algbw_gbps": round(algbw, 3),
+                        "busbw_gbps": round(bus, 3), "correct": not any_wrong})
+        _mark(workdir, rank, f"size:{n * elem}")
+    nccl_version = torch.cuda.nccl.version()
+    system = {"torch": torch.__version__, "cuda": torch.version.cuda,
+              "nccl": ".".join(map(str, nccl_version)) if isinstance(nccl_version, tuple)
+              else str(nccl_version),
+              "gpus": [torch.cuda.get_device_name(i) for i in range(world)],
+              "hostname": socket.gethostname()}
+    _write(workdir, rank, {"rank": rank, "ok": all(r["correct"] for r in results),
+                           "results": results if rank == 0 else [], "system": system,
+                           "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}})
+    dist.destroy_process_group()
+    _mark(workdir, rank, "done")
+    return 0
+
+
+# --- command line -------------------------------------------------------------------------------
+
+def _pairs(items) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nccl_probe.py", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    la = sub.add_parser("launch", help="run the probe")
+    la.add_argument("--nranks", type=int, required=True)
+    la.add_argument("--python", help="python for the ranks (default: this one)")
+    la.add_argument("--env-file", action="append", default=[],
+                    help="NCCL env file as systemd reads it (repeatable, later wins)")
+    la.add_argument("--nccl", action="append", default=[], metavar="KEY=VALUE",
+                    help="NCCL variable (over --env-file)")
+    la.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="the unit's Environment= value (under the env file)")
+    la.add_argument("--sizes", nargs="+", default=None, help="e.g. 8K 1M 64M (default 8K..64M)")
+    la.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16")
+    la.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    la.add_argument("--label", default="")
+    la.add_argument("--hang-rank", type=int, default=None, help="debug: this rank never joins")
+    la.add_argument("--dry-run", action="store_true", help="ranks dump their environment, no torch")
+    la.add_argument("--nccl-debug", action="store_true",
+                    help="add NCCL_DEBUG=INFO to report the transports NCCL chose")
+    la.add_argument("--keep-env", action="append", default=[], metavar="NAME",
+                    help="keep this inherited NCCL_* variable too (NCCL_NVLS_ENABLE always is)")
+    la.add_argument("--json", action="store_true")
+    ra = sub.add_parser("rank", help=argparse.SUPPRESS)
+    ra.add_argument("--config", required=True)
+    ra.add_argument("--rank", type=int, required=True)
+    return p
+
+
+def _exit_on_signal(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+def exit_on_term() -> None:
+    """SIGTERM/SIGHUP (an SSH session closing, a unit stopping) end the launcher through
+    SystemExit, so `launch` kills the ranks' groups on the way out."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.mode == "rank":
+        return rank_main(args.config, args.rank)
+    try:
+        nccl_env: dict[str, str] = {}
+        for path in args.env_file:
+            with open(path, encoding="utf-8") as f:
+                nccl_env.update(read_env_file(f.read()))
+        nccl_env.update(_pairs(args.nccl))
+        unit_env = _pairs(args.env)
+        sizes = parse_sizes(args.sizes) if args.sizes else list(DEFAULT_SIZES)
+        if args.nranks < 1 or args.timeout <= 0:
+            raise ValueError("--nranks and --timeout must be positive")
+        if args.hang_rank is not None and not 0 <= args.hang_rank < args.nranks:
+            raise ValueError(f"--hang-rank must be in 0..{args.nranks - 1}")
+    except (OSError, ValueError) as exc:
+        print(f"nccl_probe: {exc}", file=sys.stderr)
+        return 2
+    exit_on_term()
+    res = launch(nranks=args.nranks, nccl_env=nccl_env, unit_env=unit_env, python=args.python,
+                 sizes=sizes, dtype=args.dtype, timeout_s=args.timeout, label=args.label,
+                 hang_rank=args.hang_rank, dry_run=args.dry_run, nccl_debug=args.nccl_debug,
+                 keep_inherited=KEEP_INHERITED + tuple(args.keep_env))
+    print(json.dumps(res, indent=2) if args.json else format_result(res), end="" if not args.json else "\n")
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

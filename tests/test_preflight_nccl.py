@@ -1,0 +1,365 @@
+"""NCCL probe without a GPU: the environment ranks get, the hard timeout, the reports.
+
+The ranks here run in dry mode (they dump their environment; no torch) or are fake programs;
+the real probe ran on 2x H200 and its output is in tests/fixtures/nccl/ (docs/preflight.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dsv4deploy.nccl import PRESETS, nccl_environment, render_env_file
+from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_result, launch,
+                                  probe_argv, rank_environment, read_env_file)
+from dsv4deploy.preflight import nccl_probe as P
+from dsv4deploy.preflight.cli import main
+from dsv4deploy.profiles import load_profile
+
+REPO = Path(__file__).resolve().parent.parent
+FIX = REPO / "tests" / "fixtures" / "nccl"
+SLACK_S = 5.0
+BASE = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root",
+        "NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "WARN", "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+def rank_envs(res: dict) -> list[dict]:
+    return [r["report"]["env"] for r in res["ranks"]]
+
+
+def assert_gone(res: dict) -> None:
+    """No process of any rank's group is left, by /proc scan and by pid."""
+    groups = {r["pid"] for r in res["ranks"]}
+    assert P.group_members(groups) == []
+    for pid in groups:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+# --- environment ------------------------------------------------------------------------------
+
+def test_env_file_read_as_systemd_reads_it():
+    rendered = render_env_file(nccl_environment("nop2p", {"NCCL_SOCKET_IFNAME": "lo"}), "NCCL preset nop2p")
+    assert read_env_file(rendered) == {"NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "16",
+                                       "NCCL_P2P_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"}
+    text = textwrap.dedent("""\
+        # comment
+        ; also a comment
+
+        A=1
+          B = two words
+        C="quoted \\"x\\" $y"
+        D='single # not a comment'
+        E=con\\
+        tinued
+        """)
+    assert read_env_file(text) == {"A": "1", "B": "two words", "C": 'quoted "x" $y',
+                                   "D": "single # not a comment", "E": "continued"}
+    with pytest.raises(ValueError):
+        read_env_file("not an assignment\n")
+
+
+def test_rank_environment_order_and_inheritance():
+    env, note = rank_environment(BASE, {"NCCL_PROTO": "LL", "NCCL_DEBUG": "INFO"},
+                                 unit_env={"NCCL_PROTO": "Simple", "SGLANG_X": "1"})
+    nccl = {k: v for k, v in env.items() if k.startswith("NCCL_")}
+    # inherited NCCL_* dropped (a unit does not inherit the shell), NVLS kept; env file wins
+    assert nccl == {"NCCL_PROTO": "LL", "NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0"}
+    assert env["SGLANG_X"] == "1" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert note == {"stripped_inherited": ["NCCL_DEBUG", "NCCL_P2P_DISABLE"],
+                    "kept_inherited": {"NCCL_NVLS_ENABLE": "0"}}
+    env, note = rank_environment(BASE, {"NCCL_NVLS_ENABLE": "1"})
+    assert env["NCCL_NVLS_ENABLE"] == "1" and note["kept_inherited"] == {}
+
+
+def test_ranks_get_exactly_the_profiles_environment(profile_dir):
+    profile_dir.write("envtest", """
+        extends: nvfp4-ctx8k
+        server: {env: {SGLANG_ENABLE_X: true, CUDA_DEVICE_MAX_CONNECTIONS: 8}}
+        nccl: {preset: p2p, overrides: {NCCL_MIN_NCHANNELS: 4, NCCL_SOCKET_IFNAME: lo}}
+        """)
+    data = load_profile("envtest").data
+    from dsv4deploy.preflight import profile_nccl_env, unit_environment
+    res = launch(nranks=3, nccl_env=profile_nccl_env(data), unit_env=unit_environment(data),
+                 dry_run=True, base_env=BASE, timeout_s=20)
+    assert res["ok"], res["error"]
+    envs = rank_envs(res)
+    for r, env in enumerate(envs):
+        assert {k: v for k, v in env.items() if k.startswith("NCCL_")} == {
+            "NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "4", "NCCL_NVLS_ENABLE": "0",
+            "NCCL_P2P_LEVEL": "SYS", "NCCL_SOCKET_IFNAME": "lo"}
+        assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(r), str(r), "3")
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == envs[0]["MASTER_PORT"]
+        assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert res["stripped_inherited"] == ["NCCL_DEBUG", "NCCL_P2P_DISABLE"]
+    assert "SGLANG_ENABLE_X" in res["unit_env"] and res["unit_env"]["SGLANG_ENABLE_X"] == "1"
+    assert_gone(res)
+
+
+def test_cli_env_file_reaches_ranks_unchanged(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_ALGO", "Tree")            # the operator's shell: must not leak
+    env_file = tmp_path / "nccl.env"
+    env_file.write_text(render_env_file(nccl_environment("nop2p"), "NCCL preset nop2p"))
+    assert main(["nccl", "--env-file", str(env_file), "--nranks", "2", "--dry-run", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["label"] == "nccl.env" and "NCCL_ALGO" in res["stripped_inherited"]
+    for env in rank_envs(res):
+        got = {k: v for k, v in env.items() if k.startswith("NCCL_") and k != "NCCL_NVLS_ENABLE"}
+        assert got == read_env_file(env_file.read_text()) == PRESETS["nop2p"]
+
+
+def test_cli_profile_dry_run_and_compare_presets(capsys):
+    assert main(["nccl", "--profile", "nvfp4-tp8-nop2p", "--dry-run", "--json", "--nranks", "2"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["label"] == "nop2p" and res["nccl_env"] == PRESETS["nop2p"] and res["nranks"] == 2
+    assert main(["nccl", "--profile", "nvfp4-ctx8k", "--dry-run", "--json", "--nranks", "2",
+                 "--compare-presets"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["label"] for r in doc["runs"]] == list(PRESETS) and doc["preset"] == "ll-ring" and doc["ok"]
+    for run in doc["runs"]:
+        for env in rank_envs(run):
+            assert env["NCCL_IB_DISABLE"] == "1"
+            assert {k for k in env if k.startswith("NCCL_")} - {"NCCL_NVLS_ENABLE"} == set(PRESETS[run["label"]])
+
+
+# --- the hard timeout -------------------------------------------------------------------------
+
+def test_hang_ends_in_bound_with_the_p2p_hint_and_no_process_left():
+    t0 = time.monotonic()
+    res = launch(nranks=3, nccl_env=PRESETS["ll-ring"], dry_run=True, hang_rank=1, timeout_s=2,
+                 base_env=BASE)
+    took = time.monotonic() - t0
+    assert took < 2 + SLACK_S, took
+    assert not res["ok"] and res["error"]["kind"] == "timeout"
+    msg = res["error"]["message"]
+    assert "did not finish within 2 s" in msg and "rank 1 stuck at 'hang'" in msg
+    assert "nop2p" in msg and "IOMMU" in msg and "none is left" in msg and HANG_HINT in msg
+    assert res["leftover"] == []
+    assert [r["returncode"] for r in res["ranks"]][0] == 0 and res["ranks"][1]["returncode"] < 0
+    assert_gone(res)                    # the hanging rank's child (same group) is gone too
+
+
+FAKE_STUBBORN = """\
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)           # only SIGKILL ends it
+subprocess.Popen([sys.executable, "-c",
+                  "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"])
+time.sleep(3600)
+"""
+
+FAKE_ONE_FAILS = """\
+import os, sys, time
+if os.environ["RANK"] == "1":
+    print("ncclInternalError: simulated failure at init", flush=True)
+    sys.exit(3)
+time.sleep(3600)                                         # the others wait in the collective
+"""
+
+
+def test_fake_rank_that_ignores_sigterm_is_killed(tmp_path):
+    prog = tmp_path / "stubborn.py"
+    prog.write_text(FAKE_STUBBORN)
+    t0 = time.monotonic()
+    res = launch(nranks=2, nccl_env={}, program=str(prog), timeout_s=2, base_env=BASE)
+    took = time.monotonic() - t0
+    assert took < 2 + SLACK_S, took
+    assert res["error"]["kind"] == "timeout" and res["leftover"] == []
+    assert {r["returncode"] for r in res["ranks"]} == {-9}
+    assert_gone(res)
+
+
+def test_a_failing_rank_stops_the_others_early(tmp_path):
+    prog = tmp_path / "fails.py"
+    prog.write_text(FAKE_ONE_FAILS)
+    t0 = time.monotonic()
+    res = launch(nranks=3, nccl_env={}, program=str(prog), timeout_s=60, base_env=BASE)
+    took = time.monotonic() - t0
+    assert took < P.FAIL_GRACE_S + SLACK_S, took
+    assert res["error"]["kind"] == "rank-failed"
+    assert "rank 1 exited with status 3" in res["error"]["message"]
+    assert "simulated failure" in res["error"]["message"]
+    assert_gone(res)
+
+
+def test_cli_timeout_exit_status_and_text(capsys):
+    t0 = time.monotonic()
+    rc = main(["nccl", "--profile", "mxfp4-tp2-cookbook", "--dry-run", "--hang-rank", "0", "--timeout", "1.5"])
+    assert rc == 1 and time.monotonic() - t0 < 1.5 + SLACK_S
+    out = capsys.readouterr().out
+    assert "FAILED (timeout): NCCL probe did not finish within 1.5 s (rank 0 stuck at 'hang'" in out
+
+
+def test_standalone_script_needs_no_dsv4deploy(tmp_path):
+    """The probe file alone, run in isolated mode from elsewhere (as on the GPU host)."""
+    script = tmp_path / "probe.py"
+    script.write_text(Path(P.__file__).read_text())
+    env_file = tmp_path / "nccl.env"
+    env_file.write_text("NCCL_PROTO=LL\nNCCL_ALGO=Ring\n")
+    proc = subprocess.run([sys.executable, "-I", str(script), "launch", "--nranks", "2", "--dry-run",
+                           "--json", "--env-file", str(env_file), "--nccl", "NCCL_IB_DISABLE=1"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["nccl_env"] == {"NCCL_ALGO": "Ring", "NCCL_IB_DISABLE": "1", "NCCL_PROTO": "LL"}
+    bad = subprocess.run([sys.executable, "-I", str(script), "launch", "--nranks", "2", "--sizes", "8Q"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=30)
+    assert bad.returncode == 2 and "not a size" in bad.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--profile", "nvfp4-ctx8k", "--compare-presets", "--env-file", "/etc/x"], "not --env-file"),
+    (["--profile", "nvfp4-ctx8k", "--hang-rank", "4"], "--hang-rank must be in 0..3"),
+    (["--profile", "nvfp4-ctx8k", "--sizes", "8K", "lots"], "not a size"),
+    (["--profile", "nvfp4-ctx8k", "--timeout", "0"], "must be positive"),
+    (["--profile", "nope"], "no profile named 'nope'"),
+    (["--env-file", "/nonexistent/nccl.env", "--nranks", "2"], "No such file"),
+    ([], "give --profile"),
+])
+def test_cli_bad_input_exits_2(args, words, capsys):
+    assert main(["nccl", "--dry-run", *args]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_too_few_visible_gpus_fails_before_spawning(tmp_path, capsys):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, GPU-a, 9.0, 143771, 0, 580.159.04, Disabled'\n")
+    smi.chmod(0o755)
+    assert main(["nccl", "--profile", "nvfp4-ctx8k", "--nvidia-smi", str(smi)]) == 1
+    assert "4 ranks need 4 GPUs; 1 visible (use --nranks to probe fewer)" in capsys.readouterr().err
+
+
+# --- sizes, formulas and reports from the recorded H200 run -----------------------------------
+
+def test_sizes_and_busbw_formula():
+    assert P.parse_sizes(["8K,64M", "1MiB 4096"]) == [8192, 64 << 20, 1 << 20, 4096]
+    assert P.DEFAULT_SIZES[0] == 8 << 10 and P.DEFAULT_SIZES[-1] == 64 << 20
+    algbw, bus = busbw(64 << 20, 1e-3, 8)
+    assert algbw == pytest.approx(67.108864) and bus == pytest.approx(algbw * 14 / 8)
+    assert busbw(1 << 20, 1e-3, 2)[1] == busbw(1 << 20, 1e-3, 2)[0]          # n=2: factor 1
+
+
+@pytest.mark.parametrize("name", ["h200x2-compare.json", "h200x2-compare-run1.json"])
+def test_recorded_compare_run(name):
+    doc = json.loads((FIX / name).read_text())
+    assert doc["ok"] and doc["preset"] == "ll-ring"
+    assert [r["label"] for r in doc["runs"]] == ["ll-ring", "p2p", "nop2p"]
+    for run in doc["runs"]:
+        assert run["ok"] and run["nranks"] == 2 and run["leftover"] == []
+        assert run["system"]["gpus"] == ["NVIDIA H200", "NVIDIA H200"]
+        assert run["kept_inherited"]["NCCL_NVLS_ENABLE"] == "0"
+        assert [x["bytes"] for x in run["results"]] == list(P.DEFAULT_SIZES)
+        for x in run["results"]:
+            assert x["correct"]
+            if "trials_us" in x:            # run 2: median of P.TRIALS loops
+                assert len(x["trials_us"]) == P.TRIALS and x["latency_us"] == sorted(x["trials_us"])[1]
+            algbw, bus = busbw(x["bytes"], x["latency_us"] / 1e6, run["nranks"])
+            assert x["algbw_gbps"] == pytest.approx(algbw, rel=2e-3)
+            assert x["busbw_gbps"] == pytest.approx(bus, rel=2e-3)
+        # each rank really had the preset's variables
+        for r in run["ranks"]:
+            env = r["report"]["env"]
+            assert all(env[k] == v for k, v in PRESETS[run["label"]].items())
+    by = {r["label"]: r for r in doc["runs"]}
+    assert by["nop2p"]["transports"] == ["SHM/direct/direct"]          # P2P really off
+    assert by["p2p"]["transports"] == ["P2P/CUMEM"]
+    # the table printed on the H200s is what format_compare renders from the same data today
+    assert format_compare(doc["runs"]) == doc["summary"]
+
+
+def test_recorded_hang_run():
+    res = json.loads((FIX / "h200x2-hang.json").read_text())
+    assert res["error"]["kind"] == "timeout" and res["timeout_s"] == 20 and res["leftover"] == []
+    assert res["elapsed_s"] < res["timeout_s"] + SLACK_S
+    assert [r["phase"] for r in res["ranks"]] == ["init", "hang"]
+    text = (FIX / "h200x2-hang.txt").read_text()
+    assert "timeout=20 rc=1" in text and "after both runs:\nnone\n--- GPU compute processes:\n(end)" in text
+    walls = [int(part.split()[0]) for part in text.split("wall_ms=")[1:]]
+    assert walls[0] < (20 + SLACK_S) * 1000 and walls[1] < (10 + SLACK_S) * 1000
+    sig = (FIX / "h200x2-sigterm.txt").read_text()
+    assert sig.count("nccl_probe.py rank") == 2 and "launcher rc=143" in sig
+    assert sig.split("--- after:\n")[1].startswith("none\n(end)")
+    out = format_result(res)
+    assert out.startswith("NCCL all-reduce probe [ll-ring]: 2 ranks, bfloat16\n")
+    assert "FAILED (timeout)" in out and "nop2p" in out
+
+
+def test_format_result_table():
+    run = json.loads((FIX / "h200x2-compare.json").read_text())["runs"][1]
+    out = format_result(run)
+    lines = out.splitlines()
+    assert lines[0] == ("NCCL all-reduce probe [p2p]: 2 ranks, bfloat16; torch 2.11.0+cu130, NCCL 2.28.9, "
+                        "NVIDIA H200, NVIDIA H200")
+    assert lines[2] == "transports: P2P/CUMEM"
+    assert lines[3].split() == ["size", "latency", "us", "algbw", "GB/s", "busbw", "GB/s", "sum"]
+    assert lines[4].startswith("8 KiB") and lines[-2].startswith("64 MiB") and lines[-1].startswith("OK in")
+    assert (FIX / "h200x2-standalone.txt").read_text().splitlines()[-2].startswith("OK in")
+    envfile = (FIX / "h200x2-envfile.txt").read_text()
+    assert "NCCL all-reduce probe [nccl.env]: 2 ranks" in envfile and envfile.endswith("rc=0\n")
+
+
+def test_probe_argv_for_the_deploy():
+    data = load_profile("nvfp4-ctx8k").data
+    argv = probe_argv(data, script="/tmp/nccl_probe.py", env_file="/etc/dsv4deploy/sglang/nccl.env")
+    assert argv == ["/opt/dsv4deploy/venvs/sglang-0.5.23-nopatch/bin/python", "/tmp/nccl_probe.py",
+                    "launch", "--json", "--timeout", "60", "--nranks", "4",
+                    "--env-file", "/etc/dsv4deploy/sglang/nccl.env"]
+    argv = probe_argv(data, script="p.py", python="py", timeout_s=5, nranks=2)
+    assert argv[argv.index("--nccl") + 1] == "NCCL_ALGO=Ring" and argv.count("--nccl") == 3
+    # the argv parses with the probe's own parser
+    ns = P.build_parser().parse_args(argv[2:])
+    assert ns.nranks == 2 and ns.timeout == 5 and ns.json
+
+
+def _procs_running(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace")
+                state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker in cmd and state not in ("Z", "X"):
+                found.append(int(name))
+    return found
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_launcher_stopped_takes_its_ranks_along(tmp_path, sig):
+    """An SSH session closing (SIGTERM/SIGHUP) or Ctrl-C must not leave ranks in their own sessions."""
+    import signal as S
+    script = tmp_path / f"probe_{sig}.py"
+    script.write_text(Path(P.__file__).read_text())
+    proc = subprocess.Popen([sys.executable, "-I", str(script), "launch", "--nranks", "2", "--dry-run",
+                             "--hang-rank", "1", "--timeout", "60"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while len(_procs_running(str(script))) < 2 and time.monotonic() < deadline:   # launcher + hanging rank
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(getattr(S, sig))
+    proc.wait(timeout=10)
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 5
+    while _procs_running(str(script)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _procs_running(str(script)) == []
+
+
+def test_recorded_dry_run_on_the_gpu_host():
+    """On the H200 box: ranks got the preset, the machine's multicast guards, nothing else NCCL."""
+    res = json.loads((FIX / "h200x2-dry.json").read_text())
+    for r, env in enumerate(rank_envs(res)):
+        assert {k: v for k, v in env.items() if k.startswith("NCCL_")} == {
+            **PRESETS["ll-ring"], "NCCL_NVLS_ENABLE": "0", "NCCL_VERSION": "2.28.3-1"}
+        assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+        assert env["RANK"] == str(r) and env["WORLD_SIZE"] == "2"
