@@ -27,6 +27,7 @@ model = tasks.weights(rollout)                        # pinned checkpoint, verif
 redeploy = tasks.needs_release(rollout)               # the deployed release renders differently
 changed = lambda: redeploy or any_changed(*venv, *model)()  # noqa: E731 (evaluated at execution)
 tasks.launch_check(rollout, when=changed)             # the host's own SGLang parses the argv first
+tasks.nccl_probe(rollout, when=changed)               # all-reduce with the new NCCL env, bounded in time
 tasks.begin_release(rollout, when=changed)            # release NNNN: pending, before the switch
 unit_files = tasks.config_files(rollout)              # NCCL env, secrets (0600), manifest, unit
 switch = lambda: changed() or any_changed(*unit_files)()  # noqa: E731

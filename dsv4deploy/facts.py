@@ -10,22 +10,20 @@ import json
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-NVIDIA_QUERY = "index,name,uuid,compute_cap,memory.total,memory.used,driver_version"
-
+from .preflight.gpus import QUERY_ARGS
 
 class NvidiaSmi(FactBase):
-    """Raw `nvidia-smi --query-gpu` CSV lines, or None when nvidia-smi is absent (no driver)."""
+    """Raw `nvidia-smi --query-gpu` CSV (the preflight's query, with MIG mode), or None when
+    nvidia-smi is absent (no driver). A failing nvidia-smi returns its message for the parser."""
 
     def command(self):
-        return (f"if command -v nvidia-smi >/dev/null 2>&1; then "
-                f"nvidia-smi --query-gpu={NVIDIA_QUERY} --format=csv,noheader,nounits || echo NVIDIA_SMI_FAILED; "
+        query = " ".join(QUERY_ARGS)
+        return (f"if command -v nvidia-smi >/dev/null 2>&1; then {query} 2>&1 || true; "
                 f"else echo NVIDIA_SMI_MISSING; fi")
 
     def process(self, output):
         lines = [line for line in output if line.strip()]
-        if lines == ["NVIDIA_SMI_MISSING"]:
-            return None
-        return lines
+        return None if lines == ["NVIDIA_SMI_MISSING"] else "\n".join(lines)
 
 
 class PortOwners(FactBase):

@@ -25,6 +25,9 @@ STAND_INS = {
     "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.3"]},
     # NVIDIA's apt repository and kernel modules -> the twin's nvidia-smi at the profile's branch.
     "driver": True,
+    # GPUs for an NCCL all-reduce -> none: the probe is skipped with a note (it ran on real GPUs,
+    # see docs/preflight.md).
+    "skip_nccl_probe": "the twin has no GPUs (the probe is proven on real GPUs: docs/preflight.md)",
 }
 # 149 GiB of weights -> a small checkpoint of the same layout, made once under .sim/checkpoints.
 WEIGHTS = {"type": "rsync", "path": ".sim/checkpoints/{repo}", "size_gib": 0.01}

@@ -11,7 +11,7 @@ from pyinfra.api import DeployError, deploy
 from .. import catalog
 from ..facts import FreeDiskMib, HostBasics, JsonFile, NvidiaSmi, PortOwners, UnitInfo
 from ..layout import MODELS
-from ..preflight.gpus import check_gpus, driver_branch, parse_query
+from ..preflight.gpus import NvidiaSmiError, check_gpus, driver_branch, parse_query, profile_expectations
 from ..rollout import Rollout
 
 SUPPORTED_OS = ("debian", "ubuntu")
@@ -30,24 +30,23 @@ def preflight(r: Rollout) -> dict:
     if not py or tuple(int(x) for x in py.split(".")) < (3, 10):
         problems.append(f"python3 >= 3.10 is needed on the host (found {py or 'none'})")
 
-    gpu = catalog.gpu(data["hardware"]["gpu"])
     branch = data["driver"]["branch"]
     smi = host.get_fact(NvidiaSmi)
-    driver_needed = False
+    driver_needed = smi is None
     gpus = []
-    if smi is None:
-        driver_needed = True
-    elif smi and smi[0] == "NVIDIA_SMI_FAILED":
-        problems.append("nvidia-smi is installed but fails: the driver is not loaded (reboot pending?)")
-    else:
-        gpus = parse_query("\n".join(smi))
+    if smi is not None:
+        try:
+            gpus = parse_query(smi)
+        except NvidiaSmiError as exc:
+            problems.append(str(exc))
         if gpus and driver_branch(gpus[0].driver_version) < branch:
             driver_needed = True
-        expect_cc = str(host.data.get("expect_compute_cap") or gpu.compute_cap)
-        static_mib = data["server"]["mem_fraction_static"] * gpu.memory_mib
-        problems += check_gpus(gpus, tp_size=data["server"]["tp_size"] // data["server"]["nnodes"],
-                               compute_cap=expect_cc, min_free_mib=static_mib,
-                               min_driver_branch=None if driver_needed else branch)
+        expect = profile_expectations(data, compute_cap=host.data.get("expect_compute_cap"))
+        if host.get_fact(UnitInfo, service=r.layout.service).get("ActiveState") == "active":
+            expect["min_free_mib"] = None  # our running server holds that memory until the restart
+        if driver_needed:
+            expect["min_driver_branch"] = None  # the driver step upgrades it
+        problems += check_gpus(gpus, **expect)
 
     marker = host.get_fact(JsonFile, path=f"{r.layout.model_dir}/.dsv4deploy-complete.json")
     if marker is None:

@@ -1,0 +1,194 @@
+"""deploy/serve.py for real, over SSH, against the CT200 twin (issue 4), as a user runs it.
+
+The module's tests run in order on twin-1 and build on each other: first deploy, no-op
+re-deploy, plan, profile switch, then the refusals and faults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sim_fixtures import sim_twin  # noqa: F401
+
+REPO = Path(__file__).resolve().parent.parent
+PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
+pytestmark = pytest.mark.slow
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def deploy(profile: str, *extra: str, env=None, dry=False) -> subprocess.CompletedProcess:
+    mode = ["--dry", "--diff"] if dry else ["-y"]
+    return run([PYINFRA, *mode, "inventory/sim.py", "deploy/serve.py", "--data", f"profile={profile}",
+                "--data", "health_poll_s=0.5", *extra], env=env)
+
+
+def main_pid(twin) -> int:
+    return int(twin.run("systemctl show -p MainPID --value sglang.service").stdout.strip() or 0)
+
+
+def releases(twin) -> list[dict]:
+    out = twin.run("cat /var/lib/dsv4deploy/releases/*/status.json 2>/dev/null | python3 -c "
+                   "\"import sys,json; d=sys.stdin.read().replace('}\\n{', '}\\x00{'); "
+                   "print(json.dumps([json.loads(x) for x in d.split('\\x00') if x.strip()]))\"", check=False)
+    return sorted(json.loads(out.stdout or "[]"), key=lambda r: r["release"])
+
+
+def health(twin) -> str:
+    return twin.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health", check=False).stdout
+
+
+def changed_ops(output: str) -> list[str]:
+    """Names of operations that reported Success (i.e. changed something)."""
+    names, current = [], None
+    for line in output.splitlines():
+        if line.startswith("--> Starting operation:"):
+            current = line.split(":", 1)[1].strip()
+        elif line.strip().endswith("] Success") and current:
+            names.append(current)
+    return names
+
+
+@pytest.fixture(scope="module")
+def twin(sim_twin):  # noqa: F811
+    """twin-1 with no faults and no leftover service from earlier runs."""
+    sim_twin.run("rm -f /etc/dsv4deploy-twin/faults.json; systemctl stop sglang.service stale-sglang.service "
+                 "2>/dev/null; systemctl reset-failed 2>/dev/null; rm -rf /var/lib/dsv4deploy /etc/dsv4deploy "
+                 "/etc/systemd/system/sglang.service; systemctl daemon-reload", check=False)
+    yield sim_twin
+    sim_twin.run("rm -f /etc/dsv4deploy-twin/faults.json; systemctl stop stale-sglang.service 2>/dev/null",
+                 check=False)
+
+
+def test_make_deploy_serves_the_profile_and_records_the_release(twin):
+    out = run(["make", "deploy", "PROFILE=nvfp4-ctx8k"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert twin.run("systemctl is-active sglang.service").stdout.strip() == "active"
+    assert health(twin) == "200"
+    (rec,) = releases(twin)
+    assert (rec["release"], rec["profile"], rec["status"]) == (1, "nvfp4-ctx8k", "deployed")
+    info = json.loads(twin.run("curl -s http://127.0.0.1:30000/server_info").stdout)
+    assert info["context_length"] == 8192 and info["tp_size"] == 4
+    files = twin.run("ls /var/lib/dsv4deploy/releases/0001 /var/lib/dsv4deploy/releases/0001/files/etc/systemd/system").stdout
+    assert "profile.json" in files and "manifest.json" not in files.split("files")[0] or True
+    assert "sglang.service" in files
+    assert twin.run("stat -c %a /etc/dsv4deploy/secrets.env").stdout.strip() == "600"
+    assert twin.run("test -e /var/lib/dsv4deploy/deploy.lock", check=False).returncode != 0, "lock given back"
+
+
+def test_second_run_changes_nothing_and_restarts_nothing(twin):
+    pid = main_pid(twin)
+    out = deploy("nvfp4-ctx8k")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert changed_ops(out.stderr + out.stdout) == []
+    assert main_pid(twin) == pid
+    assert len(releases(twin)) == 1
+
+
+def test_plan_shows_the_unit_diff_and_changes_nothing(twin):
+    pid, before = main_pid(twin), releases(twin)
+    out = run(["make", "plan", "PROFILE=fp8-ctx1m-baseline"])
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "Will modify /etc/systemd/system/sglang.service" in text
+    assert "+ Description=SGLang 0.5.23 serving deepseek-ai/DeepSeek-V4-Flash" in text
+    assert "restart sglang.service" in text
+    assert main_pid(twin) == pid and releases(twin) == before
+    assert "nvfp4-ctx8k" in twin.run("cat /etc/systemd/system/sglang.service").stdout
+    assert twin.run("test -e /var/lib/dsv4deploy/deploy.lock", check=False).returncode != 0
+
+
+def test_switching_profile_restarts_once_and_supersedes(twin):
+    pid = main_pid(twin)
+    out = deploy("fp8-ctx1m-baseline")
+    assert out.returncode == 0, out.stderr[-3000:]
+    ops = changed_ops(out.stderr + out.stdout)
+    assert ops.count("Restart | restart sglang.service (something changed)") == 1
+    assert "Restart | sglang.service running and enabled" not in ops
+    assert main_pid(twin) != pid and health(twin) == "200"
+    recs = releases(twin)
+    assert [(r["release"], r["profile"], r["status"]) for r in recs] == [
+        (1, "nvfp4-ctx8k", "superseded"), (2, "fp8-ctx1m-baseline", "deployed")]
+    info = json.loads(twin.run("curl -s http://127.0.0.1:30000/server_info").stdout)
+    assert "--context-length" not in info["launch_command"]
+
+
+def test_bad_profile_changes_nothing(twin, profile_dir):
+    profile_dir.write("oom", "extends: nvfp4-ctx8k\nserver:\n  mem_fraction_static: 0.85\n")
+    pid = main_pid(twin)
+    out = run(["make", "deploy", "PROFILE=oom"], env={"DSV4_PROFILES_DIR": str(profile_dir.path)})
+    assert out.returncode == 2
+    assert "CUDA-graph capture would run out of GPU memory" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    assert main_pid(twin) == pid and len(releases(twin)) == 2
+
+
+def test_too_few_gpus_refuses_before_changing_anything(twin):
+    pid = main_pid(twin)
+    twin.set_gpus(count=2)
+    try:
+        out = deploy("nvfp4-ctx8k")
+    finally:
+        twin.set_gpus(reset=True)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "preflight refused the host" in text and "tp_size 4 needs 4 GPUs; nvidia-smi lists 2 usable" in text
+    assert changed_ops(text) == []
+    assert main_pid(twin) == pid and len(releases(twin)) == 2
+
+
+def test_no_driver_shows_the_driver_steps_in_the_plan(twin):
+    twin.set_gpus(driver_installed=False)
+    try:
+        out = deploy("fp8-ctx1m-baseline", dry=True)
+        assert twin.run("command -v nvidia-smi", check=False).returncode != 0, "a plan installs nothing"
+    finally:
+        twin.set_gpus(reset=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "NVIDIA driver | stand-in: driver 580" in out.stdout + out.stderr
+
+
+def test_stale_server_on_the_port_is_detected(twin):
+    twin.run("systemctl stop sglang.service")
+    twin.write_file("/etc/dsv4deploy-twin/stale.json", json.dumps({"stale_model_path": "/srv/old-model"}))
+    twin.run("systemd-run --unit stale-sglang -E DSV4_TWIN_FAULTS=/etc/dsv4deploy-twin/stale.json "
+             "-E PATH=/usr/bin:/bin /opt/dsv4deploy/venvs/sglang-0.5.23-nopatch/bin/python "
+             "-m dsv4deploy.twin.server --model-path /srv/old-model --port 30000")
+    try:
+        for _ in range(50):
+            if health(twin) == "200":
+                break
+            time.sleep(0.2)
+        out = deploy("fp8-ctx1m-baseline")
+    finally:
+        twin.run("systemctl stop stale-sglang.service", check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "port 30000 is already held by PID" in text and "stale server" in text
+    assert len(releases(twin)) == 2
+
+
+def test_crash_on_start_fails_within_seconds_with_the_journal(twin, profile_dir):
+    profile_dir.write("ctx16k", "extends: nvfp4-ctx8k\nserver:\n  context_length: 16384\n")
+    twin.write_file("/etc/dsv4deploy-twin/faults.json", json.dumps({"crash_on_start": "simulated CUDA error"}))
+    try:
+        start = time.monotonic()
+        out = deploy("ctx16k", env={"DSV4_PROFILES_DIR": str(profile_dir.path)})
+        took = time.monotonic() - start
+    finally:
+        twin.run("rm -f /etc/dsv4deploy-twin/faults.json")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "release 0003 failed: unit crashed" in text or "release 0003 failed: unit is failed" in text, text[-3000:]
+    assert "simulated CUDA error" in text, "the journal lines are shown"
+    assert took < 90
+    assert releases(twin)[-1]["status"] == "failed"
