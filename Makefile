@@ -20,6 +20,8 @@ SIM := $(filter inventory/sim.py,$(INVENTORY))
 help:
 	@echo "make deploy PROFILE=nvfp4-ctx8k [INVENTORY=inventory/ct200.py]   roll a profile out (default: the local CT200 twin)"
 	@echo "make plan PROFILE=...        show what a deploy would change, change nothing"
+	@echo "make rollback [TO=NNNN]      back to the previous (or the named) release that passed"
+	@echo "make history                 the host's releases: profile, status, gate, reason"
 	@echo "make test                    the whole test suite (needs root for the twin)"
 	@echo "make validate PROFILE=...    check a profile, print its GPU-memory budget"
 	@echo "make render PROFILE=...      write the rendered unit, NCCL env, manifest under rendered/"
@@ -69,6 +71,12 @@ deploy: bootstrap
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
 	$(if $(SIM),$(BIN)/dsv4deploy sim up --hosts $(HOSTS))
 	$(BIN)/pyinfra -y $(INVENTORY) deploy/serve.py --data profile=$(PROFILE)
+
+rollback: bootstrap
+	$(BIN)/pyinfra -y $(INVENTORY) deploy/rollback.py $(if $(TO),--data to=$(TO))
+
+history: venv
+	$(BIN)/dsv4deploy history --inventory $(INVENTORY)
 
 test: bootstrap
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -16,7 +16,7 @@ from dsv4deploy.rollout import rollout_for
 
 rollout = rollout_for(host.data)                      # validate the profile, render its files
 found = tasks.preflight(rollout)                      # OS, GPUs, driver, disk, port: refuse clearly
-tasks.deploy_lock(rollout)                            # one deploy at a time on this host
+tasks.deploy_lock(f"deploy {rollout.profile.name}")  # one deploy at a time on this host
 tasks.settle_interrupted(rollout)                     # settle what a cut-off run left pending
 
 tasks.driver(rollout, needed=found["driver_needed"])  # nvidia-open at the profile's branch; no surprise reboot

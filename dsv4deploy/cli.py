@@ -105,6 +105,25 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_history(args) -> int:
+    from .facts import Releases
+    from .history import print_history
+    from .layout import STATE
+    from .remote import RemoteError, connected, on
+
+    try:
+        with connected(args.inventory) as hosts:
+            per_host = {}
+            for h in hosts:
+                with on(h):
+                    per_host[h.name] = h.get_fact(Releases, releases_dir=f"{STATE}/releases")
+    except RemoteError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    print_history(per_host, args.json)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsv4deploy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="folder to write into (host paths below it)")
     p.add_argument("--module", help="server module (default sglang.launch_server; the twin uses dsv4deploy.twin.server)")
     p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("history", help="release history of the hosts of an inventory")
+    p.add_argument("--inventory", default="inventory/sim.py")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("list", help="list deployable profiles")
     p.set_defaults(func=cmd_list)
@@ -140,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     except ProfileError as exc:
         _err(str(exc))
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `dsv4deploy history --json | head`
+        return 0
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_FAILED

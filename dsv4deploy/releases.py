@@ -68,3 +68,19 @@ def settle_interrupted(records: list[dict], live_manifest_sha256: str | None, he
 def current(records: list[dict]) -> dict | None:
     live = [r for r in records if r["status"] == DEPLOYED]
     return live[-1] if live else None
+
+
+KEEP = 10
+
+
+def to_prune(records: list[dict], keep: int = KEEP) -> list[int]:
+    """Release numbers whose files go: all but the newest `keep` (the live one always stays)."""
+    live = current(records)
+    newest = {r["release"] for r in sorted(records, key=lambda r: r["release"])[-keep:]}
+    return [r["release"] for r in records
+            if r["release"] not in newest and (live is None or r["release"] != live["release"])]
+
+
+def unused(present: list[str], used: set[str]) -> list[str]:
+    """Venvs or checkpoints on the host that no kept release uses."""
+    return sorted(p for p in present if p not in used)

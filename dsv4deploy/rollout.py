@@ -18,6 +18,38 @@ from .validate import Report, validate
 
 
 @dataclass(frozen=True)
+class Target:
+    """One release's service on the host: its paths and how to reach and recognise it."""
+
+    data: dict
+    layout: Layout
+
+    @classmethod
+    def of(cls, data: dict) -> "Target":
+        return cls(data=data, layout=Layout.of(data))
+
+    @property
+    def unit(self) -> str:
+        return f"{self.layout.service}.service"
+
+    @property
+    def base_url(self) -> str:
+        host = self.data["server"]["host"]
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        return f"http://{host}:{self.data['server']['port']}"
+
+    @property
+    def expected_server_info(self) -> dict:
+        """What /server_info must say for the process to be this release's server."""
+        server = self.data["server"]
+        expected = {"model_path": self.layout.model_dir, "tp_size": server["tp_size"],
+                    "mem_fraction_static": server["mem_fraction_static"]}
+        if server.get("context_length"):
+            expected["context_length"] = server["context_length"]
+        return expected
+
+
+@dataclass(frozen=True)
 class Rollout:
     profile: Profile
     report: Report
@@ -38,10 +70,8 @@ class Rollout:
         return hashlib.sha256(self.rendered.manifest.encode()).hexdigest()
 
     @property
-    def base_url(self) -> str:
-        host = self.data["server"]["host"]
-        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        return f"http://{host}:{self.data['server']['port']}"
+    def target(self) -> Target:
+        return Target(data=self.profile.data, layout=self.layout)
 
 
 def rollout_for(host_data) -> Rollout:

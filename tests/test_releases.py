@@ -45,3 +45,13 @@ def test_nothing_stays_pending_after_settling():
 def test_current_is_the_newest_deployed():
     assert rel.current([record(1, rel.SUPERSEDED), record(2, rel.DEPLOYED), record(3, rel.FAILED)])["release"] == 2
     assert rel.current([record(1, rel.FAILED)]) is None
+
+
+def test_prune_keeps_the_newest_ten_and_the_live_one():
+    records = [record(n, rel.SUPERSEDED) for n in range(1, 15)]
+    records[2] = record(3, rel.DEPLOYED)  # an old release rolled back to stays
+    assert rel.to_prune(records) == [1, 2, 4]
+
+
+def test_unused_paths():
+    assert rel.unused(["/v/a", "/v/b", "/m/x"], {"/v/a", "/m/x"}) == ["/v/b"]

@@ -1,5 +1,6 @@
-"""The release store and the deploy lock on the host, and the verification that turns a
-pending release into a deployed (or failed) one.
+"""The deploy lock, and the release records around the switch: `pending` before it,
+`deployed` after health and identity (and, with issue 5, the gate), or `failed` followed by
+an automatic rollback to the last release that passed.
 
 The lock is taken while pyinfra prepares (before any change) and given back when the last
 operation ends or one fails, so a run that changes nothing reports no changed operation.
@@ -8,37 +9,29 @@ operation ends or one fails, so a run that changes nothing reports no changed op
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
-import sys
 import shlex
 import socket
+import sys
 from io import StringIO
 
-from pyinfra import host, state
-from pyinfra.context import ctx_host, ctx_state
+from pyinfra import host
 from pyinfra.api import BaseStateCallback, DeployError, deploy
+from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import python
 
 from .. import releases
 from ..facts import JsonFile, Releases
-from ..health import HealthError, Observation, identity_problems, wait_healthy
-from ..layout import STATE
+from ..health import HealthError
+from ..hostio import read_json, records, save_record, sh, write_json
+from ..layout import MODELS, OPT, STATE, Layout
 from ..rollout import Rollout
+from .rollback import after_failure
+from .verify import confirm, journal_tail, observer
 
 LOCK = f"{STATE}/deploy.lock"
-
-
-def sh(h, command: str) -> tuple[bool, str]:
-    ok, out = h.run_shell_command(command)
-    return ok, out.stdout
-
-
-def write_json(h, path: str, doc: dict) -> None:
-    h.put_file(StringIO(json.dumps(doc, indent=2, sort_keys=True) + "\n"), f"{path}.tmp")
-    ok, _ = sh(h, f"mv {shlex.quote(path)}.tmp {shlex.quote(path)}")
-    if not ok:
-        raise DeployError(f"cannot write {path}")
 
 
 # --- the lock ---------------------------------------------------------------------------------
@@ -70,7 +63,7 @@ class _ReleaseLock(BaseStateCallback):
         except Exception:  # noqa: BLE001 - the connection may be gone; the stale-lock check copes
             pass
 
-    def operation_end(self, st, op_hash):  # noqa: N805 - pyinfra calls these on the instance
+    def operation_end(self, st, op_hash):
         order = st.get_op_order()
         if order and op_hash == order[-1]:
             self._release()
@@ -80,14 +73,13 @@ class _ReleaseLock(BaseStateCallback):
             self._release()
 
 
-def deploy_lock(r: Rollout) -> None:
+def deploy_lock(label: str) -> None:
     """Take the host's deploy lock now (prepare stage); refuse with the holder's PID and start.
 
     A dry run (`--dry`, `make plan`) changes nothing, so it takes no lock."""
     if "--dry" in sys.argv:
         return
-    me = {"controller": socket.gethostname(), "pid": os.getpid(), "started": releases.now(),
-          "profile": r.profile.name}
+    me = {"controller": socket.gethostname(), "pid": os.getpid(), "started": releases.now(), "what": label}
     for attempt in range(2):
         ok, _ = sh(host, f"mkdir -p {STATE} && mkdir {LOCK} 2>/dev/null")
         if ok:
@@ -101,57 +93,31 @@ def deploy_lock(r: Rollout) -> None:
             continue
         raise DeployError(
             f"another deploy holds the lock on this host: PID {holder.get('pid', '?')} on "
-            f"{holder.get('controller', '?')} since {holder.get('started', '?')} (profile "
-            f"{holder.get('profile', '?')}). If that run is gone, run again with --data break_lock=true.")
+            f"{holder.get('controller', '?')} since {holder.get('started', '?')} ({holder.get('what', '?')}). "
+            f"If that run is gone, run again with --data break_lock=true.")
 
 
 # --- releases ---------------------------------------------------------------------------------
 
-def _observe(r: Rollout):
-    """One poll: HTTP status of /health (or /ready first) and the unit's state, in one command."""
-    unit = f"{r.layout.service}.service"
-    path = r.run.get("probe_path", "/health")
-
-    def observe() -> Observation:
-        _, out = sh(host, f"curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 {r.base_url}{path}; "
-                          f"systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts {unit}")
-        lines = out.splitlines()
-        info = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
-        code = lines[0].strip() if lines else "000"
-        return Observation(http=int(code) if code.isdigit() else 0,
-                           active_state=info.get("ActiveState", ""), sub_state=info.get("SubState", ""),
-                           main_pid=int(info.get("MainPID", 0) or 0), n_restarts=int(info.get("NRestarts", 0) or 0))
-    return observe
-
-
-def journal_tail(r: Rollout, lines: int = 30) -> str:
-    _, out = sh(host, f"journalctl -u {r.layout.service}.service -n {lines} --no-pager -o cat 2>&1 || true")
-    return out
-
-
 def settle_interrupted(r: Rollout) -> None:
     """A `pending` release left by a cut-off run is settled before anything else happens."""
-    records = host.get_fact(Releases, releases_dir=r.layout.releases_dir)
-    if not any(rec["status"] == releases.PENDING for rec in records):
+    if not any(rec["status"] == releases.PENDING for rec in host.get_fact(Releases, releases_dir=r.layout.releases_dir)):
         return
 
     def settle(state, host):  # noqa: pyinfra passes (state, host) by these names
-        host_ = host
-        live = host_.get_fact(JsonFile, path=r.layout.manifest)
-        import hashlib
-        live_sha = hashlib.sha256((json.dumps(live, indent=2, sort_keys=True) + "\n").encode()).hexdigest() if live else None
-        healthy = _observe(r)().http == 200
-        for doc in releases.settle_interrupted(host_.get_fact(Releases, releases_dir=r.layout.releases_dir),
-                                               live_sha, healthy):
-            write_json(host_, f"{releases.release_dir(r.layout.releases_dir, doc['release'])}/status.json", doc)
+        live = host.get_fact(JsonFile, path=r.layout.manifest)
+        live_sha = (hashlib.sha256((json.dumps(live, indent=2, sort_keys=True) + "\n").encode()).hexdigest()
+                    if live else None)
+        healthy = observer(host, r.target)().http == 200
+        for doc in releases.settle_interrupted(records(host, r.layout.releases_dir), live_sha, healthy):
+            save_record(host, r.layout.releases_dir, doc)
 
     python.call(name="settle releases left pending by an interrupted run", function=settle)
 
 
 def needs_release(r: Rollout) -> bool:
     """Prepare-time part of the decision: is the deployed release's manifest the one we render?"""
-    records = host.get_fact(Releases, releases_dir=r.layout.releases_dir)
-    live = releases.current(records)
+    live = releases.current(host.get_fact(Releases, releases_dir=r.layout.releases_dir))
     return live is None or live["manifest_sha256"] != r.manifest_sha256
 
 
@@ -160,72 +126,64 @@ def begin_release(r: Rollout, when) -> None:
     """Write release NNNN as pending, with the resolved profile and the rendered files."""
 
     def begin(state, host):  # noqa: pyinfra passes (state, host) by these names
-        host_ = host
-        records = host_.get_fact(Releases, releases_dir=r.layout.releases_dir)
-        rec = releases.new_record(records, profile=r.profile.name, content_hash=r.profile.content_hash,
-                                  manifest_sha256=r.manifest_sha256,
+        rec = releases.new_record(records(host, r.layout.releases_dir), profile=r.profile.name,
+                                  content_hash=r.profile.content_hash, manifest_sha256=r.manifest_sha256,
                                   sglang_version=r.data["sglang"]["version"])
         folder = releases.release_dir(r.layout.releases_dir, rec["release"])
-        sh(host_, f"mkdir -p {folder}/files")
-        write_json(host_, f"{folder}/profile.json", {"name": r.profile.name, "files": list(r.profile.files),
-                                                     "data": r.profile.data})
+        dirs = " ".join(shlex.quote(f"{folder}/files{os.path.dirname(p)}") for p in r.rendered.files)
+        sh(host, f"mkdir -p {dirs}")
+        write_json(host, f"{folder}/profile.json", {"name": r.profile.name, "files": list(r.profile.files),
+                                                    "data": r.profile.data})
         for path, text in r.rendered.files.items():
-            target = f"{folder}/files{path}"
-            sh(host_, f"mkdir -p {shlex.quote(os.path.dirname(target))}")
-            host_.put_file(StringIO(text), target)
-        write_json(host_, f"{folder}/status.json", rec)
+            host.put_file(StringIO(text), f"{folder}/files{path}")
+        save_record(host, r.layout.releases_dir, rec)
         r.run["release"] = rec
-        print(f"[{host_.name}] release {rec['release']:04d} pending ({r.profile.name})")
+        print(f"[{host.name}] release {rec['release']:04d} pending ({r.profile.name})")
 
     python.call(name="record release (pending, before the switch)", function=begin, _if=when)
 
 
 @deploy("Verify")
 def verify_and_record(r: Rollout, when) -> None:
-    """Wait for health within the profile's budget, prove it is our server, record the verdict."""
-    budget = r.data["service"]["health_timeout_s"]
+    """Health within the profile's budget and identity; then deployed, or failed + rollback."""
 
     def verify(state, host):  # noqa: pyinfra passes (state, host) by these names
-        host_ = host
         rec = r.run.get("release")
+        poll = float(host.data.get("health_poll_s", 2.0))
         try:
-            wait_healthy(_observe(r), budget_s=budget, poll_s=float(host_.data.get("health_poll_s", 2.0)))
-            problems = _identity(r, host_)
-            if problems:
-                raise HealthError("the server answering is not the one this release started: " + "; ".join(problems))
+            confirm(host, r.target, budget_s=r.data["service"]["health_timeout_s"], poll_s=poll)
         except HealthError as exc:
-            reason = str(exc)
-            tail = journal_tail(r)
-            if rec:
-                doc = releases.with_status(rec, releases.FAILED, reason)
-                write_json(host_, f"{releases.release_dir(r.layout.releases_dir, rec['release'])}/status.json", doc)
-            # TODO(issue 5): roll back to the last deployed release here.
-            raise DeployError(f"release {rec['release']:04d} failed: {reason}\n--- last journal lines of "
-                              f"{r.layout.service}.service ---\n{tail}" if rec else reason) from None
+            tail = journal_tail(host, r.target)
+            outcome = after_failure(host, rec, r.target, str(exc), poll_s=poll)
+            name = f"release {rec['release']:04d}" if rec else "the running release"
+            raise DeployError(f"{name} ({r.profile.name}) failed: {exc}\n--- last journal lines of "
+                              f"{r.target.unit} ---\n{tail}\n{outcome}") from None
         if rec:
-            records = host_.get_fact(Releases, releases_dir=r.layout.releases_dir)
-            for doc in releases.mark_deployed(records, rec["release"]):
-                write_json(host_, f"{releases.release_dir(r.layout.releases_dir, doc['release'])}/status.json", doc)
-            print(f"[{host_.name}] release {rec['release']:04d} deployed: {r.profile.name} is serving on {r.base_url}")
+            for doc in releases.mark_deployed(records(host, r.layout.releases_dir), rec["release"]):
+                save_record(host, r.layout.releases_dir, doc)
+            print(f"[{host.name}] release {rec['release']:04d} deployed: {r.profile.name} is serving on "
+                  f"{r.target.base_url}")
+            prune(host, r.layout.releases_dir)
 
     python.call(name="health, identity, record", function=verify, _if=when)
 
 
-def _identity(r: Rollout, h) -> list[str]:
-    port = r.data["server"]["port"]
-    _, out = sh(h, f"ss -Htlnp 'sport = :{port}' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u; echo ---; "
-                   f"systemctl show -p MainPID --value {r.layout.service}.service; echo ---; "
-                   f"sed -n 's/^SGLANG_API_KEY=/Authorization: Bearer /p' {r.layout.secrets_env} 2>/dev/null "
-                   f"| curl -s --max-time 20 -H @- {r.base_url}/server_info")
-    pids_txt, main_txt, info_txt = (out.split("---\n") + ["", "", ""])[:3]
-    try:
-        info = json.loads(info_txt) if info_txt.strip() else None
-    except json.JSONDecodeError:
-        info = None
-    server = r.data["server"]
-    expected = {"model_path": r.layout.model_dir, "tp_size": server["tp_size"],
-                "mem_fraction_static": server["mem_fraction_static"]}
-    if server.get("context_length"):
-        expected["context_length"] = server["context_length"]
-    return identity_problems(port_pids=[int(p) for p in pids_txt.split() if p.isdigit()],
-                             main_pid=int(main_txt.strip() or 0), server_info=info, expected=expected)
+def prune(h, releases_dir: str) -> None:
+    """Keep the last releases' files; remove venvs and checkpoints no kept release uses."""
+    recs = records(h, releases_dir)
+    dropped = releases.to_prune(recs)
+    for number in dropped:
+        sh(h, f"rm -rf {releases.release_dir(releases_dir, number)}/files "
+              f"{releases.release_dir(releases_dir, number)}/profile.json")
+    used: set[str] = set()
+    for rec in recs:
+        if rec["release"] in dropped:
+            continue
+        doc = read_json(h, f"{releases.release_dir(releases_dir, rec['release'])}/profile.json")
+        if doc:
+            layout = Layout.of(doc["data"])
+            used |= {layout.venv, layout.model_dir}
+    _, out = sh(h, f"ls -d {OPT}/venvs/* {MODELS}/*/* 2>/dev/null || true")
+    for path in releases.unused(out.split(), used):
+        sh(h, f"rm -rf {shlex.quote(path)}")
+        print(f"[{h.name}] pruned {path} (no kept release uses it)")

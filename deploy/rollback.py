@@ -1,0 +1,16 @@
+"""Put an earlier release back in service:
+
+    pyinfra -y inventory/ct200.py deploy/rollback.py            # the release before the current
+    pyinfra -y inventory/ct200.py deploy/rollback.py --data to=3
+    make rollback [TO=3]
+
+The restore uses the files kept in the release record, with its venv and weights; the new
+history entry points at the release it restored. An unknown release is refused.
+"""
+
+from pyinfra import host
+
+from dsv4deploy import tasks
+
+tasks.deploy_lock("rollback")
+tasks.manual_rollback(host.data.get("to"))

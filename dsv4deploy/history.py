@@ -1,0 +1,38 @@
+"""`dsv4deploy history`: the release records of a host as a table (or JSON)."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+
+def gate_summary(rec: dict) -> str:
+    gate = rec.get("gate") or {}
+    top = gate.get("top_level")
+    if not top:
+        return "-"
+    return f"C={top['concurrency']}: {top['output_throughput']:.1f} tok/s vs floor {top.get('floor', '-')}"
+
+
+def table(host_name: str, records: list[dict]) -> Table:
+    t = Table(title=f"releases on {host_name}")
+    for col in ("release", "kind", "profile", "sglang", "status", "time", "gate", "reason"):
+        t.add_column(col)
+    for r in records:
+        kind = r.get("kind", "deploy") + (f" of {r['restores']:04d}" if r.get("restores") else "")
+        style = {"deployed": "green", "failed": "red", "pending": "yellow"}.get(r["status"])
+        t.add_row(f"{r['release']:04d}", kind, r["profile"], r.get("sglang_version", "?"), r["status"],
+                  r.get("updated", "")[:16].replace("T", " "), gate_summary(r), (r.get("reason") or "")[:120], style=style)
+    return t
+
+
+def print_history(per_host: dict[str, list[dict]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(per_host, indent=2))
+        return
+    import sys
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    for name, recs in per_host.items():
+        console.print(table(name, recs))

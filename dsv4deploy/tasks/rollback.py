@@ -1,0 +1,118 @@
+"""Rollback: put a release that passed back in service, from the files kept in its record.
+
+Like Helm, a rollback is a new history entry (`kind: rollback`, `restores: N`). The restored
+release's venv and weights must still be on the host (pruning keeps what kept releases use).
+Instead of the full gate it gets a short probe: it passed the gate before.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import DeployError, deploy
+from pyinfra.operations import python
+
+from .. import releases
+from ..health import HealthError
+from ..hostio import read_json, records, save_record, sh
+from ..facts import Releases
+from ..layout import STATE
+from ..rollout import Target
+from .verify import confirm, journal_tail, probe
+
+RELEASES = f"{STATE}/releases"
+
+
+class RollbackError(Exception):
+    """The rollback itself failed; the history says so and nothing claims to be serving."""
+
+
+def target_of(h, rec: dict) -> Target:
+    doc = read_json(h, f"{releases.release_dir(RELEASES, rec['release'])}/profile.json")
+    if not doc:
+        raise RollbackError(f"release {rec['release']:04d} has no profile.json: its files were pruned")
+    return Target.of(doc["data"])
+
+
+def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0) -> dict:
+    """Bring release `rec` back: its files, daemon-reload, restart, health, identity, probe."""
+    t = target_of(h, rec)
+    folder = releases.release_dir(RELEASES, rec["release"])
+    ok, _ = sh(h, f"test -x {t.layout.python} && test -f {t.layout.model_dir}/.dsv4deploy-complete.json "
+                  f"&& test -d {folder}/files")
+    if not ok:
+        raise RollbackError(f"release {rec['release']:04d} cannot be restored: its venv ({t.layout.venv}) or "
+                            f"weights ({t.layout.model_dir}) or files are gone")
+    new = releases.new_record(records(h, RELEASES), profile=rec["profile"], content_hash=rec["content_hash"],
+                              manifest_sha256=rec["manifest_sha256"], sglang_version=rec["sglang_version"],
+                              kind="rollback", restores=rec["release"])
+    new["reason"] = cause
+    save_record(h, RELEASES, new)
+    try:
+        ok, out = sh(h, f"cp -a {folder}/files/. / && systemctl daemon-reload && systemctl reset-failed {t.unit}; "
+                        f"systemctl restart {t.unit}")
+        if not ok:
+            raise HealthError(f"could not restore the files or restart {t.unit}: {out.strip()[-300:]}")
+        confirm(h, t, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)
+        probe(h, t)
+    except HealthError as exc:
+        save_record(h, RELEASES, releases.with_status(new, releases.FAILED, f"rollback failed: {exc}"))
+        raise RollbackError(f"rollback to release {rec['release']:04d} failed: {exc}\n--- last journal lines of "
+                            f"{t.unit} ---\n{journal_tail(h, t)}") from None
+    for doc in releases.mark_deployed(records(h, RELEASES), new["release"]):
+        save_record(h, RELEASES, {**doc, "reason": doc["reason"] or cause} if doc["release"] == new["release"] else doc)
+    return new
+
+
+def after_failure(h, failed: dict | None, failed_target: Target, reason: str, poll_s: float = 2.0) -> str:
+    """A release failed (health or gate): record it, restore the last good one, say what serves now."""
+    if failed:
+        save_record(h, RELEASES, releases.with_status(failed, releases.FAILED, reason))
+    previous = releases.current(records(h, RELEASES))
+    if previous is None:
+        sh(h, f"systemctl stop {failed_target.unit}")
+        return (f"no earlier release passed, so nothing to roll back to: {failed_target.unit} is stopped and "
+                f"left stopped")
+    prev_target = target_of(h, previous)
+    if prev_target.unit != failed_target.unit:
+        sh(h, f"systemctl disable --now {failed_target.unit}")
+    what = f"release {failed['release']:04d}" if failed else "the new release"
+    try:
+        new = restore(h, previous, cause=f"automatic rollback: {what} failed: {reason}", poll_s=poll_s)
+    except RollbackError as exc:
+        return f"{exc}\nNOTHING IS SERVING; the history records the failed rollback"
+    return (f"rolled back: release {new['release']:04d} (restores {previous['release']:04d}, profile "
+            f"{previous['profile']}) is serving on {prev_target.base_url}")
+
+
+def choose(records_: list[dict], to: int | None) -> dict:
+    """The release a manual rollback restores: `to`, or the one before the current."""
+    passed = [r for r in records_ if r["status"] in (releases.DEPLOYED, releases.SUPERSEDED)]
+    if to is not None:
+        match = [r for r in records_ if r["release"] == to]
+        if not match:
+            known = ", ".join(f"{r['release']:04d}" for r in records_) or "none"
+            raise DeployError(f"unknown release {to:04d} (releases on this host: {known})")
+        if match[0] not in passed:
+            raise DeployError(f"release {to:04d} is {match[0]['status']}: only a release that passed can be restored")
+        return match[0]
+    live = releases.current(records_)
+    earlier = [r for r in passed if r is not live and (live is None or r["manifest_sha256"] != live["manifest_sha256"])]
+    if not earlier:
+        raise DeployError("there is no earlier release to roll back to")
+    return earlier[-1]
+
+
+@deploy("Rollback")
+def manual_rollback(to: int | None) -> None:
+    rec = choose(host.get_fact(Releases, releases_dir=RELEASES),
+                 int(to) if to not in (None, "") else None)
+
+    def run(state, host):  # noqa: pyinfra passes (state, host) by these names
+        try:
+            new = restore(host, rec, cause=f"manual rollback to release {rec['release']:04d}",
+                          poll_s=float(host.data.get("health_poll_s", 2.0)))
+        except RollbackError as exc:
+            raise DeployError(str(exc)) from None
+        print(f"[{host.name}] release {new['release']:04d} restores {rec['release']:04d} ({rec['profile']}): serving")
+
+    python.call(name=f"restore release {rec['release']:04d} ({rec['profile']})", function=run)

@@ -1,0 +1,74 @@
+"""Is the release's server up, is it ours, does it answer? Used after a deploy's restart and
+after a rollback's restore (with the restored release's Target).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..health import HealthError, Observation, identity_problems, wait_healthy
+from ..hostio import sh
+from ..rollout import Target
+
+
+def observer(h, t: Target, path: str = "/health"):
+    """One poll = one SSH command: the HTTP status and the unit's state together."""
+
+    def observe() -> Observation:
+        _, out = sh(h, f"curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 20 {t.base_url}{path}; "
+                       f"systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts {t.unit}")
+        lines = out.splitlines()
+        info = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
+        code = lines[0].strip() if lines else "000"
+        return Observation(http=int(code) if code.isdigit() else 0,
+                           active_state=info.get("ActiveState", ""), sub_state=info.get("SubState", ""),
+                           main_pid=int(info.get("MainPID", 0) or 0), n_restarts=int(info.get("NRestarts", 0) or 0))
+    return observe
+
+
+def journal_tail(h, t: Target, lines: int = 30) -> str:
+    _, out = sh(h, f"journalctl -u {t.unit} -n {lines} --no-pager -o cat 2>&1 || true")
+    return out
+
+
+def _authorized_curl(t: Target, path: str, data: str | None = None) -> str:
+    """curl with the API key read from the 0600 secrets file on the host (never in argv)."""
+    body = f" -H 'Content-Type: application/json' --data {json.dumps(data)!r}" if data else ""
+    return (f"sed -n 's/^SGLANG_API_KEY=/Authorization: Bearer /p' {t.layout.secrets_env} 2>/dev/null "
+            f"| curl -s --max-time 60 -H @-{body} {t.base_url}{path}")
+
+
+def identity(h, t: Target) -> list[str]:
+    port = t.data["server"]["port"]
+    _, out = sh(h, f"ss -Htlnp 'sport = :{port}' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u; echo ---; "
+                   f"systemctl show -p MainPID --value {t.unit}; echo ---; {_authorized_curl(t, '/server_info')}")
+    pids_txt, main_txt, info_txt = (out.split("---\n") + ["", "", ""])[:3]
+    try:
+        info = json.loads(info_txt) if info_txt.strip() else None
+    except json.JSONDecodeError:
+        info = None
+    return identity_problems(port_pids=[int(p) for p in pids_txt.split() if p.isdigit()],
+                             main_pid=int(main_txt.strip() or 0), server_info=info,
+                             expected=t.expected_server_info)
+
+
+def confirm(h, t: Target, budget_s: float, poll_s: float = 2.0) -> None:
+    """Wait for health, then prove the answering process is this release's. Raises HealthError."""
+    wait_healthy(observer(h, t), budget_s=budget_s, poll_s=poll_s)
+    problems = identity(h, t)
+    if problems:
+        raise HealthError("the server answering is not the one this release started: " + "; ".join(problems))
+
+
+def probe(h, t: Target, requests: int = 2, tokens: int = 8) -> None:
+    """A short generation probe (a rollback's stand-in for the full gate: it passed before)."""
+    payload = json.dumps({"input_ids": list(range(1, 33)),
+                          "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}})
+    for i in range(requests):
+        _, out = sh(h, _authorized_curl(t, "/generate", payload))
+        try:
+            got = json.loads(out)["meta_info"]["completion_tokens"]
+        except (ValueError, KeyError, TypeError):
+            raise HealthError(f"probe request {i + 1}/{requests} failed: {out.strip()[:200] or 'no answer'}") from None
+        if got != tokens:
+            raise HealthError(f"probe request {i + 1}/{requests} returned {got} tokens, expected {tokens}")

@@ -1,0 +1,1410 @@
+"""The SGLang twin server: ``python -m dsv4deploy.twin.server <argv of sglang.launch_server>``.
+
+Behaves like SGLang 0.5.23 from the outside (reference/sglang.md sections 1, 2, 5):
+the port refuses connections while "weights load", a simulated CUDA-graph capture can OOM,
+then the HTTP server binds, ``/health`` answers 503 until the warmup generation ends and then
+runs a 1-token generation per call; generations run through :mod:`perf`'s batched scheduler in
+wall time.  Knobs: :mod:`faults`.  See docs/twin-server.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hmac
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":  # a SIGTERM while still importing: clean exit, as later
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+
+from aiohttp import web  # noqa: E402
+
+from . import args as targs  # noqa: E402
+from .faults import FaultFileError, Faults, load_faults
+from .memory import KVCacheError, MemoryInputs, MemoryPlan, plan_memory
+from .perf import DSV4_MAX_CONTEXT, IDLE_WAKE_S, PerfConfig, Req, Scheduler
+
+HEALTH_PREFIXES = ("/health", "/ready", "/metrics")
+VOCAB_SIZE = 129280
+DSV4_ARCH = "DeepseekV4ForCausalLM"
+_WORDS = ("the model serves tokens from a sparse mixture of experts while the indexer scores "
+          "compressed attention blocks across every layer and the scheduler batches running "
+          "requests into one decode step on four blackwell cards over pcie with nccl ring "
+          "all reduce and cuda graphs for small batches").split()
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+# ------------------------------------------------------------------------------------ logging
+class Log:
+    """SGLang-like log lines on stderr (the journal under systemd)."""
+
+    def __init__(self, level: str = "info"):
+        self.level = LEVELS.get(str(level).lower(), 20)
+
+    def _emit(self, lvl: int, msg: str, tp: bool) -> None:
+        if lvl < self.level:
+            return
+        ts = time.strftime("%Y-%m-%d %H:%M:%S")
+        prefix = f"[{ts} TP0] " if tp else f"[{ts}] "
+        if lvl >= 30:
+            prefix += ("WARNING " if lvl == 30 else "ERROR ")
+        sys.stderr.write(prefix + msg + "\n")
+        sys.stderr.flush()
+
+    def debug(self, msg: str, tp: bool = False) -> None:
+        self._emit(10, msg, tp)
+
+    def info(self, msg: str, tp: bool = False) -> None:
+        self._emit(20, msg, tp)
+
+    def warning(self, msg: str, tp: bool = False) -> None:
+        self._emit(30, msg, tp)
+
+    def error(self, msg: str, tp: bool = False) -> None:
+        self._emit(40, msg, tp)
+
+    @staticmethod
+    def raw(text: str) -> None:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+
+
+def _traceback(frames: list[tuple[str, int, str, str]], final: str) -> str:
+    lines = ["Traceback (most recent call last):"]
+    for path, line, func, code in frames:
+        lines.append(f'  File "{path}", line {line}, in {func}')
+        lines.append(f"    {code}")
+    lines.append(final)
+    return "\n".join(lines)
+
+
+_SG = "/opt/sglang/lib/python3.11/site-packages/sglang/srt"
+
+
+class StartupFailure(Exception):
+    """Fatal startup error: message already logged, exit with ``code``."""
+
+    def __init__(self, code: int = 1):
+        super().__init__(code)
+        self.code = code
+
+
+# --------------------------------------------------------------------------------- the model
+@dataclass
+class ModelFacts:
+    architectures: list[str]
+    max_context: int
+    model_type: str
+    hybrid_nvfp4: bool
+    config_found: bool
+
+
+def read_model(model_path: str) -> ModelFacts:
+    p = Path(model_path)
+    cfg: dict[str, Any] = {}
+    found = False
+    if p.is_dir() and (p / "config.json").is_file():
+        try:
+            cfg = json.loads((p / "config.json").read_text())
+            found = True
+        except (OSError, json.JSONDecodeError):
+            cfg = {}
+    q = cfg.get("quantization_config") or {}
+    hybrid = (q.get("quant_algo") == "MIXED_PRECISION" and q.get("moe_quant_algo") == "NVFP4"
+              and q.get("group_size") is not None)
+    return ModelFacts(
+        architectures=list(cfg.get("architectures") or [DSV4_ARCH]),
+        max_context=int(cfg.get("max_position_embeddings") or DSV4_MAX_CONTEXT),
+        model_type=str(cfg.get("model_type") or "deepseek_v4"),
+        hybrid_nvfp4=bool(hybrid),
+        config_found=found,
+    )
+
+
+def query_gpus(log: Log) -> tuple[int, int]:
+    """(min memory.total MiB, count) from nvidia-smi, like SGLang's get_nvgpu_memory_capacity."""
+    cmd = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        log.error("nvidia-smi not found on PATH: SGLang reads the GPU memory with it (and torch "
+                  "finds no GPU either). Put nvidia-smi on the unit's PATH.")
+        log.raw("RuntimeError: No CUDA GPUs are available (nvidia-smi not found)")
+        raise StartupFailure(1)
+    except subprocess.TimeoutExpired:
+        log.raw("RuntimeError: nvidia-smi timed out")
+        raise StartupFailure(1)
+    if out.returncode != 0:
+        msg = (out.stdout + out.stderr).strip()
+        log.error(f"nvidia-smi failed (exit {out.returncode}): {msg}")
+        log.raw("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an "
+                "NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx")
+        raise StartupFailure(1)
+    values = []
+    for line in out.stdout.splitlines():
+        line = line.strip()
+        if line:
+            try:
+                values.append(int(float(line)))
+            except ValueError:
+                continue
+    if not values:
+        log.raw("RuntimeError: No CUDA GPUs are available (nvidia-smi listed no GPU)")
+        raise StartupFailure(1)
+    count = len(values)
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() != "":
+        count = min(count, len([x for x in cvd.split(",") if x.strip()]))
+    return min(values), count
+
+
+# ------------------------------------------------------------------------------ resolved state
+@dataclass
+class Resolved:
+    args: targs.ParsedArgs
+    faults: Faults
+    model: ModelFacts
+    gpu_mem_mib: int
+    gpu_count: int
+    context_len: int
+    max_running_requests: int
+    chunked_prefill_size: int
+    max_prefill_tokens: int
+    page_size: int
+    moe_runner_backend: str
+    mem: MemoryPlan | None
+    model_path: str
+    served_model_name: str
+    graphs_enabled: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def perf_config(self) -> PerfConfig:
+        return PerfConfig(
+            context_length=self.context_len,
+            num_continuous_decode_steps=self.args.num_continuous_decode_steps or 1,
+            max_running_requests=self.max_running_requests,
+            chunked_prefill_size=self.chunked_prefill_size,
+            max_prefill_tokens=self.max_prefill_tokens,
+            max_total_num_tokens=self.mem.max_total_num_tokens if self.mem else 10**9,
+            tp_size=self.args.tp_size,
+        )
+
+    def server_args_dict(self) -> dict[str, Any]:
+        d = self.args.as_dict()
+        d.pop("config", None)
+        for k in ("api_key", "admin_api_key"):
+            if d.get(k):
+                d[k] = "<redacted>"
+        d.update({
+            "model_path": self.model_path,
+            "tokenizer_path": d.get("tokenizer_path") or self.model_path,
+            "served_model_name": self.served_model_name,
+            "context_length": self.context_len,
+            "max_running_requests": self.max_running_requests,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "page_size": self.page_size,
+            "moe_runner_backend": self.moe_runner_backend,
+            "attention_backend": "dsv4",
+            "kv_cache_dtype": "fp8_e4m3" if d.get("kv_cache_dtype") in (None, "auto") else d["kv_cache_dtype"],
+            "swa_full_tokens_ratio": d.get("swa_full_tokens_ratio") or 0.1,
+        })
+        if self.mem is not None:
+            d["mem_fraction_static"] = self.mem.mem_fraction_static
+            d["cuda_graph_max_bs_decode"] = self.mem.cuda_graph_max_bs or None
+            d["cuda_graph_bs_decode"] = self.mem.graph_bs or None
+        return d
+
+
+def resolve(pa: targs.ParsedArgs, faults: Faults, log: Log, stale: bool = False) -> Resolved:
+    a = pa.ns
+    model_path = faults.stale_model_path if stale else a.model_path
+    if not stale:
+        p = Path(a.model_path).expanduser()
+        if a.model_path.startswith(("/", "./", "../", "~")) and not p.exists():
+            log.raw(_traceback(
+                [(f"{_SG}/configs/model_config.py", 212, "__init__",
+                  "self.hf_config = get_config(")],
+                f"OSError: Can't load the configuration of '{a.model_path}'. Make sure "
+                f"'{a.model_path}' is the correct path to a directory containing a config.json file"))
+            raise StartupFailure(1)
+    model = read_model(a.model_path)
+    try:
+        gpu_mem, gpu_count = query_gpus(log)
+    except StartupFailure:
+        if not stale:
+            raise
+        gpu_mem, gpu_count = 97887, 8
+    context_len = model.max_context
+    if a.context_length is not None:
+        if a.context_length > model.max_context and os.environ.get(
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() not in ("1", "true"):
+            log.raw(_traceback(
+                [(f"{_SG}/configs/model_config.py", 389, "_derive_context_length",
+                  "raise ValueError(")],
+                f"ValueError: User-specified context_length ({a.context_length}) is greater than the "
+                f"derived context_length ({model.max_context}). This may lead to incorrect model "
+                "outputs or CUDA errors. Note that the derived context_length may differ from "
+                "max_position_embeddings in the model's config. To allow overriding this maximum, "
+                "set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"))
+            raise StartupFailure(1)
+        context_len = a.context_length
+    if a.max_running_requests is None:
+        log.info("Setting max_running_requests to 256 for DeepSeek-V4.")
+    max_running = a.max_running_requests if a.max_running_requests is not None else 256
+    moe = a.moe_runner_backend or "auto"
+    if moe == "auto":
+        moe = "flashinfer_trtllm_routed" if model.hybrid_nvfp4 else "flashinfer_mxfp4"
+    if model.hybrid_nvfp4:
+        log.info("Auto-detected hybrid FP8+NVFP4 checkpoint (NVFP4 MoE group_size=16)")
+    graphs_enabled = not (a.disable_cuda_graph or a.disable_decode_cuda_graph
+                          or a.cuda_graph_backend_decode == "disabled")
+    try:
+        mem: MemoryPlan | None = plan_memory(_mem_inputs(pa, gpu_mem, max_running, graphs_enabled, faults))
+    except KVCacheError:
+        mem = None  # reported after the simulated weight load, where SGLang finds out
+    return Resolved(
+        args=pa, faults=faults, model=model, gpu_mem_mib=gpu_mem, gpu_count=gpu_count,
+        context_len=context_len, max_running_requests=mem.max_running_requests if mem else max_running,
+        chunked_prefill_size=mem.chunked_prefill_size if mem else (a.chunked_prefill_size or 8192),
+        max_prefill_tokens=a.max_prefill_tokens or 16384, page_size=a.page_size or 256,
+        moe_runner_backend=moe, mem=mem, model_path=model_path,
+        served_model_name=a.served_model_name or model_path, graphs_enabled=graphs_enabled,
+    )
+
+
+def _mem_inputs(pa: targs.ParsedArgs, gpu_mem: int, max_running: int, graphs_enabled: bool,
+                faults: Faults) -> MemoryInputs:
+    a = pa.ns
+    return MemoryInputs(
+        gpu_mem_mib=gpu_mem, tp=a.tp_size, pp=a.pp_size or 1, nnodes=a.nnodes or 1,
+        mem_fraction_static=a.mem_fraction_static, chunked_prefill_size=a.chunked_prefill_size,
+        cuda_graph_max_bs_decode=a.cuda_graph_max_bs_decode, cuda_graph_bs_decode=a.cuda_graph_bs_decode,
+        graphs_disabled=not graphs_enabled, disable_custom_all_reduce=a.disable_custom_all_reduce,
+        max_running_requests=max_running, max_total_tokens=a.max_total_tokens,
+        page_size=a.page_size or 256,
+        kv_bytes_per_token=faults.kv_bytes_per_token or 15900,
+        weights_total_gib=faults.weights_gib or 148.66,
+    )
+
+
+# ------------------------------------------------------------------------------------- engine
+def _seed(obj: Any) -> int:
+    return zlib.crc32(json.dumps(obj, sort_keys=True, default=str).encode()) & 0xFFFFFFFF
+
+
+def token_id(seed: int, i: int) -> int:
+    return (seed * 2654435761 + (i + 1) * 40503) % VOCAB_SIZE
+
+
+def token_text(tok: int) -> str:
+    return " " + _WORDS[tok % len(_WORDS)]
+
+
+def count_text_tokens(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+class Engine:
+    """Drives perf.Scheduler in wall time: sleeps to absolute deadlines (no drift)."""
+
+    def __init__(self, cfg: PerfConfig, log: Log, decode_log_interval: int = 40,
+                 graph_max_bs: int = 0):
+        self.cfg = cfg
+        self.sched = Scheduler(cfg)
+        self.log = log
+        self.decode_log_interval = max(1, decode_log_interval)
+        self.graph_max_bs = graph_max_bs
+        self.wake = asyncio.Event()
+        self.gen_throughput = 0.0
+        self._last_log_t: float | None = None
+        self._last_log_tokens = 0
+        self.num_requests_total = 0
+        self.ttft: list[float] = []
+        self.e2e: list[float] = []
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    def submit(self, req: Req) -> None:
+        req.t_arrival = asyncio.get_running_loop().time()
+        self.sched.add(req)
+        self.wake.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        base: float | None = None
+        sched = self.sched
+        while True:
+            batch = sched.plan()
+            if batch is None:
+                self.wake.clear()
+                await self.wake.wait()
+                await asyncio.sleep(IDLE_WAKE_S)
+                base = None
+                continue
+            now = loop.time()
+            if base is None or now - base > 0.25:  # idle gap, or the loop was blocked: restart
+                base = now
+            deadline = base + batch.cost_s
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.log.level <= 10:
+                self.log.debug(f"batch {batch.kind} n={len(batch.reqs)} cost={batch.cost_s * 1000:.1f}ms "
+                               f"late={(loop.time() - deadline) * 1000:.2f}ms t={loop.time():.4f}", tp=True)
+            base = deadline
+            if batch.kind == "prefill":
+                self._log_prefill(batch)
+            touched = sched.finish(batch, loop.time())
+            for r in touched:
+                if r.finished and not r.internal:
+                    if r.t_first is not None:
+                        self.ttft.append(r.t_first - r.t_arrival)
+                    if r.t_done is not None:
+                        self.e2e.append(r.t_done - r.t_arrival)
+            if batch.kind == "decode" and sched.decode_steps % self.decode_log_interval == 0:
+                self._log_decode(loop.time())
+
+    def _log_prefill(self, batch) -> None:
+        s = self.sched
+        self.log.info(
+            f"Prefill batch. #new-seq: {len(batch.reqs)}, #new-token: {sum(r.input_len for r in batch.reqs)}, "
+            f"#cached-token: 0, token usage: {self.token_usage():.2f}, #running-req: {len(s.running)}, "
+            f"#queue-req: {len(s.waiting)}", tp=True)
+
+    def _log_decode(self, t: float) -> None:
+        s = self.sched
+        if self._last_log_t is not None and t > self._last_log_t:
+            self.gen_throughput = (s.generated_tokens - self._last_log_tokens) / (t - self._last_log_t)
+        self._last_log_t = t
+        self._last_log_tokens = s.generated_tokens
+        n = len(s.running)
+        graph = bool(self.graph_max_bs) and n <= self.graph_max_bs
+        self.log.info(
+            f"Decode batch. #running-req: {n}, #token: {s.kv_used}, token usage: {self.token_usage():.2f}, "
+            f"cuda graph: {graph}, gen throughput (token/s): {self.gen_throughput:.2f}, "
+            f"#queue-req: {len(s.waiting)}", tp=True)
+
+    def token_usage(self) -> float:
+        return self.sched.kv_used / max(1, self.cfg.max_total_num_tokens)
+
+
+# -------------------------------------------------------------------------------- HTTP server
+class ReqGroup:
+    """Requests of one HTTP call; one event wakes the handler whenever any of them progresses."""
+
+    def __init__(self):
+        self.event = asyncio.Event()
+        self.reqs: list[Req] = []
+        self.seeds: list[int] = []
+        self.texts: list[str] = []
+        self.ids: list[list[int]] = []
+
+    def add(self, req: Req, seed: int) -> None:
+        req.notify = self._notify
+        self.reqs.append(req)
+        self.seeds.append(seed)
+        self.texts.append("")
+        self.ids.append([])
+
+    def _notify(self, _req: Req) -> None:
+        self.event.set()
+
+    def sync(self, i: int) -> str:
+        """Bring text/ids of request i up to its generated count; returns the new text (delta)."""
+        r = self.reqs[i]
+        ids = self.ids[i]
+        delta = []
+        while len(ids) < r.generated:
+            t = token_id(self.seeds[i], len(ids))
+            ids.append(t)
+            delta.append(token_text(t))
+        d = "".join(delta)
+        self.texts[i] += d
+        return d
+
+    def abort_unfinished(self) -> None:
+        for r in self.reqs:
+            if not r.finished:
+                r.aborted = True
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, etype: str = "BadRequestError"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.etype = etype
+
+
+class TwinServer:
+    def __init__(self, res: Resolved, log: Log, stale: bool = False):
+        self.res = res
+        self.log = log
+        self.stale = stale
+        self.status = "Starting"  # Starting | Up | UnHealthy
+        self.engine = Engine(res.perf_config(), log, res.args.decode_log_interval or 40,
+                             res.mem.cuda_graph_max_bs if (res.mem and res.graphs_enabled) else 0)
+        self.user_requests = 0      # user generations received (error_rate index)
+        self.completed_user = 0     # user generations completed (crash_after_requests)
+        self.started_at = time.time()
+        self.startup_time = 0.0
+        self._rid = 0
+        self.crashing = False
+        self.api_key = res.args.api_key
+        self.ready_endpoint = targs.has_ready_endpoint(res.args.version)
+
+    # ------------------------------------------------------------------ app
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth_mw], client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        if self.ready_endpoint:
+            r.add_get("/ready", self.ready)
+        r.add_get("/model_info", self.model_info)
+        r.add_get("/get_model_info", self.model_info)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/get_server_info", self.server_info)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/v1/models/{model:.+}", self.model_one)
+        r.add_post("/generate", self.generate)
+        r.add_put("/generate", self.generate)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_route("GET", "/flush_cache", self.flush_cache)
+        r.add_route("POST", "/flush_cache", self.flush_cache)
+        r.add_get("/ping", self.ping)
+        if self.res.args.enable_metrics:
+            r.add_get("/metrics", self.metrics)
+        return app
+
+    @web.middleware
+    async def _auth_mw(self, request: web.Request, handler):
+        if self.api_key and not request.path.startswith(HEALTH_PREFIXES):
+            auth = request.headers.get("Authorization", "")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        try:
+            return await handler(request)
+        except HTTPError as e:
+            return web.json_response({"error": {"message": e.message, "type": e.etype, "code": e.status}},
+                                     status=e.status)
+
+    # ------------------------------------------------------------------ helpers
+    def _new_rid(self) -> str:
+        self._rid += 1
+        return uuid.uuid4().hex
+
+    def _check_len(self, input_len: int, max_new: int) -> None:
+        ctx = self.res.context_len
+        if input_len >= ctx:
+            raise HTTPError(400, f"The input ({input_len} tokens) is longer than the model's context "
+                                 f"length ({ctx} tokens).")
+        if input_len + max_new > ctx:
+            raise HTTPError(400, f"Requested token count exceeds the model's maximum context length of "
+                                 f"{ctx} tokens. You requested a total of {input_len + max_new} tokens: "
+                                 f"{input_len} tokens from the input messages and {max_new} tokens for the "
+                                 f"completion. Please reduce the number of tokens in the input messages or "
+                                 f"the completion to fit within the limit.")
+
+    def _make_req(self, group: ReqGroup, input_len: int, max_new: int, seed: int) -> Req:
+        self._check_len(input_len, max_new)
+        n = self.user_requests
+        self.user_requests += 1
+        fail_at = None
+        if self.res.faults.fails(n):
+            fail_at = max(1, max_new // 2)
+        req = Req(rid=self._new_rid(), input_len=input_len, max_new_tokens=max_new, fail_at=fail_at)
+        group.add(req, seed)
+        return req
+
+    def _submit_group(self, group: ReqGroup) -> None:
+        for r in group.reqs:
+            self.engine.submit(r)
+
+    def _user_done(self, n: int = 1) -> None:
+        self.completed_user += n
+        limit = self.res.faults.crash_after_requests
+        if limit is not None and self.completed_user >= limit and not self.crashing:
+            self.crashing = True
+            asyncio.get_running_loop().call_later(0.2, self._crash_now)
+
+    def _crash_now(self) -> None:
+        self.log.error("Scheduler hit an exception: " + _traceback(
+            [(f"{_SG}/managers/scheduler.py", 3110, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+             (f"{_SG}/model_executor/model_runner.py", 2398, "forward", "return self.forward_decode(")],
+            "RuntimeError: CUDA error: an illegal memory access was encountered "
+            f"(twin fault: crash_after_requests={self.res.faults.crash_after_requests})"), tp=True)
+        self.log.error("Received sigquit from a child process. It usually means the child failed.")
+        os._exit(1)
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+            raise HTTPError(400, "Invalid JSON body") from None
+        if not isinstance(body, (dict, list)):
+            raise HTTPError(400, "Request body must be a JSON object")
+        return body
+
+    async def _wait_group(self, group: ReqGroup) -> None:
+        while not all(r.finished for r in group.reqs):
+            await group.event.wait()
+            group.event.clear()
+
+    # ------------------------------------------------------------------ health
+    async def health(self, request: web.Request) -> web.Response:
+        if self.status == "Starting" or self.res.faults.never_healthy:
+            return web.Response(status=503)
+        if self.stale:
+            return web.Response(status=200)
+        if request.path == "/health" and os.environ.get(
+                "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() in ("0", "false", "no"):
+            return web.Response(status=200)
+        timeout = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+        poll = self.res.faults.health_poll_seconds
+        req = Req(rid="HEALTH_CHECK_" + uuid.uuid4().hex[:8], input_len=1, max_new_tokens=1, internal=True)
+        self.engine.submit(req)
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < timeout:
+                await asyncio.sleep(poll)
+                if req.generated > 0:
+                    return web.Response(status=200)
+        finally:
+            if not req.finished:
+                req.aborted = True
+        self.log.error(f"Health check failed. Server couldn't get a response from detokenizer for last "
+                       f"{timeout} seconds.")
+        self.status = "UnHealthy"
+        return web.Response(status=503)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        ok = self.status == "Up" and not self.res.faults.never_healthy
+        return web.Response(status=200 if ok else 503)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    # ------------------------------------------------------------------ info
+    def _model_info(self) -> dict:
+        m = self.res.model
+        return {
+            "model_path": self.res.model_path,
+            "served_model_name": self.res.served_model_name,
+            "tokenizer_path": self.res.args.tokenizer_path or self.res.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": m.model_type,
+            "architectures": m.architectures,
+        }
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        if request.path == "/get_model_info":
+            self.log.warning("Endpoint '/get_model_info' is deprecated and will be removed in a future "
+                             "version. Please use '/model_info' instead.")
+        return web.json_response(self._model_info())
+
+    def _launch_command(self) -> str:
+        argv = list(self.res.args.argv)
+        if self.stale:
+            argv = [self.res.model_path if (i > 0 and argv[i - 1] in ("--model-path", "--model")) else a
+                    for i, a in enumerate(argv)]
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None else "dsv4deploy.twin.server"
+        return shlex.join([sys.executable, "-m", module, *argv])  # the command line that started it
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        res = self.res
+        info = res.server_args_dict()
+        mem = res.mem
+        info.update({
+            "launch_command": self._launch_command(),
+            "max_total_num_tokens": mem.max_total_num_tokens if mem else None,
+            "max_req_input_len": res.context_len - 1,
+            "startup_time": self.startup_time,
+            "internal_states": [{
+                "last_gen_throughput": self.engine.gen_throughput,
+                "memory_usage": {"weight": round(mem.weights_gib, 2) if mem else None,
+                                 "kvcache": round(mem.kv_pool_gib, 2) if mem else None,
+                                 "graph": round(mem.graph_reserve_gib, 2) if mem else None},
+                "max_total_num_tokens": mem.max_total_num_tokens if mem else None,
+            }],
+            "version": res.args.version,
+            "frontend": "python",
+            "pid": os.getpid(),
+            "status": self.status,
+            "twin": {"emulates": f"sglang {res.args.version}", "stale": self.stale,
+                     "faults_file": res.faults.source, "gpu_memory_mib": res.gpu_mem_mib,
+                     "gpu_count": res.gpu_count,
+                     "allreduce": mem.allreduce if mem else None},
+        })
+        return web.json_response(info)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    def _model_card(self) -> dict:
+        return {"id": self.res.served_model_name, "object": "model", "created": int(self.started_at),
+                "owned_by": "sglang", "root": self.res.model_path, "parent": None,
+                "max_model_len": self.res.context_len}
+
+    async def model_one(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != self.res.served_model_name:
+            return web.json_response({"error": {"message": f"The model '{name}' does not exist",
+                                                "type": "NotFoundError", "code": "model_not_found"}},
+                                     status=404)
+        return web.json_response(self._model_card())
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        ok = self.engine.sched.idle()
+        self.log.info("Cache flushed successfully!" if ok else
+                      "Cache not flushed because there are pending requests.", tp=True)
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+                 "waiting requests, the operation will not be performed.)\n", status=200 if ok else 400)
+
+    # ------------------------------------------------------------------ metrics
+    async def metrics(self, request: web.Request) -> web.Response:
+        e = self.engine
+        s = e.sched
+        lbl = '{model_name="%s",engine_type="unified",tp_rank="0",pp_rank="0"}' % self.res.served_model_name
+        mem = self.res.mem
+        out: list[str] = []
+
+        def metric(name, typ, help_, value):
+            out.append(f"# HELP sglang:{name} {help_}")
+            out.append(f"# TYPE sglang:{name} {typ}")
+            out.append(f"sglang:{name}{lbl} {float(value)}")
+
+        metric("num_running_reqs", "gauge", "The number of running requests.", len(s.running))
+        metric("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(s.waiting))
+        metric("num_used_tokens", "gauge", "The number of used tokens.", s.kv_used)
+        metric("token_usage", "gauge", "The token usage.", e.token_usage())
+        metric("gen_throughput", "gauge", "The generation throughput (token/s).", e.gen_throughput)
+        metric("cache_hit_rate", "gauge", "The prefix cache hit rate.", 0.0)
+        metric("num_retracted_reqs", "gauge", "The number of retracted requests.", 0)
+        metric("max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV pool.",
+               mem.max_total_num_tokens if mem else 0)
+        metric("weight_memory_usage_gb", "gauge", "Weight memory usage (GB).", mem.weights_gib if mem else 0)
+        metric("kv_cache_memory_usage_gb", "gauge", "KV cache memory usage (GB).", mem.kv_pool_gib if mem else 0)
+        metric("startup_time_seconds", "gauge", "Server startup time (s).", self.startup_time)
+        metric("prompt_tokens_total", "counter", "Number of prefill tokens processed.", s.prompt_tokens)
+        metric("generation_tokens_total", "counter", "Number of generation tokens processed.", s.generated_tokens)
+        metric("num_requests_total", "counter", "Number of requests processed.", self.completed_user)
+        for name, help_, values in (
+                ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", e.ttft),
+                ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", e.e2e)):
+            buckets = [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600, 1200]
+            out.append(f"# HELP sglang:{name} {help_}")
+            out.append(f"# TYPE sglang:{name} histogram")
+            base = lbl[1:-1]
+            for b in buckets:
+                cnt = sum(1 for v in values if v <= b)
+                out.append(f'sglang:{name}_bucket{{{base},le="{float(b)}"}} {float(cnt)}')
+            out.append(f'sglang:{name}_bucket{{{base},le="+Inf"}} {float(len(values))}')
+            out.append(f"sglang:{name}_count{lbl} {float(len(values))}")
+            out.append(f"sglang:{name}_sum{lbl} {float(sum(values))}")
+        return web.Response(text="\n".join(out) + "\n", content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    # ------------------------------------------------------------------ /generate
+    def _parse_generate(self, body: dict) -> tuple[ReqGroup, bool, bool]:
+        sp = body.get("sampling_params") or {}
+        if isinstance(sp, list):
+            sp = sp[0] if sp else {}
+        max_new = sp.get("max_new_tokens")
+        max_new = 128 if max_new is None else int(max_new)
+        if max_new < 0:
+            raise HTTPError(400, "max_new_tokens must be at least 0")
+        text = body.get("text")
+        input_ids = body.get("input_ids")
+        group = ReqGroup()
+        prompts: list[tuple[int, int]] = []
+        if input_ids is not None:
+            if input_ids and isinstance(input_ids[0], list):
+                prompts = [(len(x), _seed(x)) for x in input_ids]
+                batched = True
+            else:
+                prompts = [(len(input_ids), _seed(input_ids))]
+                batched = False
+        elif text is not None:
+            if isinstance(text, list):
+                prompts = [(count_text_tokens(t), _seed(t)) for t in text]
+                batched = True
+            else:
+                prompts = [(count_text_tokens(str(text)), _seed(text))]
+                batched = False
+        else:
+            raise HTTPError(400, "Either text, input_ids or input_embeds should be provided.")
+        for n, seed in prompts:
+            self._make_req(group, max(1, n), max_new, seed)
+        return group, bool(body.get("stream")), batched
+
+    def _meta(self, group: ReqGroup, i: int) -> dict:
+        r = group.reqs[i]
+        meta: dict[str, Any] = {
+            "id": r.rid,
+            "finish_reason": None,
+            "prompt_tokens": r.input_len,
+            "weight_version": "default",
+            "total_retractions": 0,
+            "completion_tokens": r.generated,
+            "cached_tokens": 0,
+        }
+        if r.finished and not r.failed:
+            meta["finish_reason"] = {"type": "length", "length": r.max_new_tokens}
+            meta["e2e_latency"] = round((r.t_done or 0) - r.t_arrival, 6)
+        return meta
+
+    def _fault_message(self) -> str:
+        return ("Internal server error: the scheduler failed while decoding this request "
+                "(twin fault: error_rate)")
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        if not isinstance(body, dict):
+            raise HTTPError(400, "Request body must be a JSON object")
+        group, stream, batched = self._parse_generate(body)
+        if not group.reqs[0].max_new_tokens:
+            return web.json_response(self._gen_output(group, 0) if not batched else
+                                     [self._gen_output(group, i) for i in range(len(group.reqs))])
+        self._submit_group(group)
+        if not stream:
+            try:
+                await self._wait_group(group)
+            finally:
+                group.abort_unfinished()
+            self._user_done(len(group.reqs))
+            if any(r.failed for r in group.reqs):
+                raise HTTPError(500, self._fault_message(), "InternalServerError")
+            outs = [self._gen_output(group, i) for i in range(len(group.reqs))]
+            return web.json_response(outs if batched else outs[0])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        incremental = bool(self.res.args.incremental_streaming_output)
+        reported = [0] * len(group.reqs)
+        done = [False] * len(group.reqs)
+        try:
+            while not all(done):
+                await group.event.wait()
+                group.event.clear()
+                for i, r in enumerate(group.reqs):
+                    if done[i] or (r.generated == reported[i] and not r.finished):
+                        continue
+                    if r.failed:
+                        group.sync(i)
+                        err = {"error": {"message": self._fault_message(), "type": "internal_server_error",
+                                         "code": 500, "retryable": False}}
+                        await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+                        done[i] = True
+                        continue
+                    delta = group.sync(i)
+                    reported[i] = r.generated
+                    out = self._gen_output(group, i, delta if incremental else None)
+                    if batched:
+                        out["index"] = i
+                    await resp.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+                    if r.finished:
+                        done[i] = True
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            group.abort_unfinished()
+            raise
+        finally:
+            group.abort_unfinished()
+        self._user_done(len(group.reqs))
+        await resp.write_eof()
+        return resp
+
+    def _gen_output(self, group: ReqGroup, i: int, delta: str | None = None) -> dict:
+        group.sync(i)
+        text = group.texts[i] if delta is None else delta
+        return {"text": text, "output_ids": list(group.ids[i]), "meta_info": self._meta(group, i)}
+
+    # ------------------------------------------------------------------ OpenAI
+    def _usage(self, group: ReqGroup) -> dict:
+        p = sum(r.input_len for r in group.reqs)
+        c = sum(r.generated for r in group.reqs)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": None, "reasoning_tokens": 0}
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        return await self._openai(request, body, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        return await self._openai(request, body, chat=True)
+
+    async def _openai(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
+        if not isinstance(body, dict):
+            raise HTTPError(400, "Request body must be a JSON object")
+        if int(body.get("n") or 1) != 1:
+            raise HTTPError(400, "n > 1 is not supported by this server")
+        group = ReqGroup()
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise HTTPError(400, "messages must be a non-empty list")
+            n_in = sum(count_text_tokens(str(m.get("content") or "")) + 4 for m in msgs if isinstance(m, dict))
+            prompts = [(n_in, _seed(msgs))]
+            max_new = body.get("max_completion_tokens") or body.get("max_tokens")
+            max_new = int(max_new) if max_new is not None else self.res.context_len - n_in
+            max_new = min(max_new, max(1, self.res.context_len - n_in))
+        else:
+            prompt = body.get("prompt")
+            if prompt is None:
+                raise HTTPError(400, "prompt is required")
+            if isinstance(prompt, str):
+                prompts = [(count_text_tokens(prompt), _seed(prompt))]
+            elif isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+                prompts = [(len(prompt), _seed(prompt))]
+            elif isinstance(prompt, list) and prompt:
+                prompts = [((len(p) if isinstance(p, list) else count_text_tokens(str(p))), _seed(p)) for p in prompt]
+            else:
+                raise HTTPError(400, "prompt must be a string, a list of strings or token ids")
+            max_new = body.get("max_tokens")
+            max_new = 16 if max_new is None else int(max_new)
+        for n, seed in prompts:
+            self._make_req(group, max(1, n), max(1, max_new), seed)
+        model = body.get("model") or self.res.served_model_name
+        cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        self._submit_group(group)
+        stream = bool(body.get("stream"))
+        if not stream:
+            try:
+                await self._wait_group(group)
+            finally:
+                group.abort_unfinished()
+            self._user_done(len(group.reqs))
+            if any(r.failed for r in group.reqs):
+                raise HTTPError(500, self._fault_message(), "InternalServerError")
+            choices = []
+            for i, r in enumerate(group.reqs):
+                group.sync(i)
+                if chat:
+                    choices.append({"index": i, "message": {"role": "assistant", "content": group.texts[i],
+                                                            "reasoning_content": None, "tool_calls": None},
+                                    "logprobs": None, "finish_reason": "length", "matched_stop": None})
+                else:
+                    choices.append({"index": i, "text": group.texts[i], "logprobs": None,
+                                    "finish_reason": "length", "matched_stop": None})
+            return web.json_response({"id": cid, "object": "chat.completion" if chat else "text_completion",
+                                      "created": created, "model": model, "choices": choices,
+                                      "usage": self._usage(group)})
+        so = body.get("stream_options") or {}
+        include_usage = bool(so.get("include_usage")) or bool(
+            getattr(self.res.args.ns, "stream_response_default_include_usage", False))
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        def chunk(i: int, text: str | None, finish: str | None, first: bool = False) -> bytes:
+            if chat:
+                delta: dict[str, Any] = {}
+                if first:
+                    delta["role"] = "assistant"
+                if text is not None:
+                    delta["content"] = text
+                choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish,
+                          "matched_stop": None}
+            else:
+                choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": finish,
+                          "matched_stop": None}
+            d = {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice],
+                 "usage": None}
+            return b"data: " + json.dumps(d).encode() + b"\n\n"
+
+        reported = [0] * len(group.reqs)
+        done = [False] * len(group.reqs)
+        try:
+            if chat:
+                for i in range(len(group.reqs)):
+                    await resp.write(chunk(i, "", None, first=True))
+            while not all(done):
+                await group.event.wait()
+                group.event.clear()
+                for i, r in enumerate(group.reqs):
+                    if done[i] or (r.generated == reported[i] and not r.finished):
+                        continue
+                    if r.failed:
+                        err = {"error": {"message": self._fault_message(), "type": "internal_server_error",
+                                         "code": 500, "retryable": False}}
+                        await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+                        done[i] = True
+                        continue
+                    delta = group.sync(i)
+                    reported[i] = r.generated
+                    if delta:
+                        await resp.write(chunk(i, delta, None))
+                    if r.finished:
+                        await resp.write(chunk(i, None if chat else "", "length"))
+                        done[i] = True
+            if include_usage:
+                d = {"id": cid, "object": obj, "created": created, "model": model, "choices": [],
+                     "usage": self._usage(group)}
+                await resp.write(b"data: " + json.dumps(d).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            group.abort_unfinished()
+            raise
+        finally:
+            group.abort_unfinished()
+        self._user_done(len(group.reqs))
+        await resp.write_eof()
+        return resp
+
+    # ------------------------------------------------------------------ warmup
+    async def warmup(self) -> None:
+        f = self.res.faults
+        if self.res.args.skip_server_warmup:
+            self.status = "Up"
+            self.log.info("The server is fired up and ready to roll!")
+            return
+        await asyncio.sleep(f.warmup_seconds)
+        if f.never_healthy:
+            self.log.info("Start of co-locate warmup ...")  # and never finishes
+            await asyncio.Event().wait()
+        req = Req(rid="WARMUP_" + uuid.uuid4().hex[:8], input_len=6, max_new_tokens=8, internal=True)
+        group = ReqGroup()
+        group.add(req, 0)
+        self.engine.submit(req)
+        await self._wait_group(group)
+        self.status = "Up"
+        self.startup_time = time.time() - self.started_at
+        self.log.info("End of prefill warmup with status 200, resp: [{'text': ..., 'meta_info': ...}]")
+        self.log.info("The server is fired up and ready to roll!")
+
+
+# ----------------------------------------------------------------------------- startup phases
+def _fmt_args(res: Resolved) -> str:
+    d = res.server_args_dict()
+    return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in d.items()) + ")"
+
+
+async def _rendezvous_rank0(res: Resolved, log: Log) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    a = res.args.ns
+    host, _, port = (a.dist_init_addr or "").rpartition(":")
+    need = (a.nnodes or 1) - 1
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    got = asyncio.Event()
+
+    async def on_conn(reader, writer):
+        conns.append((reader, writer))
+        if len(conns) >= need:
+            got.set()
+
+    try:
+        srv = await asyncio.start_server(on_conn, host or "0.0.0.0", int(port))
+    except (OSError, ValueError) as e:
+        log.raw(f"RuntimeError: torch.distributed TCPStore failed to bind {a.dist_init_addr}: {e}")
+        raise StartupFailure(1)
+    log.info(f"Init torch distributed begin. (waiting for {need} node(s) at {a.dist_init_addr})", tp=True)
+    timeout = a.dist_timeout or 600
+    try:
+        await asyncio.wait_for(got.wait(), timeout)
+    except asyncio.TimeoutError:
+        log.raw(f"torch.distributed.DistStoreError: Timed out after {timeout} seconds waiting for clients. "
+                f"{len(conns) + 1}/{need + 1} clients joined.")
+        raise StartupFailure(1)
+    srv.close()
+    log.info("Init torch distributed ends.", tp=True)
+    return conns
+
+
+async def _rendezvous_worker(res: Resolved, log: Log) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    a = res.args.ns
+    host, _, port = (a.dist_init_addr or "").rpartition(":")
+    timeout = a.dist_timeout or 600
+    t0 = time.monotonic()
+    log.info(f"Init torch distributed begin. (connecting to rank 0 at {a.dist_init_addr})", tp=True)
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            log.info("Init torch distributed ends.", tp=True)
+            return reader, writer
+        except (OSError, ValueError):
+            if time.monotonic() - t0 > timeout:
+                log.raw(f"torch.distributed.DistNetworkError: failed to connect to {a.dist_init_addr} "
+                        f"after {timeout} seconds")
+                raise StartupFailure(1)
+            await asyncio.sleep(0.5)
+
+
+async def _bind(app_runner: web.AppRunner, host: str, port: int, log: Log) -> None:
+    site = web.TCPSite(app_runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            log.raw(f"ERROR:    [Errno 98] error while attempting to bind on address ('{host}', {port}): "
+                    "address already in use")
+        else:
+            log.raw(f"ERROR:    [Errno {e.errno}] error while attempting to bind on address ('{host}', {port}): "
+                    f"{e.strerror}")
+        raise StartupFailure(1)
+    log.info(f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+
+
+async def run_worker_rank(res: Resolved, log: Log) -> int:
+    """node_rank >= 1 of a multi-node run: dummy health server; on SIGTERM waits for rank 0."""
+    a = res.args.ns
+    reader, writer = await _rendezvous_worker(res, log)
+    await asyncio.sleep(res.faults.load_seconds)
+    app = web.Application()
+
+    async def ok(request):
+        return web.Response(status=200)
+
+    app.router.add_get("/health", ok)
+    app.router.add_get("/health_generate", ok)
+    app.router.add_get("/ping", ok)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    await _bind(runner, a.host, a.port, log)
+    log.info(f"Node rank {a.node_rank} is ready; serving a dummy health check on {a.host}:{a.port}")
+    await reader.read()  # returns at EOF: rank 0 went away (its ShutdownReq broadcast)
+    log.info("Received ShutdownReq from rank 0; exiting.", tp=True)
+    writer.close()
+    await runner.cleanup()
+    return 0
+
+
+async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
+    a = res.args.ns
+    f = res.faults
+    mem = res.mem
+    peers: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    if not stale:
+        log.info(f"server_args={_fmt_args(res)}")
+        gpus_needed = a.tp_size * (a.pp_size or 1) * (a.dp_size or 1) // max(1, a.nnodes or 1)
+        if gpus_needed + (a.base_gpu_id or 0) > res.gpu_count:
+            await asyncio.sleep(min(1.0, f.load_seconds))
+            log.raw(_traceback([(f"{_SG}/model_executor/model_runner.py", 512, "init_torch_distributed",
+                                 "torch.get_device_module(self.device).set_device(self.gpu_id)")],
+                               f"torch.AcceleratorError: CUDA error: invalid device ordinal (this node has "
+                               f"{res.gpu_count} GPU(s); tp*pp*dp/nnodes = {gpus_needed} needed)"))
+            raise StartupFailure(1)
+        if (a.nnodes or 1) > 1:
+            if not a.dist_init_addr:
+                log.raw("ValueError: --dist-init-addr is required when --nnodes > 1")
+                raise StartupFailure(1)
+            peers = await _rendezvous_rank0(res, log)
+        cap = res.gpu_mem_mib / 1024
+        log.info(f"Load weight begin. avail mem={cap - 1.0:.2f} GB", tp=True)
+        await asyncio.sleep(f.load_seconds * 0.8)
+        if mem is None:  # the weights leave no KV pool: SGLang finds out right after loading
+            try:
+                plan_memory(_mem_inputs(res.args, res.gpu_mem_mib, res.max_running_requests,
+                                        res.graphs_enabled, f))
+                err = "the weights leave no GPU memory for the KV cache"
+            except KVCacheError as e:
+                err = str(e)
+            weights = (f.weights_gib or 148.66) / max(1, a.tp_size * (a.pp_size or 1)) + 0.5
+            log.info(f"Load weight end. type={res.model.architectures[0]}, dtype=torch.bfloat16, "
+                     f"avail mem={max(cap - 1.0 - weights, 0):.2f} GB, mem usage={weights:.2f} GB.", tp=True)
+            log.raw("Scheduler hit an exception: " + _traceback(
+                [(f"{_SG}/managers/scheduler.py", 3110, "run_scheduler_process", "scheduler = Scheduler("),
+                 (f"{_SG}/mem_cache/kv_cache_configurator.py", 141, "_profile_available_bytes",
+                  "raise ValueError(")], f"ValueError: {err}"))
+            log.error("Received sigquit from a child process. It usually means the child failed.")
+            raise StartupFailure(1)
+        log.info(f"Load weight end. type={res.model.architectures[0]}, dtype=torch.bfloat16, "
+                 f"avail mem={cap - 1.0 - mem.weights_gib:.2f} GB, mem usage={mem.weights_gib:.2f} GB.", tp=True)
+        log.info(f"KV Cache is allocated. #tokens: {mem.max_total_num_tokens}, "
+                 f"KV size: {mem.kv_pool_gib:.2f} GB", tp=True)
+        log.info(f"Memory pool end. avail mem={mem.headroom_gib:.2f} GB", tp=True)
+        if mem.graph_bs:
+            log.info(f"Capture cuda graph begin. This can take up to several minutes. "
+                     f"avail mem={mem.headroom_gib:.2f} GB", tp=True)
+            await asyncio.sleep(f.load_seconds * 0.2)
+            if mem.oom is not None:
+                o = mem.oom
+                total = mem.capacity_gib
+                free = o.free_gib
+                in_use = total - free
+                log.error(
+                    f"Capture cuda graph failed: CUDA out of memory at decode batch size {o.bs} "
+                    f"({o.captured}/{len(mem.graph_bs)} graphs captured). Possible solutions:\n"
+                    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+                    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+                    "3. disable torch compile by not using --enable-torch-compile\n"
+                    "4. disable CUDA graph by --cuda-graph-backend-decode disabled (will reduce performance)\n"
+                    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose", tp=True)
+                log.raw("Scheduler hit an exception: " + _traceback(
+                    [(f"{_SG}/managers/scheduler.py", 3110, "run_scheduler_process", "scheduler = Scheduler("),
+                     (f"{_SG}/model_executor/model_runner.py", 2011, "init_device_graphs",
+                      "self.graph_runner = graph_runners[self.device](self)"),
+                     (f"{_SG}/model_executor/cuda_graph_runner.py", 468, "capture", "self.capture_one_batch_size(bs, forward)"),
+                     ("/opt/sglang/lib/python3.11/site-packages/torch/cuda/graphs.py", 186, "capture_end",
+                      "self.cuda_graph.capture_end()")],
+                    f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {o.tried_gib:.2f} GiB. "
+                    f"GPU 0 has a total capacity of {total:.2f} GiB of which {free:.2f} GiB is free. "
+                    f"Including non-PyTorch memory, this process has {in_use:.2f} GiB memory in use. Of the "
+                    f"allocated memory {in_use - CUDA_CTX:.2f} GiB is allocated by PyTorch, and 0.00 GiB is "
+                    "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
+                    "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+                    "documentation for Memory Management  "
+                    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"))
+                log.error("Received sigquit from a child process. It usually means the child failed.")
+                raise StartupFailure(1)
+            log.info(f"Capture cuda graph end. Time elapsed: {f.load_seconds * 0.2:.2f} s. "
+                     f"mem usage={mem.graph_reserve_gib:.2f} GB. avail mem={mem.available_after_gib:.2f} GB.",
+                     tp=True)
+        else:
+            await asyncio.sleep(f.load_seconds * 0.2)
+        log.info(f"max_total_num_tokens={mem.max_total_num_tokens}, chunked_prefill_size={res.chunked_prefill_size}, "
+                 f"max_prefill_tokens={res.max_prefill_tokens}, max_running_requests={res.max_running_requests}, "
+                 f"context_len={res.context_len}, available_gpu_mem={mem.available_after_gib:.2f} GB", tp=True)
+        if f.crash_on_start:
+            why = f.crash_on_start if isinstance(f.crash_on_start, str) else \
+                "RuntimeError: CUDA error: unspecified launch failure (twin fault: crash_on_start)"
+            log.raw("Scheduler hit an exception: " + _traceback(
+                [(f"{_SG}/managers/scheduler.py", 3110, "run_scheduler_process", "scheduler = Scheduler(")], why))
+            log.error("Received sigquit from a child process. It usually means the child failed.")
+            raise StartupFailure(1)
+    server = TwinServer(res, log, stale=stale)
+    runner = web.AppRunner(server.make_app(), access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    server.engine.start()
+    await _bind(runner, a.host, a.port, log)
+    watchers = [asyncio.ensure_future(_watch_peer(r, log)) for r, _w in peers]
+    try:
+        if stale:
+            server.status = "Up"
+            log.info("The server is fired up and ready to roll!")
+        else:
+            await server.warmup()
+        await asyncio.Event().wait()
+    finally:
+        for w in watchers:
+            w.cancel()
+        for _r, w in peers:
+            w.close()
+        await runner.cleanup()
+    return 0
+
+
+CUDA_CTX = 1.0
+
+
+async def _watch_peer(reader: asyncio.StreamReader, log: Log) -> None:
+    """Rank 0: a worker node going away breaks NCCL; the real server dies with it."""
+    await reader.read()
+    log.raw("torch.distributed.DistBackendError: NCCL error: remote process exited or there was a "
+            "network error (a worker node went away)")
+    log.error("Received sigquit from a child process. It usually means the child failed.")
+    os._exit(1)
+
+
+# ------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        pa = targs.parse_args(argv)
+    except targs.TwinArgError as e:
+        print(f"sglang serve: error: {e}", file=sys.stderr)
+        return 2
+    log = Log(pa.ns.log_level)
+    try:
+        faults = load_faults()
+    except FaultFileError as e:
+        log.error(f"twin fault file: {e}")
+        return 1
+    stale = bool(faults.stale_model_path)
+    try:
+        res = resolve(pa, faults, log, stale=stale)
+    except StartupFailure as e:
+        return e.code
+    worker = (pa.ns.nnodes or 1) > 1 and (pa.ns.node_rank or 0) >= 1
+
+    async def amain() -> int:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        state = {"term": False}
+
+        def on_term(signame: str) -> None:
+            if worker:
+                log.info(f"Received {signame}; node_rank={pa.ns.node_rank} is waiting for the rank-0 "
+                         "ShutdownReq broadcast (the orchestrator's kill timeout is the backstop).")
+                return
+            if not state["term"]:
+                state["term"] = True
+                log.info(f"Received {signame}. Shutting down the server.")
+                task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, on_term, "SIGTERM")
+        loop.add_signal_handler(signal.SIGINT, on_term, "SIGINT")
+        try:
+            if worker:
+                return await run_worker_rank(res, log)
+            return await run_server(res, log, stale=stale)
+        except asyncio.CancelledError:
+            return 0
+        except StartupFailure as e:
+            return e.code
+
+    code = asyncio.run(amain())
+    sys.stderr.flush()
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+# --------------------------------------------------------------------- harness for tests/bench
+def nvfp4_ctx8k_argv(model_path: str, port: int = 30000, context_length: int | None = 8192,
+                     mem_fraction_static: float = 0.7, tp: int = 4, cuda_graph_max_bs: int = 32) -> list[str]:
+    """The argv the nvfp4-ctx8k profile renders (context_length=None: the default ~1M)."""
+    argv = ["--model-path", model_path, "--served-model-name", "deepseek-v4-flash", "--tp-size", str(tp),
+            "--mem-fraction-static", str(mem_fraction_static), "--cuda-graph-max-bs-decode",
+            str(cuda_graph_max_bs), "--num-continuous-decode-steps", "4", "--moe-runner-backend", "marlin",
+            "--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
+    if context_length:
+        argv += ["--context-length", str(context_length)]
+    return argv
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalTwin:
+    """A twin server subprocess on 127.0.0.1 with its own scratch dir: a fake checkpoint dir
+    (config.json only), a fake ``nvidia-smi`` on PATH (``gpus`` lines of ``gpu_mem_mib``, or
+    none at all with ``nvidia_smi=False``) and the knob file.  For tests and benchmarks.
+
+        with LocalTwin(faults={"load_seconds": 0.3}) as t:
+            t.wait_ready()
+            requests.get(t.url + "/health")
+    """
+
+    def __init__(self, argv: list[str] | None = None, faults: dict | None = None, *,
+                 gpu_mem_mib: int = 97887, gpus: int = 8, nvidia_smi: bool = True,
+                 env: dict[str, str] | None = None, workdir: str | Path | None = None):
+        import tempfile
+
+        self.tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="dsv4-twin-"))
+        self.model_dir = self.tmp / "DeepSeek-V4-Flash-NVFP4"
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        (self.model_dir / "config.json").write_text(json.dumps({
+            "architectures": [DSV4_ARCH], "model_type": "deepseek_v4", "max_position_embeddings": DSV4_MAX_CONTEXT,
+            "quantization_config": {"quant_method": "fp8", "quant_algo": "MIXED_PRECISION",
+                                    "moe_quant_algo": "NVFP4", "group_size": 16, "ignore": []}}))
+        self.port = free_port()
+        self.argv = argv if argv is not None else nvfp4_ctx8k_argv(str(self.model_dir), self.port)
+        self.faults_file = self.tmp / "faults.json"
+        self.faults_file.write_text(json.dumps(faults if faults is not None else
+                                               {"load_seconds": 0.3, "warmup_seconds": 0.2}))
+        bindir = self.tmp / "bin"
+        bindir.mkdir(exist_ok=True)
+        smi = bindir / "nvidia-smi"
+        if nvidia_smi:
+            smi.write_text("#!/bin/sh\n" + "".join(f"echo {gpu_mem_mib}\n" for _ in range(gpus)))
+            smi.chmod(0o755)
+            path = f"{bindir}:{os.environ.get('PATH', '')}"
+        else:
+            smi.unlink(missing_ok=True)
+            path = str(bindir)  # nothing else on PATH: no nvidia-smi anywhere
+        self.env = dict(os.environ, PATH=path, DSV4_TWIN_FAULTS=str(self.faults_file), PYTHONUNBUFFERED="1")
+        if env:
+            self.env.update(env)
+        self.log_path = self.tmp / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "LocalTwin":
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "dsv4deploy.twin.server", *self.argv],
+                                     env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=str(Path(__file__).resolve().parent.parent.parent))
+        return self
+
+    def output(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def _get(self, path: str, timeout: float = 5) -> int | None:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return None
+
+    def wait_status(self, path: str, want: int, timeout: float = 30) -> float:
+        """Poll until GET path answers ``want``; returns the time waited."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"twin exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+            if self._get(path) == want:
+                return time.monotonic() - t0
+            time.sleep(0.05)
+        raise TimeoutError(f"{path} did not answer {want} within {timeout}s:\n{self.output()[-3000:]}")
+
+    def wait_ready(self, timeout: float = 30) -> float:
+        return self.wait_status("/ready", 200, timeout)
+
+    def stop(self, timeout: float = 10) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "LocalTwin":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        import shutil
+
+        shutil.rmtree(self.tmp, ignore_errors=True)
