@@ -19,6 +19,9 @@ Keys (all optional):
                                   /model_info and /server_info report this model path.
 ``kv_bytes_per_token`` (float)    memory-model override (measured calibration).
 ``weights_gib`` (float)           memory-model override of the checkpoint's total weights.
+``match_argv`` (str)              the faults apply only to a server whose argv (joined by spaces)
+                                  contains this text, e.g. "--context-length 16384": so a fault
+                                  hits the new release and not the one a rollback restores.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Faults:
     stale_model_path: str | None = None
     kv_bytes_per_token: float | None = None
     weights_gib: float | None = None
+    match_argv: str | None = None
     source: str | None = None
 
     def fails(self, n: int) -> bool:
@@ -66,7 +70,7 @@ def faults_path() -> Path:
     return Path(os.environ.get(ENV) or DEFAULT_PATH)
 
 
-def load_faults(path: str | Path | None = None) -> Faults:
+def load_faults(path: str | Path | None = None, argv: list[str] | None = None) -> Faults:
     p = Path(path) if path is not None else faults_path()
     if not p.is_file():
         return Faults()
@@ -94,4 +98,6 @@ def load_faults(path: str | Path | None = None) -> Faults:
             kw[f.name] = v
     if not 0.0 <= kw.get("error_rate", 0.0) <= 1.0:
         raise FaultFileError(f"{p}: error_rate must be within 0..1")
+    if kw.get("match_argv") and argv is not None and kw["match_argv"] not in " ".join(argv):
+        return Faults(source=f"{p} (match_argv not matched: no faults)")
     return Faults(source=str(p), **kw)

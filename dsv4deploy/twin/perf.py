@@ -59,7 +59,7 @@ by ``python bench/twin_calibration.py``):
     default context (~1M)    1   8    ~14        13.90    13.88
     default context (~1M)    8   32   ~28        27.08    27.06
     default context (~1M)   16   48   ~30        29.05    29.03
-    default context (~1M)   64   128  29.7       30.73    (see docs/twin-server.md)
+    default context (~1M)   64   128  29.7       30.73    30.72
     --context-length 8192   64   128  531.7      531.44   529.88
 """
 

@@ -1234,7 +1234,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = Log(pa.ns.log_level)
     try:
-        faults = load_faults()
+        faults = load_faults(argv=list(argv))
     except FaultFileError as e:
         log.error(f"twin fault file: {e}")
         return 1
