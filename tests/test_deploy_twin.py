@@ -177,9 +177,17 @@ def test_stale_server_on_the_port_is_detected(twin):
     assert len(releases(twin)) == 2
 
 
-def test_crash_on_start_fails_within_seconds_with_the_journal(twin, profile_dir):
+def served_context(twin):
+    info = json.loads(twin.run("curl -s http://127.0.0.1:30000/server_info").stdout)
+    return info["context_length"]
+
+
+def test_crash_on_start_fails_fast_and_rolls_back(twin, profile_dir):
+    """The new release crashes at start: failed within seconds, with its journal; the last
+    release that passed (fp8-ctx1m-baseline, release 2) serves again."""
     profile_dir.write("ctx16k", "extends: nvfp4-ctx8k\nserver:\n  context_length: 16384\n")
-    twin.write_file("/etc/dsv4deploy-twin/faults.json", json.dumps({"crash_on_start": "simulated CUDA error"}))
+    twin.write_file("/etc/dsv4deploy-twin/faults.json",
+                    json.dumps({"crash_on_start": "simulated CUDA error", "match_argv": "--context-length 16384"}))
     try:
         start = time.monotonic()
         out = deploy("ctx16k", env={"DSV4_PROFILES_DIR": str(profile_dir.path)})
@@ -188,7 +196,55 @@ def test_crash_on_start_fails_within_seconds_with_the_journal(twin, profile_dir)
         twin.run("rm -f /etc/dsv4deploy-twin/faults.json")
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "release 0003 failed: unit crashed" in text or "release 0003 failed: unit is failed" in text, text[-3000:]
+    assert "release 0003 (ctx16k) failed: unit crashed" in text or "release 0003 (ctx16k) failed: unit is failed" in text, text[-3000:]
     assert "simulated CUDA error" in text, "the journal lines are shown"
-    assert took < 90
-    assert releases(twin)[-1]["status"] == "failed"
+    assert "rolled back: release 0004 (restores 0002, profile fp8-ctx1m-baseline) is serving" in text
+    assert took < 120
+    recs = releases(twin)
+    assert [(r["release"], r["status"], r.get("restores")) for r in recs[-2:]] == [(3, "failed", None), (4, "deployed", 2)]
+    assert health(twin) == "200" and served_context(twin) == 1048576
+
+
+def test_never_healthy_fails_at_the_budget_and_rolls_back(twin, profile_dir):
+    profile_dir.write("slowctx", "extends: nvfp4-ctx8k\nserver:\n  context_length: 12288\n"
+                                 "service:\n  health_timeout_s: 15\n")
+    twin.write_file("/etc/dsv4deploy-twin/faults.json",
+                    json.dumps({"never_healthy": True, "match_argv": "--context-length 12288"}))
+    try:
+        out = deploy("slowctx", env={"DSV4_PROFILES_DIR": str(profile_dir.path)})
+    finally:
+        twin.run("rm -f /etc/dsv4deploy-twin/faults.json")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "failed: not healthy after 15 s (last: 503" in text, text[-3000:]
+    assert "rolled back: release 0006 (restores 0002" in text
+    assert health(twin) == "200" and served_context(twin) == 1048576
+
+
+def test_manual_rollback_returns_to_the_previous_release(twin):
+    out = run(["make", "rollback"])
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    recs = releases(twin)
+    assert (recs[-1]["kind"], recs[-1]["restores"], recs[-1]["status"]) == ("rollback", 1, "deployed")
+    assert served_context(twin) == 8192
+
+
+def test_rollback_to_a_named_release_and_an_unknown_one(twin):
+    out = run(["make", "rollback", "TO=2"])
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert releases(twin)[-1]["restores"] == 2 and served_context(twin) == 1048576
+    count = len(releases(twin))
+    out = run(["make", "rollback", "TO=99"])
+    assert out.returncode != 0 and "unknown release 0099" in out.stdout + out.stderr
+    out = run(["make", "rollback", "TO=3"])
+    assert out.returncode != 0 and "release 0003 is failed" in out.stdout + out.stderr
+    assert len(releases(twin)) == count
+
+
+def test_history_lists_every_release(twin):
+    out = run(["make", "history"])
+    assert out.returncode == 0, out.stderr
+    for needle in ("nvfp4-ctx8k", "fp8-ctx1m-baseline", "ctx16k", "failed", "rollback of 0002", "deployed"):
+        assert needle in out.stdout
+    doc = json.loads(run([str(REPO / ".venv/bin/dsv4deploy"), "history", "--json"]).stdout)
+    assert [r["release"] for r in doc["127.0.0.2"]] == [r["release"] for r in releases(twin)]

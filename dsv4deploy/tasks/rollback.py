@@ -44,9 +44,11 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0) -> dict:
                             f"weights ({t.layout.model_dir}) or files are gone")
     new = releases.new_record(records(h, RELEASES), profile=rec["profile"], content_hash=rec["content_hash"],
                               manifest_sha256=rec["manifest_sha256"], sglang_version=rec["sglang_version"],
-                              kind="rollback", restores=rec["release"])
+                              kind="rollback", restores=rec.get("restores") or rec["release"])
     new["reason"] = cause
     save_record(h, RELEASES, new)
+    # The rollback entry carries its own copy of what it restored: it can be restored in turn.
+    sh(h, f"cp -a {folder}/files {folder}/profile.json {releases.release_dir(RELEASES, new['release'])}/")
     try:
         ok, out = sh(h, f"cp -a {folder}/files/. / && systemctl daemon-reload && systemctl reset-failed {t.unit}; "
                         f"systemctl restart {t.unit}")
@@ -72,15 +74,15 @@ def after_failure(h, failed: dict | None, failed_target: Target, reason: str, po
         sh(h, f"systemctl stop {failed_target.unit}")
         return (f"no earlier release passed, so nothing to roll back to: {failed_target.unit} is stopped and "
                 f"left stopped")
-    prev_target = target_of(h, previous)
-    if prev_target.unit != failed_target.unit:
-        sh(h, f"systemctl disable --now {failed_target.unit}")
     what = f"release {failed['release']:04d}" if failed else "the new release"
     try:
+        prev_target = target_of(h, previous)
+        if prev_target.unit != failed_target.unit:
+            sh(h, f"systemctl disable --now {failed_target.unit}")
         new = restore(h, previous, cause=f"automatic rollback: {what} failed: {reason}", poll_s=poll_s)
     except RollbackError as exc:
         return f"{exc}\nNOTHING IS SERVING; the history records the failed rollback"
-    return (f"rolled back: release {new['release']:04d} (restores {previous['release']:04d}, profile "
+    return (f"rolled back: release {new['release']:04d} (restores {new['restores']:04d}, profile "
             f"{previous['profile']}) is serving on {prev_target.base_url}")
 
 
@@ -113,6 +115,6 @@ def manual_rollback(to: int | None) -> None:
                           poll_s=float(host.data.get("health_poll_s", 2.0)))
         except RollbackError as exc:
             raise DeployError(str(exc)) from None
-        print(f"[{host.name}] release {new['release']:04d} restores {rec['release']:04d} ({rec['profile']}): serving")
+        print(f"[{host.name}] release {new['release']:04d} restores {new['restores']:04d} ({rec['profile']}): serving")
 
     python.call(name=f"restore release {rec['release']:04d} ({rec['profile']})", function=run)

@@ -62,10 +62,17 @@ def sglang_venv(r: Rollout) -> list[OperationMeta]:
     if stand_in:
         # The twin cannot hold SGLang with CUDA torch: its stand-in is this project's twin server
         # (dsv4deploy.twin.server, same argv and HTTP API), put on the venv's path.
-        src = Path(package_files("dsv4deploy"))
-        changed.append(files.sync(name="stand-in: dsv4deploy package for the twin server", src=str(src),
-                                  dest=f"{venv}/stand-in/dsv4deploy", delete=True,
-                                  exclude=["*.pyc"], exclude_dir=["__pycache__", "*/__pycache__"]))
+        # Only what the twin server needs (its module and the flag data), so an unrelated change
+        # in the project does not restart the twin.
+        pkg = Path(package_files("dsv4deploy"))
+        dest = f"{venv}/stand-in/dsv4deploy"
+        files.directory(name="stand-in: package dir", path=dest)
+        changed.append(files.put(name="stand-in: dsv4deploy/__init__.py", src=str(pkg / "__init__.py"),
+                                 dest=f"{dest}/__init__.py", mode="644"))
+        for part in ("twin", "data"):
+            changed.append(files.sync(name=f"stand-in: dsv4deploy/{part} (the twin server)", src=str(pkg / part),
+                                      dest=f"{dest}/{part}", delete=True, exclude=["*.pyc"],
+                                      exclude_dir=["__pycache__", "*/__pycache__"]))
         changed.append(files.put(name="stand-in: put it on the venv's path", src=StringIO(f"{venv}/stand-in\n"),
                                  dest=f"{site}/dsv4deploy-stand-in.pth", mode="644"))
         changed.append(pip.packages(name="stand-in: its requirements", packages=list(stand_in["requirements"]),

@@ -5,6 +5,7 @@ after a rollback's restore (with the restored release's Target).
 from __future__ import annotations
 
 import json
+import shlex
 
 from ..health import HealthError, Observation, identity_problems, wait_healthy
 from ..hostio import sh
@@ -33,7 +34,7 @@ def journal_tail(h, t: Target, lines: int = 30) -> str:
 
 def _authorized_curl(t: Target, path: str, data: str | None = None) -> str:
     """curl with the API key read from the 0600 secrets file on the host (never in argv)."""
-    body = f" -H 'Content-Type: application/json' --data {json.dumps(data)!r}" if data else ""
+    body = f" -H 'Content-Type: application/json' --data {shlex.quote(data)}" if data else ""
     return (f"sed -n 's/^SGLANG_API_KEY=/Authorization: Bearer /p' {t.layout.secrets_env} 2>/dev/null "
             f"| curl -s --max-time 60 -H @-{body} {t.base_url}{path}")
 

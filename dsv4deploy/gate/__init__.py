@@ -1,0 +1,28 @@
+"""The smoke-benchmark gate: spec from the profile, two runners (SGLang's bench_serving and a
+built-in stdlib client) with one result format, a pure verdict, and reports.
+
+    from dsv4deploy.gate import GateSpec, run_gate, write_report
+    spec = GateSpec.from_profile(profile.data)
+    outcome = run_gate(spec, execute, base_url=..., model_path=..., venv_python=..., upload=...)
+    write_report(outcome, "reports/0007", previous="reports/0006/gate.json")
+"""
+
+from .result import GateResult, LevelResult, Stats
+from .runner import GateOutcome, local_execute, local_upload, run_gate
+from .spec import GateSpec, LevelSpec
+from .verdict import GateVerdict, judge
+
+__all__ = ["GateSpec", "LevelSpec", "GateResult", "LevelResult", "Stats", "GateVerdict", "judge",
+           "GateOutcome", "run_gate", "local_execute", "local_upload", "write_report", "compare"]
+
+
+def write_report(*args, **kwargs):
+    from .report import write_report as _w  # matplotlib is imported only when a report is written
+
+    return _w(*args, **kwargs)
+
+
+def compare(*args, **kwargs):
+    from .report import compare as _c
+
+    return _c(*args, **kwargs)

@@ -1,0 +1,287 @@
+"""The ``bench_serving`` runner: SGLang's own client, from the server's venv, run on the host.
+
+One remote shell command per level::
+
+    set -a; [ -r /etc/dsv4deploy/secrets.env ] && . /etc/dsv4deploy/secrets.env; set +a
+    [ -n "$SGLANG_API_KEY" ] && export OPENAI_API_KEY="$SGLANG_API_KEY"; export HF_HUB_OFFLINE=1
+    timeout -k 10 LIMIT <venv>/bin/python -m sglang.bench_serving --backend sglang --host H --port P
+        --model <model path> --tokenizer <model path> --dataset-name random-ids
+        --random-input-len N --random-output-len M --random-range-ratio 1.0 --num-prompts N
+        --max-concurrency C --warmup-requests W --output-file <fresh file> --disable-tqdm
+
+The API key comes from the host's 0600 secrets file inside the remote shell; it is never in
+the controller's argv nor in the command text.  We read the LAST line of a fresh JSONL file, not
+the text report (sglang.md 3.4).  bench_serving exits 0 when only some requests failed, so
+failed = num_prompts - completed, judged against max_failed_requests (default 0: any missing
+completion fails the level); a non-zero exit is a failed level with its stderr tail.
+
+bench_serving cannot be stopped from inside, so its early stop is the strict bound: a level
+that has not finished after N*L/floor seconds (plus STARTUP_ALLOWANCE_S for importing torch,
+loading the tokenizer, the ready check and warm-up) cannot reach its floor; ``timeout`` ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import Callable
+from urllib.parse import urlsplit
+
+from .result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED, GateResult, LevelResult, Stats
+from .spec import GateSpec, LevelSpec
+
+Execute = Callable[[str, float], "tuple[int, str, str]"]
+
+MARK = "@@DSV4GATE"
+DEFAULT_SECRETS_ENV = "/etc/dsv4deploy/secrets.env"
+DEFAULT_API_KEY_VAR = "SGLANG_API_KEY"
+STARTUP_ALLOWANCE_S = 120.0    # python -m sglang.bench_serving: imports torch, tokenizer, ready check
+SSH_SLACK_S = 30.0             # the outer execute timeout is the level limit plus this
+TIMEOUT_CODES = (124, 137)     # timeout(1): TERM sent / KILL sent
+STAT_FIELDS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "itl_ms": "itl_ms", "e2e_ms": "e2e_latency_ms"}
+
+
+def host_port(base_url: str) -> tuple[str, int]:
+    u = urlsplit(base_url)
+    return u.hostname or "127.0.0.1", u.port or 30000
+
+
+def bench_argv(level: LevelSpec, *, venv_python: str, base_url: str, model_path: str,
+               warmup_requests: int, output_file: str) -> list[str]:
+    host, port = host_port(base_url)
+    return [venv_python, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", host, "--port", str(port),
+            "--model", model_path, "--tokenizer", model_path, "--dataset-name", "random-ids",
+            "--random-input-len", str(level.input_len), "--random-output-len", str(level.output_len),
+            "--random-range-ratio", "1.0", "--num-prompts", str(level.num_prompts),
+            "--max-concurrency", str(level.concurrency), "--warmup-requests", str(warmup_requests),
+            "--output-file", output_file, "--disable-tqdm"]
+
+
+def floor_limit_s(level: LevelSpec) -> float | None:
+    """Past this many seconds the level cannot reach its floor (None: no floor)."""
+    if not level.min_output_throughput:
+        return None
+    return level.total_output_tokens / level.min_output_throughput + STARTUP_ALLOWANCE_S
+
+
+def build_command(level: LevelSpec, *, venv_python: str, base_url: str, model_path: str,
+                  warmup_requests: int, limit_s: float, secrets_env: str = DEFAULT_SECRETS_ENV,
+                  api_key_var: str = DEFAULT_API_KEY_VAR) -> str:
+    """The remote shell command (POSIX sh) for one level; prints marked sections on stdout."""
+    q = shlex.quote
+    argv = bench_argv(level, venv_python=venv_python, base_url=base_url, model_path=model_path,
+                      warmup_requests=warmup_requests, output_file="@OUT@")
+    cmd = " ".join('"$d/bench.jsonl"' if a == "@OUT@" else q(a) for a in argv)
+    var = api_key_var if api_key_var.isidentifier() else DEFAULT_API_KEY_VAR
+    return (f"set -a; [ -r {q(secrets_env)} ] && . {q(secrets_env)}; set +a; "
+            f'if [ -n "${{{var}:-}}" ]; then export OPENAI_API_KEY="${var}"; fi; '
+            "export HF_HUB_OFFLINE=1; "
+            f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/dsv4deploy-gate.XXXXXX") || {{ echo "{MARK} rc=97"; exit 0; }}; '
+            f'timeout -k 10 {max(1, int(limit_s))} {cmd} >"$d/stdout" 2>"$d/stderr" </dev/null; rc=$?; '
+            f'echo "{MARK} rc=$rc"; echo "{MARK} jsonl"; tail -n 1 "$d/bench.jsonl" 2>/dev/null; echo; '
+            f'echo "{MARK} stderr"; tail -c 4000 "$d/stderr"; echo; '
+            f'echo "{MARK} stdout"; tail -c 2000 "$d/stdout"; echo; rm -rf "$d"')
+
+
+def split_output(stdout: str) -> dict:
+    """The marked sections of build_command's output: rc (int|None), jsonl, stderr, stdout."""
+    out = {"rc": None, "jsonl": "", "stderr": "", "stdout": ""}
+    section = None
+    buf: dict[str, list[str]] = {"jsonl": [], "stderr": [], "stdout": []}
+    for line in stdout.splitlines():
+        if line.startswith(MARK + " "):
+            tag = line[len(MARK) + 1:].strip()
+            if tag.startswith("rc="):
+                try:
+                    out["rc"] = int(tag[3:])
+                except ValueError:
+                    pass
+                section = None
+            elif tag in buf:
+                section = tag
+            continue
+        if section:
+            buf[section].append(line)
+    for k, v in buf.items():
+        out[k] = "\n".join(v).strip()
+    return out
+
+
+def _tail(text: str, n: int = 800) -> str:
+    text = (text or "").strip()
+    return text[-n:]
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def parse_jsonl(text: str, level: LevelSpec) -> LevelResult:
+    """The LAST JSON line of bench_serving's --output-file (appended, one object per run)."""
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("no JSONL result")
+    d = json.loads(lines[-1])
+    if not isinstance(d, dict) or "completed" not in d:
+        raise ValueError("the JSONL line is not a bench_serving result (no 'completed')")
+    completed = int(d.get("completed") or 0)
+    failed = max(0, level.num_prompts - completed)
+
+    def stats(prefix_suffix: str) -> Stats:
+        return Stats.from_dict({k: d.get(f"{k}_{prefix_suffix}") for k in ("mean", "median", "std", "p90", "p95", "p99")})
+
+    res = LevelResult(
+        concurrency=level.concurrency, num_prompts=level.num_prompts, input_len=level.input_len,
+        output_len=level.output_len, status=OK, completed=completed, failed=failed,
+        duration_s=float(d.get("duration") or 0.0),
+        total_input_tokens=int(d.get("total_input_tokens") or 0),
+        total_output_tokens=int(d.get("total_output_tokens") or 0),
+        request_throughput=float(d.get("request_throughput") or 0.0),
+        input_throughput=float(d.get("input_throughput") or 0.0),
+        output_throughput=float(d.get("output_throughput") or 0.0),
+        total_throughput=float(d.get("total_throughput") or 0.0),
+        ttft_ms=stats("ttft_ms"), tpot_ms=stats("tpot_ms"), itl_ms=stats("itl_ms"), e2e_ms=stats("e2e_latency_ms"),
+        peak_output_throughput=d.get("max_output_tokens_per_s"),
+        max_in_flight=d.get("max_concurrent_requests"),
+        extra={k: d.get(k) for k in ("backend", "dataset_name", "max_concurrency", "random_input_len",
+                                     "random_output_len", "random_range_ratio", "concurrency", "tag")
+               if k in d},
+    )
+    info = d.get("server_info")
+    if isinstance(info, dict) and info.get("version"):
+        res.extra["server_version"] = info["version"]
+    if failed:
+        res.reason = (f"bench_serving completed {completed}/{level.num_prompts} requests "
+                      "(it exits 0 on partial failure)")
+    mism = [k for k, want in (("max_concurrency", level.concurrency), ("random_input_len", level.input_len),
+                              ("random_output_len", level.output_len)) if k in d and d[k] is not None and d[k] != want]
+    if mism:
+        res.extra["mismatch"] = {k: d[k] for k in mism}
+    return res
+
+
+def level_from_run(level: LevelSpec, rc: int | None, jsonl: str, stderr: str, *, warmup_requests: int,
+                   limit_kind: str = "budget", limit_s: float | None = None, wall_s: float | None = None,
+                   budget_s: float | None = None) -> LevelResult:
+    """One level's result from the exit status, JSONL text and stderr of its bench_serving run."""
+    parsed: LevelResult | None = None
+    parse_error = None
+    if jsonl.strip():
+        try:
+            parsed = parse_jsonl(jsonl, level)
+        except (ValueError, TypeError) as e:
+            parse_error = str(e)
+    res = parsed or LevelResult(concurrency=level.concurrency, num_prompts=level.num_prompts,
+                                input_len=level.input_len, output_len=level.output_len, status=OK,
+                                failed=level.num_prompts, duration_s=wall_s or 0.0)
+    res.warmup_requests = warmup_requests
+    res.extra.update({"exit_code": rc, "stderr_tail": _tail(stderr)})
+    if rc in TIMEOUT_CODES:
+        if limit_kind == "floor":
+            res.status = EARLY_STOP
+            res.reason = (f"cannot reach the floor: {level.total_output_tokens} tokens at "
+                          f"{level.min_output_throughput:g} tok/s take {level.total_output_tokens / level.min_output_throughput:.0f} s; "
+                          f"bench_serving still running after {limit_s:.0f} s (incl. {STARTUP_ALLOWANCE_S:.0f} s start-up)")
+            res.early_stop = {"rule": "bound", "at_s": limit_s}
+        else:
+            res.status = BUDGET
+            res.reason = f"gate budget {budget_s:g} s exhausted during {level.label}" if budget_s else \
+                f"{level.label} ran past its time limit ({limit_s:.0f} s)"
+        res.duration_s = res.duration_s or (limit_s or 0.0)
+        if parsed is None:
+            res.failed = 0  # unknown: it was stopped, not answered with errors
+        res.running_output_throughput = None if parsed is None else res.output_throughput
+    elif rc is None:
+        res.status = FAILED
+        res.reason = "bench_serving gave no exit status (the remote command did not run to its end)"
+    elif rc != 0:
+        res.status = FAILED
+        last = _last_line(stderr) or "no stderr"
+        res.reason = f"bench_serving exited {rc}: {last[:300]}"
+    elif parsed is None:
+        res.status = FAILED
+        res.reason = f"bench_serving exited 0 but wrote no usable JSONL ({parse_error or 'empty output file'})"
+    return res
+
+
+def skipped(level: LevelSpec, reason: str, warmup: int = 0) -> LevelResult:
+    return LevelResult(concurrency=level.concurrency, num_prompts=level.num_prompts, input_len=level.input_len,
+                       output_len=level.output_len, status=SKIPPED, reason=reason, warmup_requests=warmup)
+
+
+def level_passes(level: LevelSpec, res: LevelResult, max_failed: int) -> bool:
+    """Fail-fast test (the verdict is the authority)."""
+    if res.status != OK or res.failed > max_failed:
+        return False
+    if level.min_output_throughput is not None and res.output_throughput < level.min_output_throughput:
+        return False
+    for lim, p99 in ((level.max_p99_ttft_ms, res.ttft_ms.p99), (level.max_p99_tpot_ms, res.tpot_ms.p99)):
+        if lim is not None and p99 is not None and p99 > lim:
+            return False
+    return True
+
+
+def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
+        order: str = "desc", fail_fast: bool = True, secrets_env: str = DEFAULT_SECRETS_ENV,
+        api_key_var: str = DEFAULT_API_KEY_VAR, budget_s: float | None = None,
+        log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> GateResult:
+    """Run the levels one remote command each; budget_s defaults to spec.budget_s."""
+    budget = float(spec.budget_s if budget_s is None else budget_s)
+    t0 = clock()
+    started = time.time()
+    levels: list[LevelResult] = []
+    skip_reason = None
+    budget_hit = False
+    for lv in spec.run_order(order):
+        if skip_reason:
+            levels.append(skipped(lv, skip_reason, spec.warmup_requests))
+            continue
+        remaining = budget - (clock() - t0)
+        if remaining <= 1:
+            budget_hit = True
+            skip_reason = f"not run: gate budget {budget:g} s exhausted"
+            levels.append(skipped(lv, skip_reason, spec.warmup_requests))
+            continue
+        fl = floor_limit_s(lv)
+        kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
+        cmd = build_command(lv, venv_python=venv_python, base_url=base_url, model_path=model_path,
+                            warmup_requests=spec.warmup_requests, limit_s=limit, secrets_env=secrets_env,
+                            api_key_var=api_key_var)
+        if log:
+            log(f"bench_serving {lv.label}: {lv.num_prompts} prompts {lv.input_len}/{lv.output_len}, "
+                f"limit {limit:.0f} s ({kind})")
+        ts = clock()
+        try:
+            rc_outer, out, err = execute(cmd, limit + SSH_SLACK_S)
+        except Exception as e:  # the SSH call itself timed out or broke
+            res = skipped(lv, "")
+            res.status = BUDGET if kind == "budget" else FAILED
+            res.reason = f"remote command failed: {type(e).__name__}: {e}"
+            res.duration_s = clock() - ts
+            levels.append(res)
+            budget_hit = budget_hit or res.status == BUDGET
+            skip_reason = f"not run: gate stopped after {lv.label} failed"
+            continue
+        sec = split_output(out or "")
+        rc = sec["rc"]
+        stderr = sec["stderr"] or (err or "")
+        if rc is None and rc_outer not in (0, None):
+            stderr = (err or "") + "\n" + (out or "")
+        res = level_from_run(lv, rc, sec["jsonl"], stderr, warmup_requests=spec.warmup_requests,
+                             limit_kind=kind, limit_s=limit, wall_s=clock() - ts, budget_s=budget)
+        res.extra["wall_s"] = round(clock() - ts, 3)
+        levels.append(res)
+        if log:
+            log(f"bench_serving {lv.label}: {res.status}, {res.completed}/{lv.num_prompts} completed, "
+                f"{res.output_throughput:.1f} tok/s" + (f" ({res.reason})" if res.reason else ""))
+        if res.status == BUDGET:
+            budget_hit = True
+            skip_reason = f"not run: gate budget {budget:g} s exhausted"
+        elif fail_fast and not level_passes(lv, res, spec.max_failed_requests):
+            skip_reason = f"not run: gate stopped after {lv.label} failed (fail fast)"
+    return GateResult(runner="bench_serving", levels=levels, base_url=base_url, started_at=started,
+                      wall_s=clock() - t0, budget_s=budget, budget_exhausted=budget_hit,
+                      client={"venv_python": venv_python, "model_path": model_path, "fail_fast": fail_fast,
+                              "order": order, "startup_allowance_s": STARTUP_ALLOWANCE_S})

@@ -1,0 +1,195 @@
+"""Run the gate on the host and judge it: ``run_gate(spec, execute, ...) -> GateOutcome``.
+
+The gate runs ON THE HOST (the server listens on 127.0.0.1 there): ``execute(cmd, timeout_s)
+-> (exit_code, stdout, stderr)`` runs one shell command on it (the deploy passes a pyinfra
+wrapper, tests a local subprocess) and ``upload(local_path, remote_path)`` puts the built-in
+client there.  Runner ``auto``: bench_serving when the server's venv can import
+``sglang.bench_serving`` (one execute), else the built-in client.  Every execute carries a
+timeout a little above what is left of the budget, so nothing hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import bench_serving as bs
+from .result import FAILED, GateResult, LevelResult
+from .spec import GateSpec
+from .verdict import GateVerdict, judge
+
+CLIENT_PATH = Path(__file__).with_name("client.py")
+DEFAULT_REMOTE_CLIENT = "/tmp/dsv4deploy-gate-client.py"
+PROBE_TIMEOUT_S = 180.0        # `import sglang` pulls torch in: tens of seconds on a cold host
+SSH_SLACK_S = 30.0
+
+Execute = Callable[[str, float], "tuple[int, str, str]"]
+Upload = Callable[[str, str], object]
+
+
+@dataclass
+class GateOutcome:
+    spec: GateSpec
+    result: GateResult
+    verdict: GateVerdict
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.passed
+
+    @property
+    def summary(self) -> str:
+        return self.verdict.summary
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec.to_dict(), "result": self.result.to_dict(), "verdict": self.verdict.to_dict()}
+
+
+def probe_command(venv_python: str) -> str:
+    code = ("import importlib.util, sys; "
+            "sys.exit(0 if importlib.util.find_spec('sglang.bench_serving') else 3)")
+    return f"{shlex.quote(venv_python)} -c {shlex.quote(code)} >/dev/null 2>&1"
+
+
+def choose_runner(requested: str, execute: Execute, venv_python: str) -> tuple[str, str]:
+    """(runner, why).  ``auto``: bench_serving if the server venv imports it, else builtin."""
+    if requested in ("builtin", "bench_serving"):
+        return requested, f"runner {requested} (profile)"
+    try:
+        rc, _, _ = execute(probe_command(venv_python), PROBE_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - any failure to probe means: use our own client
+        return "builtin", f"auto: probing {venv_python} failed ({type(e).__name__}: {e}); built-in client"
+    if rc == 0:
+        return "bench_serving", f"auto: {venv_python} imports sglang.bench_serving"
+    return "builtin", f"auto: {venv_python} cannot import sglang.bench_serving (exit {rc}); built-in client"
+
+
+def client_levels(spec: GateSpec, order: str) -> list[dict]:
+    return [lv.to_dict() for lv in spec.run_order(order)]
+
+
+def builtin_command(spec: GateSpec, *, remote_client_path: str, base_url: str, host_python: str = "python3",
+                    secrets_env: str = bs.DEFAULT_SECRETS_ENV, api_key_var: str = bs.DEFAULT_API_KEY_VAR,
+                    order: str = "desc", fail_fast: bool = True, early_stop: bool = True,
+                    budget_s: float | None = None, seed: int = 42) -> str:
+    """The remote shell command: the key is sourced from the 0600 secrets file in the remote
+    shell and read by the client from its environment (--api-key-env names the variable)."""
+    q = shlex.quote
+    budget = float(spec.budget_s if budget_s is None else budget_s)
+    argv = [host_python, remote_client_path, "--base-url", base_url,
+            "--levels", json.dumps(client_levels(spec, order), separators=(",", ":")),
+            "--api-key-env", api_key_var, "--warmup-requests", str(spec.warmup_requests),
+            "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}", "--seed", str(seed)]
+    if fail_fast:
+        argv.append("--fail-fast")
+    if not early_stop:
+        argv.append("--no-early-stop")
+    return (f"set -a; [ -r {q(secrets_env)} ] && . {q(secrets_env)}; set +a; "
+            + " ".join(q(a) for a in argv))
+
+
+def _failed_levels(spec: GateSpec, order: str, reason: str) -> list[LevelResult]:
+    return [LevelResult(concurrency=lv.concurrency, num_prompts=lv.num_prompts, input_len=lv.input_len,
+                        output_len=lv.output_len, status=FAILED, reason=reason, failed=lv.num_prompts)
+            for lv in spec.run_order(order)]
+
+
+def parse_client_output(rc: int | None, stdout: str, stderr: str, spec: GateSpec, *, order: str = "desc",
+                        base_url: str | None = None, budget_s: float | None = None) -> GateResult:
+    """The built-in client's stdout (one JSON document) as a GateResult; a crash or garbage is
+    a GateResult with ``error`` set and every level failed."""
+    doc = None
+    text = (stdout or "").strip()
+    if text:
+        for cand in (text, text.splitlines()[-1]):
+            try:
+                doc = json.loads(cand)
+                break
+            except ValueError:
+                continue
+    if isinstance(doc, dict):
+        try:
+            res = GateResult.from_dict(doc)
+            if rc not in (0, None):
+                res.error = f"client exited {rc} after writing its result"
+            return res
+        except (ValueError, TypeError, KeyError) as e:
+            why = f"client output is not a gate result ({type(e).__name__}: {e})"
+    else:
+        why = "client wrote no JSON result"
+    tail = (stderr or "").strip().splitlines()[-3:]
+    err = f"{why}; exit {rc}" + (f"; stderr: {' | '.join(tail)[-400:]}" if tail else "")
+    return GateResult(runner="builtin", levels=_failed_levels(spec, order, err), base_url=base_url,
+                      started_at=time.time(), budget_s=budget_s, error=err)
+
+
+def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
+             runner: str | None = None, upload: Upload | None = None, host_python: str = "python3",
+             remote_client_path: str = DEFAULT_REMOTE_CLIENT, secrets_env: str = bs.DEFAULT_SECRETS_ENV,
+             api_key_var: str = bs.DEFAULT_API_KEY_VAR, order: str = "desc", fail_fast: bool = True,
+             early_stop: bool = True, log: Callable[[str], None] | None = None) -> GateOutcome:
+    """Run the gate on the host and judge it.
+
+    runner: None = spec.runner; "auto" | "builtin" | "bench_serving".
+    order: "desc" (default, highest concurrency first: fails fast) or "asis" (profile order).
+    fail_fast: stop at the first failing level (the rest are reported "not run").
+    """
+    t0 = time.monotonic()
+    say = log or (lambda _m: None)
+    chosen, why = choose_runner(runner or spec.runner, execute, venv_python)
+    say(f"gate: {why}")
+    remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
+    if chosen == "bench_serving":
+        result = bs.run(spec, execute, base_url=base_url, model_path=model_path, venv_python=venv_python,
+                        order=order, fail_fast=fail_fast, secrets_env=secrets_env, api_key_var=api_key_var,
+                        budget_s=remaining, log=log)
+    else:
+        if upload is None:
+            raise ValueError("the built-in runner needs upload(local_path, remote_path)")
+        upload(str(CLIENT_PATH), remote_client_path)
+        remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
+        cmd = builtin_command(spec, remote_client_path=remote_client_path, base_url=base_url,
+                              host_python=host_python, secrets_env=secrets_env, api_key_var=api_key_var,
+                              order=order, fail_fast=fail_fast, early_stop=early_stop, budget_s=remaining)
+        try:
+            rc, out, err = execute(cmd, remaining + SSH_SLACK_S)
+        except Exception as e:  # noqa: BLE001 - the SSH call timed out or broke: a failed gate
+            rc, out, err = None, "", f"{type(e).__name__}: {e}"
+        result = parse_client_output(rc, out, err, spec, order=order, base_url=base_url, budget_s=remaining)
+        if err and log:
+            for line in err.strip().splitlines()[-12:]:
+                say(line)
+    result.client["runner_choice"] = why
+    result.client["controller_wall_s"] = round(time.monotonic() - t0, 3)
+    verdict = judge(spec, result)
+    say(verdict.summary)
+    return GateOutcome(spec, result, verdict)
+
+
+def local_execute(cmd: str, timeout_s: float) -> tuple[int, str, str]:
+    """execute() for a gate run on this machine (tests, `bench/`): bash -c with a hard timeout;
+    on timeout the process group is killed and 124 returned."""
+    import os
+    import signal
+    import subprocess
+
+    p = subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        return 124, out, err + f"\n(local_execute: killed after {timeout_s:.0f} s)"
+
+
+def local_upload(local_path: str, remote_path: str) -> None:
+    import shutil
+
+    Path(remote_path).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(local_path, remote_path)

@@ -1,0 +1,196 @@
+"""The bench_serving runner: command shape (key never in the command), JSONL parsing on samples
+with the documented fields (reference/sglang.md 3.4), the partial-failure rule, non-zero exits,
+the floor time limit; end to end through run_gate with a stand-in `python -m sglang.bench_serving`."""
+
+import json
+import sys
+import time
+
+from dsv4deploy.gate import bench_serving as bs
+from dsv4deploy.gate.result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED
+from dsv4deploy.gate.runner import local_execute, run_gate
+from dsv4deploy.gate.spec import GateSpec, LevelSpec
+
+# sglang.md 3.4: keys in this exact order (server_info embeds /server_info, trimmed here)
+KEYS = ("tag backend dataset_name request_rate max_concurrency sharegpt_output_len random_input_len "
+        "random_output_len random_range_ratio server_info duration completed total_input_tokens "
+        "total_input_text_tokens total_input_vision_tokens total_output_tokens total_output_tokens_retokenized "
+        "request_throughput input_throughput output_throughput total_throughput mean_e2e_latency_ms "
+        "median_e2e_latency_ms std_e2e_latency_ms p90_e2e_latency_ms p95_e2e_latency_ms p99_e2e_latency_ms "
+        "mean_ttft_ms median_ttft_ms std_ttft_ms p90_ttft_ms p95_ttft_ms p99_ttft_ms mean_tpot_ms median_tpot_ms "
+        "std_tpot_ms p90_tpot_ms p95_tpot_ms p99_tpot_ms mean_itl_ms median_itl_ms std_itl_ms p90_itl_ms "
+        "p95_itl_ms p99_itl_ms concurrency accept_length max_output_tokens_per_s max_concurrent_requests").split()
+
+# The run printed in sglang.md 3.3 (C=4, 8 prompts, 256/256 against a loopback fake server).
+SAMPLE = dict(zip(KEYS, [
+    None, "sglang", "random-ids", float("inf"), 4, None, 256, 256, 1.0,
+    {"version": "0.5.23", "model_path": "/srv/models/x", "tp_size": 4}, 0.83, 8, 2048, 2048, 0, 2048, 2048,
+    9.64, 2468.42, 2468.42, 4936.83, 407.93, 408.05, 1.2, 409.56, 410.13, 410.58,
+    8.06, 8.00, 1.1, 10.23, 10.86, 11.36, 1.57, 1.57, 0.0, 1.57, 1.57, 1.57,
+    1.57, 1.46, 0.5, 2.09, 2.46, 3.82, 3.93, None, 2048.0, 8]))
+
+
+def record(c, n, tput, completed=None, out_len=256, in_len=256):
+    completed = n if completed is None else completed
+    d = dict(SAMPLE, max_concurrency=c, random_input_len=in_len, random_output_len=out_len, completed=completed,
+             total_input_tokens=completed * in_len, total_output_tokens=completed * out_len)
+    d["duration"] = completed * out_len / tput if completed else 1.0
+    d["output_throughput"] = tput if completed else 0.0
+    d["request_throughput"] = completed / d["duration"]
+    return d
+
+
+def jsonl(*records):
+    # json.dumps writes Infinity for request_rate inf, as bench_serving's json.dump does
+    return "\n".join(json.dumps(r) for r in records) + "\n"
+
+
+def test_parse_documented_sample():
+    lv = LevelSpec(4, 8)
+    res = bs.parse_jsonl(jsonl(SAMPLE), lv)
+    assert list(SAMPLE) == KEYS and res.status == OK and res.completed == 8 and res.failed == 0
+    assert (res.duration_s, res.output_throughput, res.total_throughput, res.request_throughput) == \
+        (0.83, 2468.42, 4936.83, 9.64)
+    assert (res.ttft_ms.mean, res.ttft_ms.median, res.ttft_ms.p90, res.ttft_ms.p99) == (8.06, 8.0, 10.23, 11.36)
+    assert (res.tpot_ms.p99, res.itl_ms.p95, res.e2e_ms.p99, res.e2e_ms.std) == (1.57, 2.46, 410.58, 1.2)
+    assert res.peak_output_throughput == 2048.0 and res.max_in_flight == 8
+    assert res.extra["server_version"] == "0.5.23" and "server_info" not in res.extra
+
+
+def test_last_line_wins_and_partial_failure_fails():
+    lv = LevelSpec(64, 128)
+    text = jsonl(record(64, 128, 100.0), record(64, 128, 531.7, completed=125))
+    res = bs.parse_jsonl(text, lv)
+    assert res.output_throughput == 531.7 and res.completed == 125 and res.failed == 3
+    assert "completed 125/128" in res.reason
+    r = bs.level_from_run(lv, 0, text, "", warmup_requests=2)
+    assert r.status == OK and r.failed == 3    # exit 0, but the verdict fails it (max_failed 0)
+    from dsv4deploy.gate.result import GateResult
+    from dsv4deploy.gate.verdict import judge
+    v = judge(GateSpec(levels=(LevelSpec(64, 128, min_output_throughput=400),)), GateResult("bench_serving", [r]))
+    assert v.failures == ["C=64 failed requests 3 > max 0"]
+
+
+def test_nonzero_exit_and_timeouts():
+    lv = LevelSpec(64, 128, min_output_throughput=400)
+    err = "Traceback (most recent call last):\n  ...\nValueError: Warmup failed - Please make sure benchmark arguments are correctly specified. Error: 401"
+    r = bs.level_from_run(lv, 1, "", err, warmup_requests=2)
+    assert r.status == FAILED and r.reason.startswith("bench_serving exited 1: ValueError: Warmup failed")
+    assert "Traceback" in r.extra["stderr_tail"] and r.failed == 128
+    r = bs.level_from_run(lv, 0, "", "", warmup_requests=2)
+    assert r.status == FAILED and "no usable JSONL" in r.reason
+    r = bs.level_from_run(lv, 124, "", "", warmup_requests=2, limit_kind="floor", limit_s=bs.floor_limit_s(lv))
+    assert r.status == EARLY_STOP and r.reason.startswith("cannot reach the floor: 32768 tokens at 400 tok/s take 82 s")
+    r = bs.level_from_run(lv, 137, "", "", warmup_requests=2, limit_kind="budget", limit_s=30, budget_s=1800)
+    assert r.status == BUDGET and r.reason == "gate budget 1800 s exhausted during C=64"
+    assert bs.floor_limit_s(lv) == 32768 / 400 + bs.STARTUP_ALLOWANCE_S and bs.floor_limit_s(LevelSpec(1, 1)) is None
+
+
+def test_command_shape_and_secret_handling():
+    lv = LevelSpec(16, 48, 256, 256)
+    cmd = bs.build_command(lv, venv_python="/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python",
+                           base_url="http://127.0.0.1:30000", model_path="/srv/models/DeepSeek-V4-Flash",
+                           warmup_requests=2, limit_s=300)
+    assert "set -a; [ -r /etc/dsv4deploy/secrets.env ] && . /etc/dsv4deploy/secrets.env; set +a;" in cmd
+    assert 'export OPENAI_API_KEY="$SGLANG_API_KEY"' in cmd and "export HF_HUB_OFFLINE=1" in cmd
+    assert ("timeout -k 10 300 /opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -m sglang.bench_serving --backend sglang "
+            "--host 127.0.0.1 --port 30000 --model /srv/models/DeepSeek-V4-Flash --tokenizer /srv/models/DeepSeek-V4-Flash "
+            "--dataset-name random-ids --random-input-len 256 --random-output-len 256 --random-range-ratio 1.0 "
+            "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/bench.jsonl\" --disable-tqdm") in cmd
+    assert "mktemp -d" in cmd       # a fresh output file every run
+    sec = bs.split_output(f"noise\n{bs.MARK} rc=0\n{bs.MARK} jsonl\n{json.dumps(SAMPLE)}\n\n{bs.MARK} stderr\nwarn\n"
+                          f"{bs.MARK} stdout\nok\n")
+    assert sec["rc"] == 0 and json.loads(sec["jsonl"])["completed"] == 8 and sec["stderr"] == "warn"
+
+
+FAKE = r'''#!{python}
+import json, os, sys, time
+cfg = json.load(open({cfg!r}))
+if sys.argv[1] == "-c":
+    sys.exit(0 if cfg.get("importable", True) else 3)
+assert sys.argv[1:3] == ["-m", "sglang.bench_serving"], sys.argv
+a = sys.argv[3:]
+opt = {{a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and not a[i + 1].startswith("--")}}
+with open({log!r}, "a") as f:
+    f.write(json.dumps({{"argv": sys.argv, "key": os.environ.get("OPENAI_API_KEY"),
+                        "offline": os.environ.get("HF_HUB_OFFLINE")}}) + "\n")
+beh = cfg["levels"][opt["--max-concurrency"]]
+time.sleep(beh.get("sleep", 0))
+if beh.get("rc"):
+    sys.stderr.write(beh.get("stderr", ""))
+    sys.exit(beh["rc"])
+assert not os.path.exists(opt["--output-file"])
+with open(opt["--output-file"], "a") as f:
+    f.write(json.dumps(beh["record"]) + "\n")
+'''
+
+
+def fake_venv(tmp_path, levels, importable=True):
+    cfg, log = tmp_path / "cfg.json", tmp_path / "calls.jsonl"
+    cfg.write_text(json.dumps({"importable": importable, "levels": levels}))
+    py = tmp_path / "venv" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text(FAKE.format(python=sys.executable, cfg=str(cfg), log=str(log)))
+    py.chmod(0o755)
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text("SGLANG_API_KEY=s3cret-key\nHF_TOKEN=hf_x\n")
+    secrets.chmod(0o600)
+    return py, log, secrets
+
+
+def test_run_gate_auto_picks_bench_serving_and_passes(tmp_path):
+    py, log, secrets = fake_venv(tmp_path, {"1": {"record": record(1, 8, 23.9)}, "16": {"record": record(16, 48, 250.0)},
+                                            "64": {"record": record(64, 128, 531.7)}})
+    seen = []
+
+    def execute(cmd, timeout_s):
+        seen.append((cmd, timeout_s))
+        return local_execute(cmd, timeout_s)
+
+    spec = GateSpec.from_profile({"gate": {"levels": [
+        {"concurrency": 1, "num_prompts": 8, "min_output_throughput": 10},
+        {"concurrency": 16, "num_prompts": 48, "min_output_throughput": 120},
+        {"concurrency": 64, "num_prompts": 128, "min_output_throughput": 400}]}})
+    out = run_gate(spec, execute, base_url="http://127.0.0.1:30000", model_path="/srv/models/m",
+                   venv_python=str(py), secrets_env=str(secrets))
+    assert out.result.runner == "bench_serving" and out.passed, out.verdict.failures
+    assert [lv.concurrency for lv in out.result.levels] == [64, 16, 1]
+    assert out.result.level(64).output_throughput == 531.7
+    calls = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(calls) == 3 and all(c["key"] == "s3cret-key" and c["offline"] == "1" for c in calls)
+    assert all("s3cret-key" not in c for c, _ in seen)            # never in the command text
+    assert all("s3cret-key" not in " ".join(c["argv"]) for c in calls)
+    assert seen[0][1] == 180.0                                     # the probe
+    assert all(t <= 1800 + bs.SSH_SLACK_S for _, t in seen[1:])    # each level: limit + slack
+
+
+def test_run_gate_bench_serving_failures_fail_fast(tmp_path):
+    py, log, secrets = fake_venv(tmp_path, {
+        "64": {"record": record(64, 128, 531.7, completed=120)},     # exit 0, partial failure
+        "16": {"record": record(16, 48, 250.0)}, "1": {"record": record(1, 8, 20.0)}})
+    spec = GateSpec.from_profile({"levels": [{"concurrency": c, "num_prompts": n} for c, n in ((1, 8), (16, 48), (64, 128))]})
+    out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
+                   runner="bench_serving", secrets_env=str(secrets))
+    assert not out.passed and out.verdict.failures == ["C=64 failed requests 8 > max 0"]
+    assert [lv.status for lv in out.result.levels] == [OK, SKIPPED, SKIPPED]
+    assert len(log.read_text().splitlines()) == 1
+
+    (tmp_path / "b").mkdir()
+    py2, _, _ = fake_venv(tmp_path / "b", {"64": {"rc": 1, "stderr": "Traceback\nValueError: Warmup failed - boom"}})
+    out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py2),
+                   runner="bench_serving", secrets_env=str(secrets))
+    assert out.verdict.failures[0] == "C=64 failed: bench_serving exited 1: ValueError: Warmup failed - boom"
+
+
+def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
+    monkeypatch.setattr(bs, "STARTUP_ALLOWANCE_S", 1.0)
+    py, _, secrets = fake_venv(tmp_path, {"4": {"sleep": 30, "record": record(4, 8, 5.0, out_len=4)}})
+    spec = GateSpec(levels=(LevelSpec(4, 8, 16, 4, min_output_throughput=32),))   # 32 tokens / 32 tok/s = 1 s
+    t0 = time.monotonic()
+    out = run_gate(spec, local_execute, base_url="http://127.0.0.1:1", model_path="/m", venv_python=str(py),
+                   runner="bench_serving", secrets_env=str(secrets))
+    assert time.monotonic() - t0 < 8
+    assert out.result.levels[0].status == EARLY_STOP
+    assert out.verdict.failures == [
+        "C=4 stopped early after 2.0 s: cannot reach the floor: 32 tokens at 32 tok/s take 1 s; bench_serving "
+        "still running after 2 s (incl. 1 s start-up)"]

@@ -1,0 +1,73 @@
+"""Reports: gate.json / gate.md / gate.png written, comparison with the previous gate measured
+the same way, regressions beyond 5 %."""
+
+import json
+
+from dsv4deploy.gate.report import compare, load_outcome, write_report
+from dsv4deploy.gate.result import GateResult, LevelResult, Stats
+from dsv4deploy.gate.runner import GateOutcome
+from dsv4deploy.gate.spec import GateSpec, LevelSpec
+from dsv4deploy.gate.verdict import judge
+
+SPEC = GateSpec(levels=(LevelSpec(1, 8, min_output_throughput=10), LevelSpec(16, 48, min_output_throughput=120),
+                        LevelSpec(64, 128, min_output_throughput=400, max_p99_tpot_ms=150)))
+
+
+def lvl(c, n, tput, ttft99, tpot99, status="ok"):
+    s = lambda p99: Stats(mean=p99 * 0.8, median=p99 * 0.75, std=1.0, p90=p99 * 0.9, p95=p99 * 0.95, p99=p99, max=p99)
+    return LevelResult(c, n, status=status, completed=n, duration_s=10.0, output_throughput=tput,
+                       total_throughput=2 * tput, request_throughput=n / 10, ttft_ms=s(ttft99), tpot_ms=s(tpot99),
+                       itl_ms=s(tpot99), e2e_ms=s(ttft99 + 255 * tpot99), client_cpu_share=0.02)
+
+
+def outcome(levels, runner="builtin"):
+    res = GateResult(runner, levels, base_url="http://127.0.0.1:30000", started_at=1.7e9, wall_s=80.0, budget_s=1800)
+    return GateOutcome(SPEC, res, judge(SPEC, res))
+
+
+PREV = outcome([lvl(64, 128, 531.7, 1900.0, 118.0), lvl(16, 48, 250.0, 500.0, 58.0), lvl(1, 8, 23.9, 76.0, 41.0)])
+
+
+def test_regressions_beyond_5_percent():
+    cur = outcome([lvl(64, 128, 498.0, 1950.0, 125.0), lvl(16, 48, 240.0, 560.0, 58.5), lvl(1, 8, 23.8, 76.0, 41.0)])
+    cmp = compare(PREV, cur.result)
+    assert cmp.comparable
+    assert [c.text() for c in cmp.regressions] == [
+        "C=16 p99 TTFT 500.0 -> 560.0 ms (+12.0%)",          # 240 vs 250 tok/s is -4 %: not listed
+        "C=64 output throughput 531.7 -> 498.0 tok/s (-6.3%)",
+        "C=64 p99 TPOT 118.0 -> 125.0 ms (+5.9%)"]           # TTFT +2.6 %: not listed
+    assert not compare(PREV, PREV.result).regressions
+    other = compare(PREV, outcome(cur.result.levels, runner="bench_serving").result)
+    assert not other.comparable and "runner builtin then bench_serving" in other.reason
+
+
+def test_write_report_files(tmp_path):
+    a = write_report(PREV, tmp_path / "0001", release="0001")
+    assert a.comparison is None and a.png.stat().st_size > 10_000 and a.png.read_bytes()[:4] == b"\x89PNG"
+    assert "Not compared: no previous gate." in a.markdown.read_text()
+
+    early = LevelResult(64, 128, status="early_stop", duration_s=19.3, running_output_throughput=30.8,
+                        streamed_output_tokens=600, reason="running output throughput 30.8 tok/s after 19.3 s ...")
+    cur = outcome([early, LevelResult(16, 48, status="skipped", reason="not run: gate stopped after C=64 failed"),
+                   LevelResult(1, 8, status="skipped", reason="not run: gate stopped after C=64 failed")])
+    b = write_report(cur, tmp_path / "0002", previous=a.json, release="0002")
+    doc = json.loads(b.json.read_text())
+    assert doc["schema"] == "dsv4deploy.gate.report/1" and doc["passed"] is False and doc["release"] == "0002"
+    assert doc["result"]["levels"][0]["running_output_throughput"] == 30.8
+    assert doc["verdict"]["failures"][0] == \
+        "C=64 output throughput 30.8 tok/s < floor 400 tok/s (running rate, stopped early after 19.3 s)"
+    md = b.markdown.read_text()
+    assert "**FAIL**" in md and "| output throughput | 30.8 tok/s | >= | 400 tok/s | FAIL |" in md
+    assert "### C=16 (48 prompts, 256/256 tokens): not run" in md and "![gate plot](gate.png)" in md
+    assert "Not compared: no level measured the same way" in md
+    assert b.png.exists()
+
+    c = write_report(outcome([lvl(64, 128, 498.0, 1950.0, 125.0), lvl(16, 48, 250.0, 500.0, 58.0),
+                              lvl(1, 8, 23.9, 76.0, 41.0)]), tmp_path / "0003", previous=a.json)
+    md = c.markdown.read_text()
+    assert "Compared with release 0001 (runner builtin); regressions beyond 5%:" in md
+    assert "- **C=64 output throughput 531.7 -> 498.0 tok/s (-6.3%)**" in md
+    assert json.loads(c.json.read_text())["comparison"]["regressions"] == [
+        "C=64 output throughput 531.7 -> 498.0 tok/s (-6.3%)", "C=64 p99 TPOT 118.0 -> 125.0 ms (+5.9%)"]
+    again = load_outcome(c.json)
+    assert again.passed and again.result.level(64).output_throughput == 498.0

@@ -1,0 +1,1 @@
+"""Developer and CI tools used by the tests (not part of the dsv4deploy package)."""

@@ -1,0 +1,481 @@
+#!/usr/bin/env python3
+"""SGLang's own launch-flag parser, on a CPU-only machine, for a pinned SGLang version.
+
+Builds (once, cached) a small venv under ``.cache/sglang-parser/<version>/`` holding
+``sglang==<version>`` installed with ``--no-deps`` plus only what ``import
+sglang.srt.server_args`` needs (CPU torch, triton, numpy and a dozen small packages; see
+``DEPS``). Nothing in SGLang is stubbed or patched: the parser that answers is the one
+``sglang serve`` / ``python -m sglang.launch_server`` builds.
+
+Command line::
+
+    python tests/tools/sglang_parser.py ensure VERSION
+    python tests/tools/sglang_parser.py parse VERSION [--prepare] -- ARGV...
+    python tests/tools/sglang_parser.py dump-flags VERSION [-o FILE]
+    python tests/tools/sglang_parser.py actions VERSION          # every action as JSON
+
+``parse`` does what ``prepare_server_args(argv)`` does up to ``parse_args``:
+``argparse.ArgumentParser(prog="sglang serve")``, ``ServerArgs.add_cli_args``, SGLang's
+``ConfigArgumentMerger`` when ``--config`` is in argv, then ``parse_args``; it prints the
+namespace as JSON, or argparse's message and exit status 2. ``--prepare`` calls the real
+``prepare_server_args(argv)`` instead and prints the ServerArgs fields (cheap and GPU-free from
+0.5.20 on; 0.5.17 resolves there and raises "No accelerator ...").
+
+As a module: ``ensure(version)``, ``parse(version, argv)``, ``parse_many(version, argvs)``
+(one subprocess for all), ``dump_flags(version)``, ``actions(version)``.
+
+This file also runs inside the built venv as the worker (``_worker``); keep it stdlib-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE_ROOT = Path(os.environ.get("SGLANG_PARSER_CACHE", REPO / ".cache" / "sglang-parser"))
+PIP_CACHE = REPO / ".cache" / "pip"
+MARKER = ".complete.json"
+RECIPE_VERSION = 1
+
+# torch: the CPU wheel. "+cpu" is never on PyPI, so a machine without a local CPU wheel
+# (pip's find-links, e.g. /opt/wheels) fails fast here instead of downloading several GB of
+# CUDA torch. Override with SGLANG_PARSER_TORCH (a requirement or a wheel path).
+TORCH = os.environ.get("SGLANG_PARSER_TORCH", "torch==2.13.0+cpu")
+
+# What `import sglang.srt.server_args` + ServerArgs.add_cli_args import, found by installing
+# `sglang --no-deps` and adding the missing module until the parser built (0.5.17 to 0.5.23).
+# Imported at module level by sglang/__init__ -> srt/utils/common.py: numpy orjson psutil
+# pybase64 requests torch triton packaging PIL starlette; arg_groups/*: msgspec;
+# utils/msgspec_utils: pydantic_core; utils/network: zmq; sglang/utils.py: IPython pydantic
+# tqdm; lang/backend/runtime_endpoint: aiohttp. pyyaml: ConfigArgumentMerger (--config).
+DEPS = (
+    "numpy==2.4.6",
+    "orjson==3.13.0",
+    "psutil==7.2.2",
+    "pybase64==1.5.1",
+    "requests==2.34.2",
+    "triton==3.9.0",
+    "packaging==26.4",
+    "pillow==13.0.0",
+    "starlette==1.10.0",
+    "msgspec==0.23.0",
+    "pydantic==2.14.4",
+    "pyzmq==27.3.0",
+    "tqdm==4.70.1",
+    "ipython==9.18.1",
+    "aiohttp==3.14.5",
+    "PyYAML==6.0.4",
+)
+
+# Releases before 0.5.23 also import, on the way to the parser: transformers (sglang/__init__
+# and srt/configs), openai + partial_json_parser + xgrammar (function_call parsers, for the
+# --tool-call-parser choices), sentencepiece (transformers' tokenizers) and dill (torch
+# datapipes once transformers is there). Installed at the versions that release pins in its own
+# metadata (fallbacks here for the ones it leaves open). And torchvision, which srt/utils/common.py
+# imports unconditionally (`from torchvision.io import decode_jpeg`) -- but PyPI's torchvision
+# is a CUDA build whose _C.so needs libtorch_cuda, so with CPU torch it cannot import at all.
+# For those releases a stub `torchvision` package stands in (TORCHVISION_STUB below): it is
+# never called while building the parser, and no SGLang file is touched.
+LEGACY_BEFORE = (0, 5, 23)
+LEGACY_DEPS = {
+    "transformers": "transformers==5.12.1",
+    "openai": "openai==2.6.1",
+    "partial_json_parser": "partial_json_parser==0.2.1.1.post7",
+    "xgrammar": "xgrammar==0.2.1",
+    "sentencepiece": "sentencepiece==0.2.1",
+    "dill": "dill==0.4.1",
+}
+
+TORCHVISION_STUB = '''"""STUB written by dsv4deploy's tests/tools/sglang_parser.py -- NOT torchvision.
+
+The SGLang-parser venv has CPU torch, and PyPI's torchvision cannot load without CUDA torch.
+SGLang < 0.5.23 imports torchvision at module level without using it to build its argument
+parser; every attribute here is an inert placeholder class that raises when called.
+"""
+import importlib.abc
+import importlib.machinery
+import sys
+
+SGLANG_PARSER_STUB = True
+__version__ = "0.0.0+sglang-parser-stub"
+
+
+class _StubMeta(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _make(f"{cls.__qualname__}.{name}")
+
+    def __call__(cls, *args, **kwargs):
+        raise RuntimeError(f"{cls.__qualname__}: torchvision is a stub in the sglang-parser venv")
+
+
+def _make(qualname):
+    stub = _StubMeta(qualname.rsplit(".", 1)[-1], (), {})
+    stub.__qualname__ = qualname
+    return stub
+
+
+def _getattr_for(modname):
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _make(f"{modname}.{name}")
+    return __getattr__
+
+
+class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.__path__ = []
+        module.__getattr__ = _getattr_for(module.__name__)
+
+
+sys.meta_path.insert(0, _SubmoduleFinder())
+__getattr__ = _getattr_for(__name__)
+'''
+
+
+def _vtuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
+
+
+def is_legacy(version: str) -> bool:
+    return _vtuple(version) < LEGACY_BEFORE
+
+
+class ParserToolError(RuntimeError):
+    pass
+
+
+# --- the venv ---------------------------------------------------------------------------------
+
+def _recipe(version: str) -> dict:
+    recipe = {"recipe": RECIPE_VERSION, "sglang": version, "torch": TORCH, "deps": list(DEPS)}
+    if is_legacy(version):
+        recipe["legacy_deps"] = LEGACY_DEPS
+        recipe["torchvision_stub"] = hashlib.sha256(TORCHVISION_STUB.encode()).hexdigest()[:16]
+    return recipe
+
+
+def _recipe_hash(version: str) -> str:
+    return hashlib.sha256(json.dumps(_recipe(version), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def venv_dir(version: str) -> Path:
+    return CACHE_ROOT / version
+
+
+def venv_python(version: str) -> Path:
+    return venv_dir(version) / "bin" / "python"
+
+
+def is_complete(version: str) -> bool:
+    marker = venv_dir(version) / MARKER
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("recipe_hash") == _recipe_hash(version) and venv_python(version).exists()
+
+
+def _base_python() -> str:
+    """A CPython 3.11 (the wheels are cp311): this interpreter if it is one."""
+    explicit = os.environ.get("SGLANG_PARSER_PYTHON")
+    if explicit:
+        return explicit
+    if sys.version_info[:2] == (3, 11):
+        return sys.executable
+    found = shutil.which("python3.11")
+    if not found:
+        raise ParserToolError("need CPython 3.11 (set SGLANG_PARSER_PYTHON)")
+    return found
+
+
+def _run(cmd: list[str], log, **kw) -> None:
+    log(f"$ {' '.join(cmd)}")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    if proc.returncode != 0:
+        raise ParserToolError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
+                              + proc.stdout[-4000:])
+
+
+def ensure(version: str, log=None) -> Path:
+    """The venv python for `version`, building the venv first if it is missing or stale.
+
+    Built in a temporary folder beside the final one and renamed into place with its marker,
+    under a lock, so a half-built venv is never used and two builders do not collide.
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if is_complete(version):
+        return venv_python(version)
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_ROOT / f".{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_complete(version):
+            return venv_python(version)
+        started = time.monotonic()
+        final = venv_dir(version)
+        tmp = CACHE_ROOT / f".{version}.building-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            _run([_base_python(), "-m", "venv", str(tmp)], log)
+            py = str(tmp / "bin" / "python")
+            pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                   "--no-input", "--no-compile", "--only-binary", ":all:",
+                   "--root-user-action=ignore", "--cache-dir", str(PIP_CACHE)]
+            # SGLang alone (--no-deps keeps its CUDA stack out: flashinfer, sgl-kernel, CUDA
+            # torch...), then what its parser imports, torch pinned to the CPU wheel.
+            _run(pip + ["--no-deps", f"sglang=={version}"], log)
+            deps = [TORCH, *DEPS]
+            if is_legacy(version):
+                pins = _sglang_pins(tmp)
+                deps += [pins.get(name, fallback) for name, fallback in LEGACY_DEPS.items()]
+                site = next((tmp / "lib").glob("python3.*/site-packages"))
+                (site / "torchvision").mkdir()
+                (site / "torchvision" / "__init__.py").write_text(TORCHVISION_STUB)
+            _run(pip + deps, log)
+            # Proof of completeness: the parser builds and has the version asked for.
+            out = _worker_call(Path(py), "info", {})
+            if out.get("version") != version:
+                raise ParserToolError(f"built venv reports sglang {out.get('version')}")
+            info = {**_recipe(version), "recipe_hash": _recipe_hash(version),
+                    "build_seconds": round(time.monotonic() - started, 1),
+                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log(f"sglang-parser {version}: built in {time.monotonic() - started:.0f} s at {final}")
+    return venv_python(version)
+
+
+def _sglang_pins(venv: Path) -> dict[str, str]:
+    """name -> "name==x" for the exact pins in the installed SGLang wheel's metadata."""
+    meta = next((venv / "lib").glob("python3.*/site-packages/sglang-*.dist-info/METADATA"))
+    pins = {}
+    for line in meta.read_text().splitlines():
+        match = re.match(r"Requires-Dist: ([A-Za-z0-9_.-]+)\s*\(?==\s*([^\s;,)]+)\)?\s*(;.*)?$", line)
+        if match and not (match.group(3) or "").strip("; ").startswith("extra"):
+            name = match.group(1).lower().replace("-", "_")
+            pins[name] = f"{match.group(1)}=={match.group(2)}"
+    return pins
+
+
+# --- talking to the worker ----------------------------------------------------------------------
+
+def _worker_call(python: Path, mode: str, payload) -> dict | list:
+    # Bytecode is written into the venv (the build's first call writes it for exactly the
+    # modules the parser imports): importing torch + SGLang from source costs ~10 s, from
+    # bytecode ~4 s.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([str(python), str(Path(__file__).resolve()), "_worker", mode],
+                          input=json.dumps(payload), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env)
+    if proc.returncode != 0:
+        raise ParserToolError(f"worker {mode} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)
+
+
+def query(version: str, argvs: list[list[str]], prepare: bool = False) -> dict:
+    """One subprocess: {"version", "flags": every option string, "results": one per argv}.
+    An argv may also be {"argv": [...], "prepare": True} (per-argv choice). A result is
+    {"ok": True, "values": {dest: value}, "stderr": "...", "argv": [...]} or
+    {"ok": False, "exit_code": 2, "error": "<usage + argparse message>"}."""
+    items = [a if isinstance(a, dict) else list(a) for a in argvs]
+    return _worker_call(ensure(version), "parse", {"argvs": items, "prepare": prepare})
+
+
+def parse_many(version: str, argvs: list[list[str]], prepare: bool = False) -> list[dict]:
+    """Parse every argv in one subprocess; see query() for the result format."""
+    return query(version, argvs, prepare)["results"]
+
+
+def parse(version: str, argv: list[str], prepare: bool = False) -> dict:
+    return parse_many(version, [argv], prepare)[0]
+
+
+def actions(version: str) -> list[dict]:
+    return _worker_call(ensure(version), "actions", {})
+
+
+def dump_flags(version: str) -> list[str]:
+    """Every option string, in parser order (as `0.5.23.flags` has them, -h/--help included)."""
+    return [opt for action in actions(version) for opt in action["option_strings"]]
+
+
+# --- the worker (runs inside the built venv) -----------------------------------------------------
+
+def _jsonable(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), (str, int)):  # enums
+        return value.value
+    return repr(value) if callable(value) else str(value)
+
+
+def _server_args_fields(sa_mod, server_args) -> dict:
+    """The fields of a ServerArgs record: 0.5.23 assembles it from field namespaces
+    (record_fields), older releases make it a plain dataclass."""
+    import dataclasses
+    if hasattr(sa_mod, "record_fields"):
+        names = [f.name for f in sa_mod.record_fields(type(server_args))]
+    elif dataclasses.is_dataclass(server_args):
+        names = [f.name for f in dataclasses.fields(server_args)]
+    else:
+        names = [k for k in vars(server_args) if not k.startswith("_")]
+    return {name: getattr(server_args, name) for name in names}
+
+
+def _worker(mode: str) -> int:
+    payload = json.loads(sys.stdin.read() or "{}")
+    out = sys.stdout
+    sys.stdout = sys.stderr  # whatever SGLang prints on import stays off the JSON channel
+    from sglang.srt import server_args as sa_mod
+    from sglang.srt.server_args import ServerArgs
+
+    try:
+        from sglang.version import __version__ as sglang_version
+    except ImportError:  # pragma: no cover
+        from importlib.metadata import version as _v
+        sglang_version = _v("sglang")
+
+    def build_parser() -> argparse.ArgumentParser:
+        # Exactly what prepare_server_args() builds.
+        parser = argparse.ArgumentParser(prog="sglang serve")
+        ServerArgs.add_cli_args(parser)
+        return parser
+
+    def parse_one(argv: list[str], prepare: bool) -> dict:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                if prepare:
+                    server_args = sa_mod.prepare_server_args(list(argv))
+                    values = _server_args_fields(sa_mod, server_args)
+                else:
+                    parser = build_parser()
+                    if "--config" in argv:  # as prepare_server_args does
+                        try:  # 0.5.20+
+                            from sglang.srt.utils.server_args_config_parser import (
+                                ConfigArgumentMerger)
+                        except ImportError:  # 0.5.17
+                            from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+                        argv = ConfigArgumentMerger(parser).merge_config_with_args(list(argv))
+                    values = vars(parser.parse_args(argv))
+            return {"ok": True, "values": _jsonable(values), "stderr": err.getvalue(),
+                    "argv": list(argv)}
+        except SystemExit as exc:  # argparse's error(): usage + message, exit 2
+            return {"ok": False, "exit_code": exc.code if isinstance(exc.code, int) else 1,
+                    "error": err.getvalue()}
+        except Exception as exc:  # e.g. ConfigArgumentMerger's ValueError
+            return {"ok": False, "exit_code": 1, "error": f"{type(exc).__name__}: {exc}",
+                    "stderr": err.getvalue()}
+
+    if mode == "info":
+        result = {"version": sglang_version, "actions": len(build_parser()._actions)}
+    elif mode == "parse":
+        result = {
+            "version": sglang_version,
+            "flags": [opt for a in build_parser()._actions for opt in a.option_strings],
+            # an entry is an argv, or {"argv": [...], "prepare": bool} to choose per argv
+            "results": [parse_one(item["argv"], item.get("prepare", False))
+                        if isinstance(item, dict)
+                        else parse_one(item, payload.get("prepare", False))
+                        for item in payload["argvs"]],
+        }
+    elif mode == "actions":
+        result = [{
+            "option_strings": list(a.option_strings),
+            "dest": a.dest,
+            "default": _jsonable(a.default),
+            "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
+            "nargs": _jsonable(a.nargs),
+            "type": getattr(a.type, "__name__", None) if a.type is not None else None,
+            "action": type(a).__name__,
+            "required": a.required,
+            "help": a.help if isinstance(a.help, str) else None,
+        } for a in build_parser()._actions]
+    else:
+        raise SystemExit(f"unknown worker mode {mode}")
+    out.write(json.dumps(result))
+    out.flush()
+    return 0
+
+
+# --- command line -------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_worker"]:
+        return _worker(argv[1])
+    rest: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, rest = argv[:cut], argv[cut + 1:]
+    cli = argparse.ArgumentParser(prog="sglang_parser", description=__doc__.split("\n\n")[0])
+    sub = cli.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("ensure", help="build the venv for VERSION if missing").add_argument("version")
+    p_parse = sub.add_parser("parse", help="parse ARGV (after --) with VERSION's parser")
+    p_parse.add_argument("version")
+    p_parse.add_argument("--prepare", action="store_true",
+                         help="call prepare_server_args(argv) instead of parse_args")
+    p_dump = sub.add_parser("dump-flags", help="print every option string, parser order")
+    p_dump.add_argument("version")
+    p_dump.add_argument("-o", "--output", type=Path)
+    sub.add_parser("actions", help="every parser action as JSON").add_argument("version")
+    args = cli.parse_args(argv)
+    try:
+        if args.cmd == "ensure":
+            started = time.monotonic()
+            print(ensure(args.version))
+            print(f"ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        elif args.cmd == "parse":
+            result = parse(args.version, rest, prepare=args.prepare)
+            if not result["ok"]:
+                sys.stderr.write(result["error"])
+                return result["exit_code"]
+            sys.stderr.write(result.get("stderr", ""))
+            print(json.dumps(result["values"], indent=2, sort_keys=True))
+        elif args.cmd == "dump-flags":
+            text = "".join(f"{flag}\n" for flag in dump_flags(args.version))
+            if args.output:
+                args.output.write_text(text)
+            else:
+                sys.stdout.write(text)
+        elif args.cmd == "actions":
+            print(json.dumps(actions(args.version), indent=1))
+    except ParserToolError as exc:
+        print(f"sglang_parser: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
