@@ -32,5 +32,5 @@ tasks.begin_release(rollout, when=changed)            # release NNNN: pending, b
 unit_files = tasks.config_files(rollout)              # NCCL env, secrets (0600), manifest, unit
 switch = lambda: changed() or any_changed(*unit_files)()  # noqa: E731
 tasks.restart_if_changed(rollout, when=switch)        # daemon-reload + restart only on change
-tasks.verify_and_record(rollout, when=switch)         # health, identity: deployed | failed
-# Next (issue 5): the smoke-benchmark gate, then automatic rollback on failure.
+tasks.verify_and_record(rollout, when=switch)         # health, identity, gate: deployed | failed + rollback
+#   (verify also runs the smoke-benchmark gate; a failure rolls back to the last good release)

@@ -124,6 +124,26 @@ def cmd_history(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """The smoke gate alone, against the server a host runs now (no restart, no record)."""
+    from .remote import RemoteError, connected, on
+    from .rollout import Target
+    from .tasks.gate import run_release_gate
+
+    target = Target.of(checked_profile(args.profile).profile.data)
+    try:
+        with connected(args.inventory) as hosts:
+            failed = 0
+            for h in hosts:
+                with on(h):
+                    outcome = run_release_gate(h, target, None, None, args.profile)
+                failed += not outcome.passed
+    except RemoteError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    return EXIT_FAILED if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsv4deploy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -143,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", default="inventory/sim.py")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("bench", help="run a profile's smoke gate against the live server of each host")
+    p.add_argument("profile")
+    p.add_argument("--inventory", default="inventory/sim.py")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("list", help="list deployable profiles")
     p.set_defaults(func=cmd_list)

@@ -10,10 +10,10 @@ from rich.table import Table
 
 def gate_summary(rec: dict) -> str:
     gate = rec.get("gate") or {}
-    top = gate.get("top_level")
-    if not top:
-        return "-"
-    return f"C={top['concurrency']}: {top['output_throughput']:.1f} tok/s vs floor {top.get('floor', '-')}"
+    if gate.get("output_throughput") is None:
+        return "-" if not gate else ("pass" if gate.get("passed") else "FAIL")
+    verdict = "pass" if gate.get("passed") else "FAIL"
+    return f"{verdict}: {gate.get('level', '?')} {gate['output_throughput']:.1f} tok/s vs floor {gate.get('floor', '-')}"
 
 
 def table(host_name: str, records: list[dict]) -> Table:

@@ -26,10 +26,52 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 600) -> subproce
                           env={**os.environ, **(env or {})})
 
 
-def deploy(profile: str, *extra: str, env=None, dry=False) -> subprocess.CompletedProcess:
+QUICK_GATE = """gate:
+  levels:
+    - {concurrency: 1, num_prompts: 2, input_len: 256, output_len: 64, min_output_throughput: 10}
+    - {concurrency: 16, num_prompts: 16, input_len: 256, output_len: 64, min_output_throughput: 120}
+    - {concurrency: 64, num_prompts: 64, input_len: 256, output_len: 64, min_output_throughput: 300}
+"""
+# Test profiles: the shipped ones plus variants with a shorter gate (same floors' methodology,
+# fewer prompts); each fault variant has its own context length, which the twin's fault file
+# matches (match_argv), so the fault hits that release and not the one a rollback restores.
+VARIANTS = {
+    "quick16k": 16384, "crash20k": 20480, "never12k": 12288, "errors24k": 24576, "midgate28k": 28672,
+}
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("profiles")
+    for src in (REPO / "profiles").glob("*.yaml"):
+        (folder / src.name).write_text(src.read_text())
+    for name, ctx in VARIANTS.items():
+        extra = "service:\n  health_timeout_s: 15\n" if name == "never12k" else ""
+        (folder / f"{name}.yaml").write_text(f"extends: nvfp4-ctx8k\nserver:\n  context_length: {ctx}\n"
+                                             + extra + QUICK_GATE)
+    return folder
+
+
+def deploy(profile: str, *extra: str, env=None, dry=False, profiles_dir=None) -> subprocess.CompletedProcess:
     mode = ["--dry", "--diff"] if dry else ["-y"]
+    env = {**(env or {}), **({"DSV4_PROFILES_DIR": str(profiles_dir)} if profiles_dir else {})}
     return run([PYINFRA, *mode, "inventory/sim.py", "deploy/serve.py", "--data", f"profile={profile}",
                 "--data", "health_poll_s=0.5", *extra], env=env)
+
+
+def with_faults(twin, faults: dict, profile: str, profiles_dir):
+    twin.write_file("/etc/dsv4deploy-twin/faults.json", json.dumps(faults))
+    try:
+        start = time.monotonic()
+        out = deploy(profile, profiles_dir=profiles_dir)
+        return out, time.monotonic() - start
+    finally:
+        twin.run("rm -f /etc/dsv4deploy-twin/faults.json")
+
+
+def served_context(twin):
+    info = json.loads(twin.run("curl -s http://127.0.0.1:30000/server_info").stdout)
+    return info["context_length"]
 
 
 def main_pid(twin) -> int:
@@ -69,18 +111,20 @@ def twin(sim_twin):  # noqa: F811
                  check=False)
 
 
-def test_make_deploy_serves_the_profile_and_records_the_release(twin):
+def test_make_deploy_serves_the_profile_passes_the_gate_and_records_it(twin):
     out = run(["make", "deploy", "PROFILE=nvfp4-ctx8k"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert twin.run("systemctl is-active sglang.service").stdout.strip() == "active"
     assert health(twin) == "200"
     (rec,) = releases(twin)
     assert (rec["release"], rec["profile"], rec["status"]) == (1, "nvfp4-ctx8k", "deployed")
-    info = json.loads(twin.run("curl -s http://127.0.0.1:30000/server_info").stdout)
-    assert info["context_length"] == 8192 and info["tp_size"] == 4
-    files = twin.run("ls /var/lib/dsv4deploy/releases/0001 /var/lib/dsv4deploy/releases/0001/files/etc/systemd/system").stdout
-    assert "profile.json" in files and "manifest.json" not in files.split("files")[0] or True
-    assert "sglang.service" in files
+    assert rec["gate"]["passed"] and rec["gate"]["level"] == "C=64"
+    assert 480 < rec["gate"]["output_throughput"] < 580, "near the measured 531.7 tok/s"
+    assert served_context(twin) == 8192
+    listing = twin.run("ls /var/lib/dsv4deploy/releases/0001 /var/lib/dsv4deploy/releases/0001/gate").stdout
+    for name in ("profile.json", "status.json", "files", "gate.json", "gate.md", "gate.png"):
+        assert name in listing
+    assert (REPO / "reports/127.0.0.2/0001-nvfp4-ctx8k/gate.md").is_file()
     assert twin.run("stat -c %a /etc/dsv4deploy/secrets.env").stdout.strip() == "600"
     assert twin.run("test -e /var/lib/dsv4deploy/deploy.lock", check=False).returncode != 0, "lock given back"
 
@@ -107,19 +151,35 @@ def test_plan_shows_the_unit_diff_and_changes_nothing(twin):
     assert twin.run("test -e /var/lib/dsv4deploy/deploy.lock", check=False).returncode != 0
 
 
-def test_switching_profile_restarts_once_and_supersedes(twin):
-    pid = main_pid(twin)
+def test_the_slow_baseline_fails_its_gate_early_and_rolls_back(twin):
+    start = time.monotonic()
     out = deploy("fp8-ctx1m-baseline")
+    took = time.monotonic() - start
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "release 0002 (fp8-ctx1m-baseline) failed the smoke gate: C=64 output throughput" in text, text[-3000:]
+    assert "< floor 400 tok/s" in text and "stopped early" in text
+    assert "rolled back: release 0003 (restores 0001, profile nvfp4-ctx8k) is serving" in text
+    assert "Traceback" not in text
+    assert took < 180, "the full gate of this profile would take about 27 minutes"
+    recs = releases(twin)
+    assert [(r["release"], r["profile"], r["status"]) for r in recs] == [
+        (1, "nvfp4-ctx8k", "superseded"), (2, "fp8-ctx1m-baseline", "failed"), (3, "nvfp4-ctx8k", "deployed")]
+    assert recs[1]["gate"]["passed"] is False
+    assert health(twin) == "200" and served_context(twin) == 8192
+
+
+def test_switching_profile_restarts_once_and_supersedes(twin, profiles):
+    pid = main_pid(twin)
+    out = deploy("quick16k", profiles_dir=profiles)
     assert out.returncode == 0, out.stderr[-3000:]
     ops = changed_ops(out.stderr + out.stdout)
     assert ops.count("Restart | restart sglang.service (something changed)") == 1
     assert "Restart | sglang.service running and enabled" not in ops
     assert main_pid(twin) != pid and health(twin) == "200"
     recs = releases(twin)
-    assert [(r["release"], r["profile"], r["status"]) for r in recs] == [
-        (1, "nvfp4-ctx8k", "superseded"), (2, "fp8-ctx1m-baseline", "deployed")]
-    info = json.loads(twin.run("curl -s http://127.0.0.1:30000/server_info").stdout)
-    assert "--context-length" not in info["launch_command"]
+    assert [(r["release"], r["status"]) for r in recs[-2:]] == [(3, "superseded"), (4, "deployed")]
+    assert served_context(twin) == 16384
 
 
 def test_bad_profile_changes_nothing(twin, profile_dir):
@@ -129,7 +189,7 @@ def test_bad_profile_changes_nothing(twin, profile_dir):
     assert out.returncode == 2
     assert "CUDA-graph capture would run out of GPU memory" in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
-    assert main_pid(twin) == pid and len(releases(twin)) == 2
+    assert main_pid(twin) == pid and len(releases(twin)) == 4
 
 
 def test_too_few_gpus_refuses_before_changing_anything(twin):
@@ -143,7 +203,7 @@ def test_too_few_gpus_refuses_before_changing_anything(twin):
     assert out.returncode != 0
     assert "preflight refused the host" in text and "tp_size 4 needs 4 GPUs; nvidia-smi lists 2 usable" in text
     assert changed_ops(text) == []
-    assert main_pid(twin) == pid and len(releases(twin)) == 2
+    assert main_pid(twin) == pid and len(releases(twin)) == 4
 
 
 def test_no_driver_shows_the_driver_steps_in_the_plan(twin):
@@ -174,51 +234,51 @@ def test_stale_server_on_the_port_is_detected(twin):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert "port 30000 is already held by PID" in text and "stale server" in text
-    assert len(releases(twin)) == 2
+    assert len(releases(twin)) == 4
 
 
-def served_context(twin):
-    info = json.loads(twin.run("curl -s http://127.0.0.1:30000/server_info").stdout)
-    return info["context_length"]
-
-
-def test_crash_on_start_fails_fast_and_rolls_back(twin, profile_dir):
-    """The new release crashes at start: failed within seconds, with its journal; the last
-    release that passed (fp8-ctx1m-baseline, release 2) serves again."""
-    profile_dir.write("ctx16k", "extends: nvfp4-ctx8k\nserver:\n  context_length: 16384\n")
-    twin.write_file("/etc/dsv4deploy-twin/faults.json",
-                    json.dumps({"crash_on_start": "simulated CUDA error", "match_argv": "--context-length 16384"}))
-    try:
-        start = time.monotonic()
-        out = deploy("ctx16k", env={"DSV4_PROFILES_DIR": str(profile_dir.path)})
-        took = time.monotonic() - start
-    finally:
-        twin.run("rm -f /etc/dsv4deploy-twin/faults.json")
+def test_crash_on_start_fails_fast_with_the_journal_and_rolls_back(twin, profiles):
+    out, took = with_faults(twin, {"crash_on_start": "simulated CUDA error", "match_argv": "--context-length 20480"},
+                            "crash20k", profiles)
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "release 0003 (ctx16k) failed: unit crashed" in text or "release 0003 (ctx16k) failed: unit is failed" in text, text[-3000:]
+    assert "release 0005 (crash20k) failed: unit" in text, text[-3000:]
     assert "simulated CUDA error" in text, "the journal lines are shown"
-    assert "rolled back: release 0004 (restores 0002, profile fp8-ctx1m-baseline) is serving" in text
+    assert "rolled back: release 0006 (restores 0004, profile quick16k) is serving" in text
     assert took < 120
-    recs = releases(twin)
-    assert [(r["release"], r["status"], r.get("restores")) for r in recs[-2:]] == [(3, "failed", None), (4, "deployed", 2)]
-    assert health(twin) == "200" and served_context(twin) == 1048576
+    assert [(r["release"], r["status"], r.get("restores")) for r in releases(twin)[-2:]] == [
+        (5, "failed", None), (6, "deployed", 4)]
+    assert health(twin) == "200" and served_context(twin) == 16384
 
 
-def test_never_healthy_fails_at_the_budget_and_rolls_back(twin, profile_dir):
-    profile_dir.write("slowctx", "extends: nvfp4-ctx8k\nserver:\n  context_length: 12288\n"
-                                 "service:\n  health_timeout_s: 15\n")
-    twin.write_file("/etc/dsv4deploy-twin/faults.json",
-                    json.dumps({"never_healthy": True, "match_argv": "--context-length 12288"}))
-    try:
-        out = deploy("slowctx", env={"DSV4_PROFILES_DIR": str(profile_dir.path)})
-    finally:
-        twin.run("rm -f /etc/dsv4deploy-twin/faults.json")
+def test_never_healthy_fails_at_the_budget_and_rolls_back(twin, profiles):
+    out, _ = with_faults(twin, {"never_healthy": True, "match_argv": "--context-length 12288"}, "never12k", profiles)
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "failed: not healthy after 15 s (last: 503" in text, text[-3000:]
-    assert "rolled back: release 0006 (restores 0002" in text
-    assert health(twin) == "200" and served_context(twin) == 1048576
+    assert "release 0007 (never12k) failed: not healthy after 15 s (last: 503" in text, text[-3000:]
+    assert "rolled back: release 0008 (restores 0004" in text
+    assert health(twin) == "200" and served_context(twin) == 16384
+
+
+def test_an_error_rate_fails_the_gate_and_rolls_back(twin, profiles):
+    out, _ = with_faults(twin, {"error_rate": 0.2, "match_argv": "--context-length 24576"}, "errors24k", profiles)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "release 0009 (errors24k) failed the smoke gate: C=64 failed: 1 failed request > max 0" in text, text[-3000:]
+    assert "rolled back: release 0010 (restores 0004" in text
+    assert releases(twin)[-2]["status"] == "failed"
+    assert health(twin) == "200" and served_context(twin) == 16384
+
+
+def test_a_crash_in_the_middle_of_the_gate_rolls_back(twin, profiles):
+    out, took = with_faults(twin, {"crash_after_requests": 10, "match_argv": "--context-length 28672"},
+                            "midgate28k", profiles)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "release 0011 (midgate28k) failed the smoke gate" in text, text[-3000:]
+    assert "rolled back: release 0012 (restores 0004" in text
+    assert took < 240
+    assert health(twin) == "200" and served_context(twin) == 16384
 
 
 def test_manual_rollback_returns_to_the_previous_release(twin):
@@ -229,22 +289,23 @@ def test_manual_rollback_returns_to_the_previous_release(twin):
     assert served_context(twin) == 8192
 
 
-def test_rollback_to_a_named_release_and_an_unknown_one(twin):
-    out = run(["make", "rollback", "TO=2"])
+def test_rollback_to_a_named_release_and_refusals(twin):
+    out = run(["make", "rollback", "TO=4"])
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert releases(twin)[-1]["restores"] == 2 and served_context(twin) == 1048576
+    assert releases(twin)[-1]["restores"] == 4 and served_context(twin) == 16384
     count = len(releases(twin))
     out = run(["make", "rollback", "TO=99"])
     assert out.returncode != 0 and "unknown release 0099" in out.stdout + out.stderr
-    out = run(["make", "rollback", "TO=3"])
-    assert out.returncode != 0 and "release 0003 is failed" in out.stdout + out.stderr
+    out = run(["make", "rollback", "TO=2"])
+    assert out.returncode != 0 and "release 0002 is failed" in out.stdout + out.stderr
     assert len(releases(twin)) == count
 
 
-def test_history_lists_every_release(twin):
+def test_history_lists_every_release_with_its_gate(twin):
     out = run(["make", "history"])
     assert out.returncode == 0, out.stderr
-    for needle in ("nvfp4-ctx8k", "fp8-ctx1m-baseline", "ctx16k", "failed", "rollback of 0002", "deployed"):
-        assert needle in out.stdout
+    for needle in ("nvfp4-ctx8k", "fp8-ctx1m-baseline", "crash20k", "failed", "rollback of 0001", "deployed",
+                   "pass: C=64", "FAIL: C=64"):
+        assert needle in out.stdout, needle
     doc = json.loads(run([str(REPO / ".venv/bin/dsv4deploy"), "history", "--json"]).stdout)
     assert [r["release"] for r in doc["127.0.0.2"]] == [r["release"] for r in releases(twin)]

@@ -17,7 +17,7 @@ import socket
 import sys
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import BaseStateCallback, DeployError, deploy
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import python
@@ -28,6 +28,7 @@ from ..health import HealthError
 from ..hostio import read_json, records, save_record, sh, write_json
 from ..layout import MODELS, OPT, STATE, Layout
 from ..rollout import Rollout
+from .gate import gate_record, run_release_gate
 from .rollback import after_failure
 from .verify import confirm, journal_tail, observer
 
@@ -99,6 +100,21 @@ def deploy_lock(label: str) -> None:
 
 # --- releases ---------------------------------------------------------------------------------
 
+def reported(callback):
+    """A python.call callback that fails the operation with its message instead of a traceback
+    (pyinfra fails an operation whose (state, host) callback returns False)."""
+
+    def wrapper(state, host):  # noqa: pyinfra passes (state, host) by these names
+        try:
+            return callback(state, host)
+        except DeployError as exc:
+            for line in str(exc).splitlines():
+                logger.error(f"    [{host.name}] {line}")
+            return False
+    wrapper.__name__ = callback.__name__
+    return wrapper
+
+
 def settle_interrupted(r: Rollout) -> None:
     """A `pending` release left by a cut-off run is settled before anything else happens."""
     if not any(rec["status"] == releases.PENDING for rec in host.get_fact(Releases, releases_dir=r.layout.releases_dir)):
@@ -112,7 +128,7 @@ def settle_interrupted(r: Rollout) -> None:
         for doc in releases.settle_interrupted(records(host, r.layout.releases_dir), live_sha, healthy):
             save_record(host, r.layout.releases_dir, doc)
 
-    python.call(name="settle releases left pending by an interrupted run", function=settle)
+    python.call(name="settle releases left pending by an interrupted run", function=reported(settle))
 
 
 def needs_release(r: Rollout) -> bool:
@@ -140,32 +156,42 @@ def begin_release(r: Rollout, when) -> None:
         r.run["release"] = rec
         print(f"[{host.name}] release {rec['release']:04d} pending ({r.profile.name})")
 
-    python.call(name="record release (pending, before the switch)", function=begin, _if=when)
+    python.call(name="record release (pending, before the switch)", function=reported(begin), _if=when)
 
 
 @deploy("Verify")
 def verify_and_record(r: Rollout, when) -> None:
-    """Health within the profile's budget and identity; then deployed, or failed + rollback."""
+    """Health within the profile's budget, identity, the smoke gate; then deployed, or failed
+    and rolled back to the last release that passed."""
 
     def verify(state, host):  # noqa: pyinfra passes (state, host) by these names
         rec = r.run.get("release")
         poll = float(host.data.get("health_poll_s", 2.0))
+        name = f"release {rec['release']:04d}" if rec else "the running release"
+        previous = releases.current(records(host, r.layout.releases_dir))
         try:
             confirm(host, r.target, budget_s=r.data["service"]["health_timeout_s"], poll_s=poll)
         except HealthError as exc:
             tail = journal_tail(host, r.target)
             outcome = after_failure(host, rec, r.target, str(exc), poll_s=poll)
-            name = f"release {rec['release']:04d}" if rec else "the running release"
             raise DeployError(f"{name} ({r.profile.name}) failed: {exc}\n--- last journal lines of "
                               f"{r.target.unit} ---\n{tail}\n{outcome}") from None
+        gate = run_release_gate(host, r.target, rec, previous, r.profile.name)
         if rec:
+            rec = {**rec, "gate": gate_record(gate)}
+            r.run["release"] = rec
+        if not gate.passed:
+            outcome = after_failure(host, rec, r.target, f"smoke gate failed: {gate.verdict.message}", poll_s=poll)
+            raise DeployError(f"{name} ({r.profile.name}) failed the smoke gate: {gate.verdict.message}\n{outcome}")
+        if rec:
+            save_record(host, r.layout.releases_dir, rec)
             for doc in releases.mark_deployed(records(host, r.layout.releases_dir), rec["release"]):
                 save_record(host, r.layout.releases_dir, doc)
             print(f"[{host.name}] release {rec['release']:04d} deployed: {r.profile.name} is serving on "
-                  f"{r.target.base_url}")
+                  f"{r.target.base_url} ({gate.summary})")
             prune(host, r.layout.releases_dir)
 
-    python.call(name="health, identity, record", function=verify, _if=when)
+    python.call(name="health, identity, smoke gate, record", function=reported(verify), _if=when)
 
 
 def prune(h, releases_dir: str) -> None:

@@ -7,7 +7,7 @@ Instead of the full gate it gets a short probe: it passed the gate before.
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import DeployError, deploy
 from pyinfra.operations import python
 
@@ -114,7 +114,9 @@ def manual_rollback(to: int | None) -> None:
             new = restore(host, rec, cause=f"manual rollback to release {rec['release']:04d}",
                           poll_s=float(host.data.get("health_poll_s", 2.0)))
         except RollbackError as exc:
-            raise DeployError(str(exc)) from None
+            for line in str(exc).splitlines():
+                logger.error(f"    [{host.name}] {line}")
+            return False
         print(f"[{host.name}] release {new['release']:04d} restores {new['restores']:04d} ({rec['profile']}): serving")
 
     python.call(name=f"restore release {rec['release']:04d} ({rec['profile']})", function=run)

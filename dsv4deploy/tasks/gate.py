@@ -1,0 +1,58 @@
+"""The smoke-benchmark gate after health, with the campaign's methodology (random 256/256 at
+C=1/16/64): it runs on the host, is judged on the control node, and its reports (JSON,
+Markdown, PNG) go next to the release on the host and into reports/ here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..gate import GateSpec, run_gate, write_report
+from ..hostio import read_json, sh
+from ..profiles import REPO_ROOT
+from .. import releases
+
+RC_MARK = "__dsv4deploy_rc="
+
+
+def host_execute(h):
+    """`execute(cmd, timeout_s) -> (rc, stdout, stderr)` over the pyinfra connection."""
+
+    def execute(command: str, timeout_s: float):
+        ok, out = h.run_shell_command(f"{command}; printf '\\n{RC_MARK}%s\\n' $? >&2", _timeout=int(timeout_s) + 1)
+        stderr_lines = out.stderr_lines
+        rc = 0 if ok else 1
+        if stderr_lines and stderr_lines[-1].startswith(RC_MARK):
+            rc = int(stderr_lines[-1][len(RC_MARK):] or 1)
+            stderr_lines = stderr_lines[:-1]
+        return rc, out.stdout, "\n".join(stderr_lines)
+    return execute
+
+
+def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile_name: str):
+    """Run the profile's gate against the release's server; write and fetch its reports."""
+    spec = GateSpec.from_profile(target.data)
+    outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
+                       venv_python=target.layout.python, upload=lambda src, dst: h.put_file(src, dst),
+                       secrets_env=target.layout.secrets_env)
+    number = f"{rec['release']:04d}" if rec else "adhoc"
+    local = REPO_ROOT / "reports" / h.name / f"{number}-{profile_name}"
+    prev_doc = None
+    if previous:
+        prev_doc = read_json(h, f"{releases.release_dir(target.layout.releases_dir, previous['release'])}/gate/gate.json")
+    files = write_report(outcome, local, previous=prev_doc, title=f"{profile_name} release {number} on {h.name}")
+    if rec:
+        remote = f"{releases.release_dir(target.layout.releases_dir, rec['release'])}/gate"
+        sh(h, f"mkdir -p {remote}")
+        for path in (files.json, files.markdown, files.png):
+            if path:
+                h.put_file(str(path), f"{remote}/{Path(path).name}")
+    for line in outcome.verdict.lines():
+        print(f"[{h.name}] {line}")
+    print(f"[{h.name}] gate report: {local.relative_to(REPO_ROOT)}")
+    return outcome
+
+
+def gate_record(outcome) -> dict:
+    """What the release record keeps of a gate: pass/fail, headline, summary."""
+    return {"passed": outcome.passed, "summary": outcome.summary, **outcome.verdict.headline}
