@@ -181,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse and dispatch; bad input is a message and exit 2, never a traceback."""
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -278,13 +278,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ProfileError as exc:
-        _err(str(exc))
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return EXIT_FAILED
+    from ..cli import run
+    return run(build_parser(), argv)

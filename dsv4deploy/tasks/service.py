@@ -22,7 +22,7 @@ class ApiKeyState(FactBase):
         s, a = shlex.quote(secrets_env), shlex.quote(secret_args)
         return (f"k=$(sed -n 's/^SGLANG_API_KEY=//p' {s} 2>/dev/null | tail -n1); "
                 f"[ -n \"$k\" ] && echo key=yes || echo key=no; "
-                f"[ -n \"$k\" ] && [ \"$(cat {a} 2>/dev/null)\" = \"api-key: $k\" ] && echo args=yes || echo args=no")
+                f"[ -n \"$k\" ] && [ \"$(cat {a} 2>/dev/null)\" = \"api-key: \\\"$k\\\"\" ] && echo args=yes || echo args=no")
 
     def process(self, output):
         found = dict(line.split("=", 1) for line in output if "=" in line)
@@ -41,7 +41,7 @@ def api_key(secrets_env: str, secret_args: str, user: str):
     if not state["key"]:
         yield StringCommand(f"umask 077; printf 'SGLANG_API_KEY=%s\\n' \"$(od -An -N24 -tx1 /dev/urandom | tr -d ' \\n')\" >> {s}")
     yield StringCommand(f"umask 077; k=$(sed -n 's/^SGLANG_API_KEY=//p' {s} | tail -n1); "
-                        f"printf 'api-key: %s\\n' \"$k\" > {a}.tmp && chown {user}:{user} {a}.tmp && mv {a}.tmp {a}")
+                        f"printf 'api-key: \"%s\"\\n' \"$k\" > {a}.tmp && chown {user}:{user} {a}.tmp && mv {a}.tmp {a}")
 
 
 @deploy("Unit and its files")
