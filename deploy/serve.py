@@ -23,13 +23,14 @@ tasks.driver(rollout, needed=found["driver_needed"])  # nvidia-open at the profi
 tasks.service_user(rollout)                           # service user and directories
 venv = tasks.sglang_venv(rollout)                     # pinned SGLang + patches, in a venv named by both
 model = tasks.weights(rollout)                        # pinned checkpoint, verified complete
+keys = tasks.secrets(rollout)                         # 0600 secrets; API key made on the host, never in argv
 
 redeploy = tasks.needs_release(rollout)               # the deployed release renders differently
-changed = lambda: redeploy or any_changed(*venv, *model)()  # noqa: E731 (evaluated at execution)
+changed = lambda: redeploy or any_changed(*venv, *model, *keys)()  # noqa: E731 (evaluated at execution)
 tasks.launch_check(rollout, when=changed)             # the host's own SGLang parses the argv first
 tasks.nccl_probe(rollout, when=changed)               # all-reduce with the new NCCL env, bounded in time
 tasks.begin_release(rollout, when=changed)            # release NNNN: pending, before the switch
-unit_files = tasks.config_files(rollout)              # NCCL env, secrets (0600), manifest, unit
+unit_files = tasks.config_files(rollout)              # NCCL env, launch manifest, unit
 switch = lambda: changed() or any_changed(*unit_files)()  # noqa: E731
 tasks.restart_if_changed(rollout, when=switch)        # daemon-reload + restart only on change
 tasks.verify_and_record(rollout, when=switch)         # health, identity, gate: deployed | failed + rollback

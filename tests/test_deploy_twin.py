@@ -309,3 +309,41 @@ def test_history_lists_every_release_with_its_gate(twin):
         assert needle in out.stdout, needle
     doc = json.loads(run([str(REPO / ".venv/bin/dsv4deploy"), "history", "--json"]).stdout)
     assert [r["release"] for r in doc["127.0.0.2"]] == [r["release"] for r in releases(twin)]
+
+
+PATCH_SHA = "0ff2621cdc51dbe59a0cc7e2a882616a1bd07451ba23dff8e6148e85966c90f9"
+
+
+def test_a_sha256_mismatch_in_a_patch_is_refused_before_any_change(twin, profiles):
+    (profiles / "badpatch.yaml").write_text(
+        "extends: quick16k\nsglang:\n  patches:\n    - {name: twin-marker, file: tests/fixtures/patches/twin-marker.patch, "
+        f"sha256: {'a' * 64}}}\n")
+    count, pid = len(releases(twin)), main_pid(twin)
+    out = deploy("badpatch", profiles_dir=profiles)
+    assert out.returncode != 0
+    assert "patch twin-marker:" in out.stdout + out.stderr and "the profile pins aaaa" in out.stdout + out.stderr
+    assert changed_ops(out.stdout + out.stderr) == [] and len(releases(twin)) == count and main_pid(twin) == pid
+
+
+def test_patched_venv_and_api_key_end_to_end(twin, profiles):
+    """A patch set gets its own venv, applied once; an API key lives only in 0600 files."""
+    (profiles / "secured.yaml").write_text(
+        "extends: quick16k\nserver:\n  api_key: true\nsglang:\n  patches:\n"
+        f"    - {{name: twin-marker, file: tests/fixtures/patches/twin-marker.patch, sha256: {PATCH_SHA}}}\n")
+    out = deploy("secured", profiles_dir=profiles)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    venv = json.loads(twin.run("cat /etc/dsv4deploy/sglang/manifest.json").stdout)["venv"]
+    assert venv != "/opt/dsv4deploy/venvs/sglang-0.5.23-nopatch" and venv.startswith("/opt/dsv4deploy/venvs/sglang-0.5.23-")
+    assert twin.run(f"{venv}/bin/python -c 'import dsv4deploy_patch_marker as m; print(m.APPLIED)'").stdout.strip() == "True"
+    assert twin.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/server_info").stdout == "401"
+    key = twin.run("sed -n 's/^SGLANG_API_KEY=//p' /etc/dsv4deploy/secrets.env").stdout.strip()
+    assert len(key) >= 32
+    assert twin.run(f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {key}' "
+                    "http://127.0.0.1:30000/server_info").stdout == "200"
+    assert twin.run("stat -c '%a %U' /etc/dsv4deploy/sglang/secret-args.yaml").stdout.strip() == "600 sglang"
+    for where in ("cat /etc/systemd/system/sglang.service", "systemctl show -p ExecStart sglang.service",
+                  "cat /etc/dsv4deploy/sglang/manifest.json", "cat /var/lib/dsv4deploy/releases/*/status.json"):
+        assert key not in twin.run(where).stdout, where
+    assert key not in out.stdout + out.stderr
+    again = deploy("secured", profiles_dir=profiles)
+    assert again.returncode == 0 and changed_ops(again.stdout + again.stderr) == []

@@ -44,20 +44,27 @@ def api_key(secrets_env: str, secret_args: str, user: str):
                         f"printf 'api-key: \"%s\"\\n' \"$k\" > {a}.tmp && chown {user}:{user} {a}.tmp && mv {a}.tmp {a}")
 
 
-@deploy("Unit and its files")
-def config_files(r: Rollout) -> list[OperationMeta]:
+@deploy("Secrets")
+def secrets(r: Rollout) -> list[OperationMeta]:
+    """The 0600 secrets file (HF token, API key), and SGLang's --config file for the key.
+    Before the launch check, which parses --config."""
     layout, user = r.layout, r.data["service"]["user"]
-    ops = [files.put(name="NCCL env file", src=StringIO(r.rendered.nccl_env), dest=layout.nccl_env, mode="644")]
     files.file(name="secrets file (0600, root)", path=layout.secrets_env, touch=False, present=True,
                mode="600", user="root", group="root")
-    if r.data["server"].get("api_key"):
-        ops.append(api_key(name="API key (generated on the host, 0600)", secrets_env=layout.secrets_env,
-                           secret_args=layout.secret_args, user=user))
-    ops.append(files.put(name="launch manifest", src=StringIO(r.rendered.manifest), dest=layout.manifest,
-                         mode="644"))
-    ops.append(files.put(name=f"unit {layout.service}.service", src=StringIO(r.rendered.unit),
-                         dest=layout.unit, mode="644"))
-    return ops
+    if not r.data["server"].get("api_key"):
+        return []
+    return [api_key(name="API key (generated on the host, 0600)", secrets_env=layout.secrets_env,
+                    secret_args=layout.secret_args, user=user)]
+
+
+@deploy("Unit and its files")
+def config_files(r: Rollout) -> list[OperationMeta]:
+    layout = r.layout
+    return [
+        files.put(name="NCCL env file", src=StringIO(r.rendered.nccl_env), dest=layout.nccl_env, mode="644"),
+        files.put(name="launch manifest", src=StringIO(r.rendered.manifest), dest=layout.manifest, mode="644"),
+        files.put(name=f"unit {layout.service}.service", src=StringIO(r.rendered.unit), dest=layout.unit, mode="644"),
+    ]
 
 
 @deploy("Restart")
