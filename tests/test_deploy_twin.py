@@ -347,3 +347,28 @@ def test_patched_venv_and_api_key_end_to_end(twin, profiles):
     assert key not in out.stdout + out.stderr
     again = deploy("secured", profiles_dir=profiles)
     assert again.returncode == 0 and changed_ops(again.stdout + again.stderr) == []
+
+
+def test_the_085_profile_forced_past_validation_crashes_at_graph_capture(twin, profiles):
+    """The validator refuses TP4 at 0.85 with decode graphs up to 32; forced onto the twin as a
+    unit anyway, the server OOMs at CUDA-graph capture, as the campaign's did."""
+    from dsv4deploy.profiles import load_profile
+    from dsv4deploy.render import render
+
+    (profiles / "oom085.yaml").write_text("extends: nvfp4-ctx8k\nserver:\n  mem_fraction_static: 0.85\n  port: 30085\n")
+    os.environ["DSV4_PROFILES_DIR"] = str(profiles)
+    try:
+        argv = render(load_profile("oom085"), module="dsv4deploy.twin.server").argv
+    finally:
+        del os.environ["DSV4_PROFILES_DIR"]
+    twin.run("systemctl reset-failed oom085 2>/dev/null", check=False)
+    twin.run("systemd-run --unit oom085 -E PATH=/usr/bin:/bin " + " ".join(argv))
+    for _ in range(100):
+        state = twin.run("systemctl show -p ActiveState --value oom085", check=False).stdout.strip()
+        if state in ("failed", "inactive"):
+            break
+        time.sleep(0.2)
+    journal = twin.run("journalctl -u oom085 --no-pager -o cat", check=False).stdout
+    assert state == "failed"
+    assert "torch.OutOfMemoryError: CUDA out of memory" in journal
+    assert "Capture cuda graph begin" in journal

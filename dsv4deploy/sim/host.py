@@ -930,7 +930,17 @@ def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False) -> li
             booted.append(h)
         try:
             for h in booted:
-                _wait_ssh(h, timeout)
+                try:
+                    _wait_ssh(h, timeout)
+                except SimError as exc:
+                    # A container of the same name that was just stopped can still hold nspawn's
+                    # runtime state for a moment: boot once more before giving up.
+                    if "exited during boot" not in str(exc):
+                        raise
+                    log.warning("%s: nspawn exited during boot; booting once more", h.name)
+                    time.sleep(3)
+                    _boot(h)
+                    _wait_ssh(h, timeout)
                 log.info("%s: ssh root@%s ready", h.name, h.address)
         except BaseException:
             for h in booted:
