@@ -17,7 +17,7 @@ from pyinfra import host
 from pyinfra.api import DeployError, FactBase, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import StateStage
-from pyinfra.operations import files
+from pyinfra.operations import files, server
 
 from ..profiles import REPO_ROOT
 from ..rollout import Rollout
@@ -110,13 +110,11 @@ def weights(r: Rollout) -> list[OperationMeta]:
         hf = f"{r.layout.venv}/bin/hf"
         cmd = (f"set -a; [ -f {r.layout.secrets_env} ] && . {r.layout.secrets_env}; set +a; "
                f"{hf} download {shlex.quote(repo)} --revision {shlex.quote(rev)} --local-dir {shlex.quote(dest)}")
-        from pyinfra.operations import server
         changed.append(server.shell(name=f"hf download {repo}@{rev[:12]} (resumable)", commands=[cmd]))
     checkpoint_marker(name="verify every shard is present with its size", path=dest, expected=expected)
     return changed
 
 
 def _copy_local(path: str, dest: str) -> OperationMeta:
-    from pyinfra.operations import server
     return server.shell(name=f"copy {path} (local source on the host)",
                         commands=[f"cp -a --reflink=auto {shlex.quote(path)}/. {shlex.quote(dest)}/"])
