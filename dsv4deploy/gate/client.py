@@ -66,6 +66,11 @@ def _cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def seconds(value: float) -> str:
+    """5.999 -> '6', 0.5 -> '0.5': a budget as a person wrote it."""
+    return f"{value:.1f}".rstrip("0").rstrip(".")
+
+
 def log(msg: str) -> None:
     sys.stderr.write(f"[gate {time.strftime('%H:%M:%S')}] {msg}\n")
     sys.stderr.flush()
@@ -427,7 +432,7 @@ class Level:
             await asyncio.sleep(TICK_S)
             now = time.perf_counter()
             if now >= self.deadline:
-                self.halt("budget", f"gate budget {self.o.budget_s:g} s exhausted during {self.label} "
+                self.halt("budget", f"gate budget {seconds(self.o.budget_s)} s exhausted during {self.label} "
                                     f"({self.completed + self.failed}/{self.n} requests done)")
                 return
             t = now - self.t0
@@ -500,7 +505,7 @@ class Level:
                 c.close()
             self.warmup_s = time.perf_counter() - tw
             if not ok:
-                self.status, self.reason = "budget", (f"gate budget {self.o.budget_s:g} s exhausted during "
+                self.status, self.reason = "budget", (f"gate budget {seconds(self.o.budget_s)} s exhausted during "
                                                       f"{self.label} warm-up")
                 return
             self.warmup_failed = sum(1 for r in results if not r.ok)
