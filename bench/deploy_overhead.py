@@ -68,7 +68,7 @@ def main() -> int:
         h = hosts[0]
         with on(h):
             for _ in range(args.runs):
-                h.run_shell_command(f"systemctl restart {target.unit}")
+                h.run_shell_command(f"systemctl reset-failed {target.unit}; systemctl restart {target.unit}")
                 start = time.monotonic()
                 confirm(h, target, budget_s=600, poll_s=0.5)
                 detections.append(time.monotonic() - start - simulated)

@@ -32,6 +32,6 @@ tasks.nccl_probe(rollout, when=changed)               # all-reduce with the new 
 tasks.begin_release(rollout, when=changed)            # release NNNN: pending, before the switch
 unit_files = tasks.config_files(rollout)              # NCCL env, launch manifest, unit
 switch = lambda: changed() or any_changed(*unit_files)()  # noqa: E731
-tasks.restart_if_changed(rollout, when=switch)        # daemon-reload + restart only on change
-tasks.verify_and_record(rollout, when=switch)         # health, identity, gate: deployed | failed + rollback
+started = tasks.restart_if_changed(rollout, when=switch)  # daemon-reload + restart only on change
+tasks.verify_and_record(rollout, when=lambda: switch() or started.did_change())  # health, identity, gate
 #   (verify also runs the smoke-benchmark gate; a failure rolls back to the last good release)

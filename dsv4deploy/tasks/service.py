@@ -10,8 +10,9 @@ from io import StringIO
 from pyinfra import host
 from pyinfra.api import FactBase, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files, server, systemd
 
+from ..facts import UnitInfo
 from ..rollout import Rollout
 
 
@@ -68,9 +69,14 @@ def config_files(r: Rollout) -> list[OperationMeta]:
 
 
 @deploy("Restart")
-def restart_if_changed(r: Rollout, when) -> None:
-    """`when` is evaluated at execution time: restart only if this run changed something."""
+def restart_if_changed(r: Rollout, when) -> OperationMeta:
+    """`when` is evaluated at execution time: restart only if this run changed something.
+    Returns the "running" operation: it changes when it had to start a stopped or failed unit."""
     unit = f"{r.layout.service}.service"
+    not_active = lambda: host.get_fact(UnitInfo, service=r.layout.service).get("ActiveState") != "active"  # noqa: E731
     systemd.daemon_reload(name="daemon-reload", _if=when)
+    # The unit's start limit is there to end crash loops; a deploy's own (re)start begins afresh.
+    server.shell(name=f"reset {unit}'s start-limit counter", commands=[f"systemctl reset-failed {unit} || true"],
+                 _if=lambda: when() or not_active())
     systemd.service(name=f"restart {unit} (something changed)", service=unit, restarted=True, _if=when)
-    systemd.service(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
+    return systemd.service(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
