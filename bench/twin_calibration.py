@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dsv4deploy.twin import perf  # noqa: E402
+from dsv4deploy.twin.server import free_port, nvfp4_ctx8k_argv  # noqa: E402
 
 ROWS = [  # (label, context or None, C, campaign n, campaign tok/s, shown as)
     ("default context (~1M)", None, 1, 8, 14.0, "~14"),
@@ -41,19 +41,8 @@ ROWS = [  # (label, context or None, C, campaign n, campaign tok/s, shown as)
 
 
 def reference_argv(port: int, model_dir: str, context: int | None) -> list[str]:
-    argv = ["--model-path", model_dir, "--served-model-name", "deepseek-v4-flash", "--tp-size", "4",
-            "--mem-fraction-static", "0.7", "--cuda-graph-max-bs-decode", "32",
-            "--num-continuous-decode-steps", "4", "--moe-runner-backend", "marlin",
-            "--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
-    if context:
-        argv += ["--context-length", str(context)]
-    return argv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The argv the nvfp4-ctx8k profile renders (context None: SGLang's default ~1M)."""
+    return nvfp4_ctx8k_argv(model_dir, port, context_length=context)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .spec import LevelShape
+
 SCHEMA = "dsv4deploy.gate.result/1"
 
 # Level status: how the level ended (the verdict decides pass/fail from it and the numbers).
@@ -64,7 +66,7 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 
 
 @dataclass
-class LevelResult:
+class LevelResult(LevelShape):
     concurrency: int
     num_prompts: int
     input_len: int = 256
@@ -98,14 +100,6 @@ class LevelResult:
     early_stop: dict[str, Any] | None = None        # {"rule": "bound"|"running"|..., "at_s": ...}
     errors: list[dict[str, Any]] = field(default_factory=list)  # [{"message", "count"}], first few
     extra: dict[str, Any] = field(default_factory=dict)          # runner specifics (exit code, tail)
-
-    @property
-    def label(self) -> str:
-        return f"C={self.concurrency}"
-
-    @property
-    def key(self) -> tuple[int, int, int, int]:
-        return (self.concurrency, self.num_prompts, self.input_len, self.output_len)
 
     def to_dict(self) -> dict:
         return asdict(self)

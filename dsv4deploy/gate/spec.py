@@ -19,15 +19,13 @@ DEFAULT_BUDGET_S = 1800.0
 DEFAULT_LEVELS = ((1, 8), (16, 48), (64, 128))  # (concurrency, num_prompts), the campaign's
 
 
-@dataclass(frozen=True)
-class LevelSpec:
+class LevelShape:
+    """A level's name and identity, shared by its spec and its result."""
+
     concurrency: int
     num_prompts: int
-    input_len: int = DEFAULT_INPUT_LEN
-    output_len: int = DEFAULT_OUTPUT_LEN
-    min_output_throughput: float | None = None   # floor, tok/s
-    max_p99_ttft_ms: float | None = None         # ceiling
-    max_p99_tpot_ms: float | None = None         # ceiling
+    input_len: int
+    output_len: int
 
     @property
     def label(self) -> str:
@@ -37,6 +35,17 @@ class LevelSpec:
     def key(self) -> tuple[int, int, int, int]:
         """What "measured the same way" means for one level."""
         return (self.concurrency, self.num_prompts, self.input_len, self.output_len)
+
+
+@dataclass(frozen=True)
+class LevelSpec(LevelShape):
+    concurrency: int
+    num_prompts: int
+    input_len: int = DEFAULT_INPUT_LEN
+    output_len: int = DEFAULT_OUTPUT_LEN
+    min_output_throughput: float | None = None   # floor, tok/s
+    max_p99_ttft_ms: float | None = None         # ceiling
+    max_p99_tpot_ms: float | None = None         # ceiling
 
     @property
     def total_output_tokens(self) -> int:

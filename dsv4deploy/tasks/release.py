@@ -9,8 +9,6 @@ operation ends or one fails, so a run that changes nothing reports no changed op
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import os
 import shlex
 import socket
@@ -20,6 +18,7 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import BaseStateCallback, DeployError, deploy
 from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
 from .. import releases
@@ -121,9 +120,7 @@ def settle_interrupted(r: Rollout) -> None:
         return
 
     def settle(state, host):  # noqa: pyinfra passes (state, host) by these names
-        live = host.get_fact(JsonFile, path=r.layout.manifest)
-        live_sha = (hashlib.sha256((json.dumps(live, indent=2, sort_keys=True) + "\n").encode()).hexdigest()
-                    if live else None)
+        live_sha = host.get_fact(Sha256File, path=r.layout.manifest)
         healthy = observer(host, r.target)().http == 200
         for doc in releases.settle_interrupted(records(host, r.layout.releases_dir), live_sha, healthy):
             save_record(host, r.layout.releases_dir, doc)
