@@ -38,7 +38,7 @@ def timed_gate(profile: str, context: int | None, early_stop: bool = True) -> tu
         start = time.monotonic()
         outcome = run_gate(spec, local_execute, base_url=f"http://127.0.0.1:{port}", model_path=str(twin.model_dir),
                            venv_python=sys.executable, runner="builtin", upload=local_upload,
-                           remote_client_path=str(twin.tmp / "client.py"), secrets_env="/nonexistent",
+                           client_dir=str(twin.tmp / "gate-client"),
                            early_stop=early_stop)
         return time.monotonic() - start, outcome
 

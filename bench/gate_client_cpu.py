@@ -35,7 +35,7 @@ def run(spec: GateSpec, context: int | None):
         t0 = time.monotonic()
         out = run_gate(spec, local_execute, base_url=t.url, model_path=str(t.model_dir), venv_python="/nonexistent",
                        runner="builtin", upload=local_upload, host_python=sys.executable,
-                       remote_client_path=str(t.tmp / "client.py"), secrets_env=str(t.tmp / "secrets.env"))
+                       client_dir=str(t.tmp / "gate-client"))
         return out, time.monotonic() - t0
 
 

@@ -22,8 +22,8 @@ tasks.settle_interrupted(rollout)                     # settle what a cut-off ru
 tasks.driver(rollout, needed=found["driver_needed"])  # nvidia-open at the profile's branch; no surprise reboot
 tasks.service_user(rollout)                           # service user and directories
 venv = tasks.sglang_venv(rollout)                     # pinned SGLang + patches, in a venv named by both
+keys = tasks.secrets(rollout)                         # 0600 root secrets: HF token; API key made on the host
 model = tasks.weights(rollout)                        # pinned checkpoint, verified complete
-keys = tasks.secrets(rollout)                         # 0600 secrets; API key made on the host, never in argv
 
 redeploy = tasks.needs_release(rollout)               # the deployed release renders differently
 changed = lambda: redeploy or any_changed(*venv, *model, *keys)()  # noqa: E731 (evaluated at execution)

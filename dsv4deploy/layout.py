@@ -11,6 +11,7 @@ OPT = "/opt/dsv4deploy"
 ETC = "/etc/dsv4deploy"
 STATE = "/var/lib/dsv4deploy"
 MODELS = "/srv/dsv4deploy/models"
+GATE_USER = "dsv4deploy-gate"   # the gate's load client runs as this user: no files, no login, no groups
 
 
 def patchset_id(patches: list[dict]) -> str:
@@ -62,14 +63,28 @@ class Layout:
         return f"{self.config_dir}/nccl.env"
 
     @property
-    def secrets_env(self) -> str:
-        """HF token and other secret environment (0600, root): never in argv or the unit."""
-        return f"{ETC}/secrets.env"
+    def secrets_dir(self) -> str:
+        """Root-only (0700) home of the host's secrets: API key, SGLang's key config, HF token."""
+        return f"{ETC}/secrets"
 
     @property
-    def secret_args(self) -> str:
-        """SGLang --config file carrying the API key (0600, owned by the service user)."""
-        return f"{self.config_dir}/secret-args.yaml"
+    def api_key_file(self) -> str:
+        """The service's API key (0600, root), generated on the host; clients read it there."""
+        return f"{self.secrets_dir}/{self.service}-api-key"
+
+    @property
+    def sglang_config_secret(self) -> str:
+        """SGLang's --config YAML holding the key (0600, root), loaded as a systemd credential."""
+        return f"{self.secrets_dir}/{self.service}-sglang-config.yaml"
+
+    @property
+    def hf_token_file(self) -> str:
+        """The Hugging Face token from the control node (0600, root), read by the weights step."""
+        return f"{self.secrets_dir}/hf-token"
+
+    def credential_path(self, name: str) -> str:
+        """Where systemd puts credential `name` for the service ($CREDENTIALS_DIRECTORY)."""
+        return f"/run/credentials/{self.service}.service/{name}"
 
     @property
     def manifest(self) -> str:

@@ -19,6 +19,8 @@ from .profiles import Profile
 from .sglang_versions import facts
 
 SGLANG_MODULE = "sglang.launch_server"
+# The API key reaches SGLang as a systemd credential: a --config file under $CREDENTIALS_DIRECTORY.
+SGLANG_CONFIG_CREDENTIAL = "sglang-config"
 # PATH for the unit: SGLang sizes memory through nvidia-smi, which must be found.
 UNIT_PATH = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -90,7 +92,7 @@ def server_args(profile: Profile) -> list[str]:
             args.append(flag)
     args += ["--host", server["host"], "--port", str(server["port"]), "--log-level", server["log_level"]]
     if server.get("api_key"):
-        args += ["--config", layout.secret_args]
+        args += ["--config", layout.credential_path(SGLANG_CONFIG_CREDENTIAL)]
     return args + list(server.get("extra_args") or [])
 
 
@@ -158,11 +160,12 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
     nccl_env = render_env_file(
         nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides")),
         f"NCCL preset {data['nccl']['preset']} for profile {profile.name}")
+    credentials = [(SGLANG_CONFIG_CREDENTIAL, layout.sglang_config_secret)] if server.get("api_key") else []
     unit = _templates().get_template("sglang.service.j2").render(
         profile=profile.name, content_hash=profile.content_hash,
         sglang_version=data["sglang"]["version"], model_repo=data["model"]["repo"],
         manifest=layout.manifest, user=service["user"], state_dir=layout.state_dir,
-        nccl_env=layout.nccl_env, secrets_env=layout.secrets_env,
+        nccl_env=layout.nccl_env, credentials=credentials, hardening=service.get("hardening", "strict"),
         environment=[systemd_env(k, v) for k, v in env.items()],
         exec_start=systemd_exec(argv),
         timeout_start_s=service["timeout_start_s"], timeout_stop_s=service["timeout_stop_s"],

@@ -69,6 +69,9 @@ def validate(profile: Profile) -> Report:
     if data["driver"]["branch"] < gpu.min_driver_branch:
         add(profile.problem(("driver", "branch"), f"{gpu.name} (compute capability {gpu.compute_cap}) needs "
                             f"driver branch >= {gpu.min_driver_branch}, got {data['driver']['branch']}"))
+    if data["service"].get("hardening") == "off":
+        add(profile.problem(("service", "hardening"), "the unit runs without a sandbox: the server runs model "
+                            "code with full access to the host as its user; use strict or standard", "warning"))
     if not any("min_output_throughput" in lvl for lvl in data["gate"]["levels"]):
         add(profile.problem(("gate", "levels"), "no level has min_output_throughput: the smoke gate "
                             "checks only failed requests", "warning"))

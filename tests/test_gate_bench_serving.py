@@ -90,10 +90,13 @@ def test_command_shape_and_secret_handling():
     lv = LevelSpec(16, 48, 256, 256)
     cmd = bs.build_command(lv, venv_python="/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python",
                            base_url="http://127.0.0.1:30000", model_path="/srv/models/DeepSeek-V4-Flash",
-                           warmup_requests=2, limit_s=300)
-    assert "set -a; [ -r /etc/dsv4deploy/secrets.env ] && . /etc/dsv4deploy/secrets.env; set +a;" in cmd
-    assert 'export OPENAI_API_KEY="$SGLANG_API_KEY"' in cmd and "export HF_HUB_OFFLINE=1" in cmd
-    assert ("timeout -k 10 300 /opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -m sglang.bench_serving --backend sglang "
+                           warmup_requests=2, limit_s=300, api_key_file="/etc/dsv4deploy/secrets/sglang-api-key",
+                           run_as="dsv4deploy-gate")
+    assert cmd.startswith("if [ -s /etc/dsv4deploy/secrets/sglang-api-key ]; then OPENAI_API_KEY=$(cat "
+                          "/etc/dsv4deploy/secrets/sglang-api-key); export OPENAI_API_KEY; fi; export HF_HUB_OFFLINE=1;")
+    assert 'chown dsv4deploy-gate "$d"; ' in cmd
+    assert ("timeout -k 10 300 setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
+            "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -m sglang.bench_serving --backend sglang "
             "--host 127.0.0.1 --port 30000 --model /srv/models/DeepSeek-V4-Flash --tokenizer /srv/models/DeepSeek-V4-Flash "
             "--dataset-name random-ids --random-input-len 256 --random-output-len 256 --random-range-ratio 1.0 "
             "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/bench.jsonl\" --disable-tqdm") in cmd
@@ -132,8 +135,8 @@ def fake_venv(tmp_path, levels, importable=True):
     py.parent.mkdir(parents=True)
     py.write_text(FAKE.format(python=sys.executable, cfg=str(cfg), log=str(log)))
     py.chmod(0o755)
-    secrets = tmp_path / "secrets.env"
-    secrets.write_text("SGLANG_API_KEY=s3cret-key\nHF_TOKEN=hf_x\n")
+    secrets = tmp_path / "api-key"
+    secrets.write_text("s3cret-key\n")
     secrets.chmod(0o600)
     return py, log, secrets
 
@@ -152,7 +155,7 @@ def test_run_gate_auto_picks_bench_serving_and_passes(tmp_path):
         {"concurrency": 16, "num_prompts": 48, "min_output_throughput": 120},
         {"concurrency": 64, "num_prompts": 128, "min_output_throughput": 400}]}})
     out = run_gate(spec, execute, base_url="http://127.0.0.1:30000", model_path="/srv/models/m",
-                   venv_python=str(py), secrets_env=str(secrets))
+                   venv_python=str(py), api_key_file=str(secrets))
     assert out.result.runner == "bench_serving" and out.passed, out.verdict.failures
     assert [lv.concurrency for lv in out.result.levels] == [64, 16, 1]
     assert out.result.level(64).output_throughput == 531.7
@@ -170,7 +173,7 @@ def test_run_gate_bench_serving_failures_fail_fast(tmp_path):
         "16": {"record": record(16, 48, 250.0)}, "1": {"record": record(1, 8, 20.0)}})
     spec = GateSpec.from_profile({"levels": [{"concurrency": c, "num_prompts": n} for c, n in ((1, 8), (16, 48), (64, 128))]})
     out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
-                   runner="bench_serving", secrets_env=str(secrets))
+                   runner="bench_serving", api_key_file=str(secrets))
     assert not out.passed and out.verdict.failures == ["C=64 failed requests 8 > max 0"]
     assert [lv.status for lv in out.result.levels] == [OK, SKIPPED, SKIPPED]
     assert len(log.read_text().splitlines()) == 1
@@ -178,7 +181,7 @@ def test_run_gate_bench_serving_failures_fail_fast(tmp_path):
     (tmp_path / "b").mkdir()
     py2, _, _ = fake_venv(tmp_path / "b", {"64": {"rc": 1, "stderr": "Traceback\nValueError: Warmup failed - boom"}})
     out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py2),
-                   runner="bench_serving", secrets_env=str(secrets))
+                   runner="bench_serving", api_key_file=str(secrets))
     assert out.verdict.failures[0] == "C=64 failed: bench_serving exited 1: ValueError: Warmup failed - boom"
 
 
@@ -188,7 +191,7 @@ def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
     spec = GateSpec(levels=(LevelSpec(4, 8, 16, 4, min_output_throughput=32),))   # 32 tokens / 32 tok/s = 1 s
     t0 = time.monotonic()
     out = run_gate(spec, local_execute, base_url="http://127.0.0.1:1", model_path="/m", venv_python=str(py),
-                   runner="bench_serving", secrets_env=str(secrets))
+                   runner="bench_serving", api_key_file=str(secrets))
     assert time.monotonic() - t0 < 8
     assert out.result.levels[0].status == EARLY_STOP
     assert out.verdict.failures == [

@@ -29,8 +29,8 @@ def twin(context=8192, faults=None, extra=()):
 def gate(t, spec, **kw):
     return run_gate(spec, local_execute, base_url=t.url, model_path=str(t.model_dir),
                     venv_python=str(t.tmp / "no-venv" / "bin" / "python"), upload=local_upload,
-                    host_python=sys.executable, remote_client_path=str(t.tmp / "gate-client.py"),
-                    secrets_env=str(t.tmp / "secrets.env"), **kw)
+                    host_python=sys.executable, client_dir=str(t.tmp / "gate-client"),
+                    api_key_file=str(t.tmp / "api-key"), **kw)
 
 
 def test_throughput_agrees_with_twin_model_and_client_cpu_is_small():
@@ -129,7 +129,7 @@ def test_budget_exhaustion_ends_within_budget():
     assert out.verdict.failures[0].startswith("C=4: gate budget 6")
 
 
-def test_api_key_from_the_secrets_file_not_argv():
+def test_api_key_from_the_key_file_not_argv_nor_environment():
     spec = GateSpec(levels=(LevelSpec(2, 4, 32, 8),), warmup_requests=1, budget_s=60)
     with twin(extra=["--api-key", "k-123456"]) as t:
         seen = []
@@ -138,12 +138,13 @@ def test_api_key_from_the_secrets_file_not_argv():
             seen.append(cmd)
             return local_execute(cmd, timeout_s)
 
-        (t.tmp / "secrets.env").write_text("SGLANG_API_KEY=k-123456\n")
+        (t.tmp / "api-key").write_text("k-123456\n")
         ok = run_gate(spec, execute, base_url=t.url, model_path=str(t.model_dir), venv_python="/nonexistent",
                       runner="builtin", upload=local_upload, host_python=sys.executable,
-                      remote_client_path=str(t.tmp / "c.py"), secrets_env=str(t.tmp / "secrets.env"))
-        (t.tmp / "secrets.env").write_text("SGLANG_API_KEY=wrong\n")
+                      client_dir=str(t.tmp / "c"), api_key_file=str(t.tmp / "api-key"))
+        (t.tmp / "api-key").write_text("wrong\n")
         bad = gate(t, spec, runner="builtin")
     assert ok.passed and ok.result.client["api_key"] is True
     assert all("k-123456" not in c for c in seen)
+    assert "--api-key-fd 3" in seen[-1] and "API_KEY=" not in seen[-1]
     assert not bad.passed and bad.result.levels[0].reason.startswith("warm-up failed: HTTP 401")

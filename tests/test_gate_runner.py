@@ -1,13 +1,17 @@
 """run_gate plumbing without a server: runner choice, the built-in command (no key in it),
 a client that crashes or prints garbage, an SSH call that times out."""
 
+import hashlib
 import json
+import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from dsv4deploy.gate.result import FAILED, GateResult, LevelResult
-from dsv4deploy.gate.runner import (CLIENT_PATH, builtin_command, choose_runner, parse_client_output,
-                                    run_gate)
+from dsv4deploy.gate.runner import (CLIENT_PATH, builtin_command, choose_runner, local_execute,
+                                    parse_client_output, prepare_command, run_gate)
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
 
 SPEC = GateSpec(levels=(LevelSpec(1, 8, min_output_throughput=10), LevelSpec(64, 128, min_output_throughput=400)),
@@ -25,13 +29,57 @@ def test_choose_runner():
     assert r == "builtin" and "ssh timed out" in why
 
 
-def test_builtin_command_sources_the_key_on_the_host():
-    cmd = builtin_command(SPEC, remote_client_path="/tmp/c.py", base_url="http://127.0.0.1:30000", budget_s=590)
-    assert cmd.startswith("set -a; [ -r /etc/dsv4deploy/secrets.env ] && . /etc/dsv4deploy/secrets.env; set +a; "
-                          "python3 /tmp/c.py --base-url http://127.0.0.1:30000 --levels ")
-    assert "--api-key-env SGLANG_API_KEY" in cmd and "--budget-s 590.000" in cmd and "--fail-fast" in cmd
-    levels = json.loads(cmd.split("--levels ")[1].split(" --api-key-env")[0].strip("'"))
+def test_builtin_command_checks_the_client_and_passes_the_key_by_fd():
+    cmd = builtin_command(SPEC, client_path="/opt/dsv4deploy/gate/client.py", base_url="http://127.0.0.1:30000",
+                          api_key_file="/etc/dsv4deploy/secrets/sglang-api-key", run_as="dsv4deploy-gate",
+                          budget_s=590)
+    digest = hashlib.sha256(CLIENT_PATH.read_bytes()).hexdigest()
+    assert cmd.startswith(f"echo '{digest}  /opt/dsv4deploy/gate/client.py' | sha256sum -c --status - || ")
+    assert ("if [ -s /etc/dsv4deploy/secrets/sglang-api-key ]; then exec 3</etc/dsv4deploy/secrets/sglang-api-key; "
+            "set -- --api-key-fd 3; else set --; fi; setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate "
+            "--clear-groups --no-new-privs -- python3 - --base-url http://127.0.0.1:30000 --levels ") in cmd
+    assert cmd.endswith(' "$@" </opt/dsv4deploy/gate/client.py')
+    assert "--budget-s 590.000" in cmd and "--fail-fast" in cmd
+    levels = json.loads(cmd.split("--levels ")[1].split(" --warmup-requests")[0].strip("'"))
     assert [lv["concurrency"] for lv in levels] == [64, 1]           # highest concurrency first
+
+
+def test_a_tampered_client_is_never_run(tmp_path):
+    marker = tmp_path / "ran"
+
+    def plant(src, dst):                     # what a hostile user would put there
+        Path(dst).write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
+        return True
+
+    out = run_gate(SPEC, local_execute, base_url="http://127.0.0.1:9", model_path="/m", venv_python="/v",
+                   runner="builtin", upload=plant, host_python=sys.executable, client_dir=str(tmp_path / "gate"))
+    assert not marker.exists()
+    assert not out.passed and "does not match sha256" in out.result.error
+    assert oct((tmp_path / "gate").stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_failed_upload_fails_the_gate(tmp_path):
+    out = run_gate(SPEC, local_execute, base_url="http://127.0.0.1:9", model_path="/m", venv_python="/v",
+                   runner="builtin", upload=lambda src, dst: False, host_python=sys.executable,
+                   client_dir=str(tmp_path / "gate"))
+    assert not out.passed and "uploading the gate client" in out.result.error
+
+    def broken(src, dst):
+        raise OSError("scp: connection lost")
+
+    out = run_gate(SPEC, local_execute, base_url="http://127.0.0.1:9", model_path="/m", venv_python="/v",
+                   runner="builtin", upload=broken, host_python=sys.executable, client_dir=str(tmp_path / "gate2"))
+    assert not out.passed and "connection lost" in out.result.error
+
+
+def test_client_dir_must_be_root_only_when_privileges_drop(tmp_path):
+    loose = tmp_path / "gate"
+    loose.mkdir()
+    rc, _, err = local_execute(prepare_command(str(loose), as_root=True), 10)
+    owned_by_root = os.geteuid() == 0
+    assert (rc == 0) == owned_by_root, err   # as root the dir is root-owned once chmod 700 has run
+    if not owned_by_root:
+        assert "is not root-owned 0700" in err
 
 
 def test_client_is_stdlib_only():
@@ -62,7 +110,12 @@ def test_run_gate_ssh_timeout_is_a_failure(tmp_path):
         calls.append(timeout_s)
         raise TimeoutError(f"command timed out after {timeout_s} s")
 
-    out = run_gate(SPEC, execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python="/v",
+    def execute_prepared(cmd, timeout_s):
+        if cmd.startswith("mkdir -p"):
+            return 0, "", ""
+        return execute(cmd, timeout_s)
+
+    out = run_gate(SPEC, execute_prepared, base_url="http://127.0.0.1:30000", model_path="/m", venv_python="/v",
                    runner="builtin", upload=lambda a, b: None)
     assert not out.passed
     assert out.verdict.failures[0].startswith("gate runner (builtin) failed: client wrote no JSON result; exit None")

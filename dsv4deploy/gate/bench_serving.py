@@ -2,15 +2,14 @@
 
 One remote shell command per level::
 
-    set -a; [ -r /etc/dsv4deploy/secrets.env ] && . /etc/dsv4deploy/secrets.env; set +a
-    [ -n "$SGLANG_API_KEY" ] && export OPENAI_API_KEY="$SGLANG_API_KEY"; export HF_HUB_OFFLINE=1
-    timeout -k 10 LIMIT <venv>/bin/python -m sglang.bench_serving --backend sglang --host H --port P
+    [ -s KEYFILE ] && OPENAI_API_KEY=$(cat KEYFILE) && export OPENAI_API_KEY; export HF_HUB_OFFLINE=1
+    timeout -k 10 LIMIT setpriv --reuid=GATE_USER ... -- <venv>/bin/python -m sglang.bench_serving --backend sglang --host H --port P
         --model <model path> --tokenizer <model path> --dataset-name random-ids
         --random-input-len N --random-output-len M --random-range-ratio 1.0 --num-prompts N
         --max-concurrency C --warmup-requests W --output-file <fresh file> --disable-tqdm
 
-The API key comes from the host's 0600 secrets file inside the remote shell; it is never in
-the controller's argv nor in the command text.  We read the LAST line of a fresh JSONL file, not
+The API key comes from the host's 0600 key file inside the remote shell; it is never in
+the controller's argv nor in the command text. The client runs as the unprivileged gate user.  We read the LAST line of a fresh JSONL file, not
 the text report (sglang.md 3.4).  bench_serving exits 0 when only some requests failed, so
 failed = num_prompts - completed, judged against max_failed_requests (default 0: any missing
 completion fails the level); a non-zero exit is a failed level with its stderr tail.
@@ -34,8 +33,6 @@ from .spec import GateSpec, LevelSpec
 Execute = Callable[[str, float], "tuple[int, str, str]"]
 
 MARK = "@@DSV4GATE"
-DEFAULT_SECRETS_ENV = "/etc/dsv4deploy/secrets.env"
-DEFAULT_API_KEY_VAR = "SGLANG_API_KEY"
 STARTUP_ALLOWANCE_S = 120.0    # python -m sglang.bench_serving: imports torch, tokenizer, ready check
 SSH_SLACK_S = 30.0             # the outer execute timeout is the level limit plus this
 TIMEOUT_CODES = (124, 137)     # timeout(1): TERM sent / KILL sent
@@ -65,19 +62,28 @@ def floor_limit_s(level: LevelSpec) -> float | None:
     return level.total_output_tokens / level.min_output_throughput + STARTUP_ALLOWANCE_S
 
 
+def drop_privileges(user: str | None) -> list[str]:
+    """argv prefix that runs a command as `user` (no groups, no new privileges); [] for None."""
+    if not user:
+        return []
+    return ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--no-new-privs", "--"]
+
+
 def build_command(level: LevelSpec, *, venv_python: str, base_url: str, model_path: str,
-                  warmup_requests: int, limit_s: float, secrets_env: str = DEFAULT_SECRETS_ENV,
-                  api_key_var: str = DEFAULT_API_KEY_VAR) -> str:
+                  warmup_requests: int, limit_s: float, api_key_file: str | None = None,
+                  run_as: str | None = None) -> str:
     """The remote shell command (POSIX sh) for one level; prints marked sections on stdout."""
     q = shlex.quote
-    argv = bench_argv(level, venv_python=venv_python, base_url=base_url, model_path=model_path,
-                      warmup_requests=warmup_requests, output_file="@OUT@")
+    argv = drop_privileges(run_as) + bench_argv(level, venv_python=venv_python, base_url=base_url,
+                                                model_path=model_path, warmup_requests=warmup_requests,
+                                                output_file="@OUT@")
     cmd = " ".join('"$d/bench.jsonl"' if a == "@OUT@" else q(a) for a in argv)
-    var = api_key_var if api_key_var.isidentifier() else DEFAULT_API_KEY_VAR
-    return (f"set -a; [ -r {q(secrets_env)} ] && . {q(secrets_env)}; set +a; "
-            f'if [ -n "${{{var}:-}}" ]; then export OPENAI_API_KEY="${var}"; fi; '
-            "export HF_HUB_OFFLINE=1; "
+    key = (f"if [ -s {q(api_key_file)} ]; then OPENAI_API_KEY=$(cat {q(api_key_file)}); export OPENAI_API_KEY; fi; "
+           if api_key_file else "")
+    owner = f'chown {q(run_as)} "$d"; ' if run_as else ""
+    return (key + "export HF_HUB_OFFLINE=1; "
             f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/dsv4deploy-gate.XXXXXX") || {{ echo "{MARK} rc=97"; exit 0; }}; '
+            + owner +
             f'timeout -k 10 {max(1, int(limit_s))} {cmd} >"$d/stdout" 2>"$d/stderr" </dev/null; rc=$?; '
             f'echo "{MARK} rc=$rc"; echo "{MARK} jsonl"; tail -n 1 "$d/bench.jsonl" 2>/dev/null; echo; '
             f'echo "{MARK} stderr"; tail -c 4000 "$d/stderr"; echo; '
@@ -224,8 +230,8 @@ def level_passes(level: LevelSpec, res: LevelResult, max_failed: int) -> bool:
 
 
 def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
-        order: str = "desc", fail_fast: bool = True, secrets_env: str = DEFAULT_SECRETS_ENV,
-        api_key_var: str = DEFAULT_API_KEY_VAR, budget_s: float | None = None,
+        order: str = "desc", fail_fast: bool = True, api_key_file: str | None = None,
+        run_as: str | None = None, budget_s: float | None = None,
         log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> GateResult:
     """Run the levels one remote command each; budget_s defaults to spec.budget_s."""
     budget = float(spec.budget_s if budget_s is None else budget_s)
@@ -247,8 +253,8 @@ def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, ven
         fl = floor_limit_s(lv)
         kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
         cmd = build_command(lv, venv_python=venv_python, base_url=base_url, model_path=model_path,
-                            warmup_requests=spec.warmup_requests, limit_s=limit, secrets_env=secrets_env,
-                            api_key_var=api_key_var)
+                            warmup_requests=spec.warmup_requests, limit_s=limit, api_key_file=api_key_file,
+                            run_as=run_as)
         if log:
             log(f"bench_serving {lv.label}: {lv.num_prompts} prompts {lv.input_len}/{lv.output_len}, "
                 f"limit {limit:.0f} s ({kind})")

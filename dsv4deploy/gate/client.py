@@ -26,9 +26,10 @@ Early stop (per level, when it has a floor on output tok/s):
 Usage:
   python3 client.py --base-url http://127.0.0.1:30000 --levels '[{"concurrency": 64,
       "num_prompts": 128, "input_len": 256, "output_len": 256, "min_output_throughput": 400}]'
-      [--api-key-env SGLANG_API_KEY] [--warmup-requests 2] [--max-failed 0] [--budget-s 1800]
+      [--api-key-fd 3] [--warmup-requests 2] [--max-failed 0] [--budget-s 1800]
       [--fail-fast] [--no-early-stop] [--seed 42]
-The API key is read from the environment variable named by --api-key-env, never from argv.
+The API key is read from the file descriptor named by --api-key-fd (opened by the calling shell,
+before it drops privileges), never from argv or the environment.
 Prints ONE JSON document on stdout (the gate result); progress lines go to stderr.
 """
 
@@ -603,8 +604,13 @@ def _level_ok(res: dict, spec: dict, max_failed: int) -> bool:
     return True
 
 
+def _read_key(fd: int) -> str | None:
+    with os.fdopen(fd, "r", encoding="utf-8", closefd=True) as f:
+        return f.read().strip() or None
+
+
 async def run_gate(opts, levels: list) -> dict:
-    api_key = os.environ.get(opts.api_key_env) if opts.api_key_env else None
+    api_key = _read_key(opts.api_key_fd) if opts.api_key_fd is not None else None
     target = Target(opts.base_url, api_key or None)
     t_start = time.perf_counter()
     wall0 = time.time()
@@ -650,7 +656,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", required=True)
     p.add_argument("--levels", required=True, help="JSON list of levels (or @file)")
-    p.add_argument("--api-key-env", default="", help="name of the env var holding the API key")
+    p.add_argument("--api-key-fd", type=int, default=None, help="inherited file descriptor holding the API key")
     p.add_argument("--warmup-requests", type=int, default=2)
     p.add_argument("--max-failed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=1800.0)

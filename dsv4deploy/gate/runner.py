@@ -3,13 +3,16 @@
 The gate runs ON THE HOST (the server listens on 127.0.0.1 there): ``execute(cmd, timeout_s)
 -> (exit_code, stdout, stderr)`` runs one shell command on it (the deploy passes a pyinfra
 wrapper, tests a local subprocess) and ``upload(local_path, remote_path)`` puts the built-in
-client there.  Runner ``auto``: bench_serving when the server's venv can import
+client there: into a root-owned 0700 directory, checked against its sha256 before each run, and
+run as an unprivileged user (the service user runs model code and must not be able to swap it).
+Runner ``auto``: bench_serving when the server's venv can import
 ``sglang.bench_serving`` (one execute), else the built-in client.  Every execute carries a
 timeout a little above what is left of the budget, so nothing hangs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import time
@@ -23,7 +26,8 @@ from .spec import GateSpec
 from .verdict import GateVerdict, judge
 
 CLIENT_PATH = Path(__file__).with_name("client.py")
-DEFAULT_REMOTE_CLIENT = "/tmp/dsv4deploy-gate-client.py"
+DEFAULT_CLIENT_DIR = "/opt/dsv4deploy/gate"      # root-owned 0700: nobody else can plant the client
+CLIENT_MISMATCH_RC = 96
 PROBE_TIMEOUT_S = 180.0        # `import sglang` pulls torch in: tens of seconds on a cold host
 SSH_SLACK_S = 30.0
 
@@ -72,24 +76,45 @@ def client_levels(spec: GateSpec, order: str) -> list[dict]:
     return [lv.to_dict() for lv in spec.run_order(order)]
 
 
-def builtin_command(spec: GateSpec, *, remote_client_path: str, base_url: str, host_python: str = "python3",
-                    secrets_env: str = bs.DEFAULT_SECRETS_ENV, api_key_var: str = bs.DEFAULT_API_KEY_VAR,
+def client_sha256() -> str:
+    return hashlib.sha256(CLIENT_PATH.read_bytes()).hexdigest()
+
+
+def prepare_command(client_dir: str, *, as_root: bool) -> str:
+    """Make the client's directory (0700; root-owned when the gate drops privileges) and print the
+    installed client's sha256, so an unchanged client is not uploaded again."""
+    q = shlex.quote
+    owner = (f'[ "$(stat -c %u:%a {q(client_dir)})" = 0:700 ] || {{ echo "{client_dir} is not root-owned 0700" >&2; '
+             f"exit {CLIENT_MISMATCH_RC}; }}; " if as_root else "")
+    return (f"mkdir -p {q(client_dir)} && chmod 700 {q(client_dir)} && {owner}"
+            f"{{ sha256sum {q(client_dir + '/client.py')} 2>/dev/null || true; }}")
+
+
+def builtin_command(spec: GateSpec, *, client_path: str, base_url: str, host_python: str = "python3",
+                    api_key_file: str | None = None, run_as: str | None = None, sha256: str | None = None,
                     order: str = "desc", fail_fast: bool = True, early_stop: bool = True,
                     budget_s: float | None = None, seed: int = 42) -> str:
-    """The remote shell command: the key is sourced from the 0600 secrets file in the remote
-    shell and read by the client from its environment (--api-key-env names the variable)."""
+    """The remote shell command. The client must match its sha256, is fed to python on stdin (so the
+    unprivileged user never needs to read the 0700 directory), and gets the API key on fd 3,
+    opened by the shell before privileges are dropped: never argv, never environment."""
     q = shlex.quote
+    digest = sha256 or client_sha256()
     budget = float(spec.budget_s if budget_s is None else budget_s)
-    argv = [host_python, remote_client_path, "--base-url", base_url,
-            "--levels", json.dumps(client_levels(spec, order), separators=(",", ":")),
-            "--api-key-env", api_key_var, "--warmup-requests", str(spec.warmup_requests),
-            "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}", "--seed", str(seed)]
+    argv = bs.drop_privileges(run_as) + [
+        host_python, "-", "--base-url", base_url,
+        "--levels", json.dumps(client_levels(spec, order), separators=(",", ":")),
+        "--warmup-requests", str(spec.warmup_requests),
+        "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}", "--seed", str(seed)]
     if fail_fast:
         argv.append("--fail-fast")
     if not early_stop:
         argv.append("--no-early-stop")
-    return (f"set -a; [ -r {q(secrets_env)} ] && . {q(secrets_env)}; set +a; "
-            + " ".join(q(a) for a in argv))
+    check = (f"echo {q(digest + '  ' + client_path)} | sha256sum -c --status - || "
+             f"{{ echo {q(f'gate client {client_path} does not match sha256 {digest[:16]}: not run')} >&2; "
+             f"exit {CLIENT_MISMATCH_RC}; }}; ")
+    key = (f"if [ -s {q(api_key_file)} ]; then exec 3<{q(api_key_file)}; set -- --api-key-fd 3; else set --; fi; "
+           if api_key_file else "set --; ")
+    return check + key + " ".join(q(a) for a in argv) + f' "$@" <{q(client_path)}'
 
 
 def _failed_levels(spec: GateSpec, order: str, reason: str) -> list[LevelResult]:
@@ -129,12 +154,13 @@ def parse_client_output(rc: int | None, stdout: str, stderr: str, spec: GateSpec
 
 def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
              runner: str | None = None, upload: Upload | None = None, host_python: str = "python3",
-             remote_client_path: str = DEFAULT_REMOTE_CLIENT, secrets_env: str = bs.DEFAULT_SECRETS_ENV,
-             api_key_var: str = bs.DEFAULT_API_KEY_VAR, order: str = "desc", fail_fast: bool = True,
-             early_stop: bool = True, log: Callable[[str], None] | None = None) -> GateOutcome:
+             client_dir: str = DEFAULT_CLIENT_DIR, api_key_file: str | None = None, run_as: str | None = None,
+             order: str = "desc", fail_fast: bool = True, early_stop: bool = True,
+             log: Callable[[str], None] | None = None) -> GateOutcome:
     """Run the gate on the host and judge it.
 
     runner: None = spec.runner; "auto" | "builtin" | "bench_serving".
+    run_as: the unprivileged user the client runs as (None: as the connecting user; tests).
     order: "desc" (default, highest concurrency first: fails fast) or "asis" (profile order).
     fail_fast: stop at the first failing level (the rest are reported "not run").
     """
@@ -145,19 +171,20 @@ def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str
     remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
     if chosen == "bench_serving":
         result = bs.run(spec, execute, base_url=base_url, model_path=model_path, venv_python=venv_python,
-                        order=order, fail_fast=fail_fast, secrets_env=secrets_env, api_key_var=api_key_var,
+                        order=order, fail_fast=fail_fast, api_key_file=api_key_file, run_as=run_as,
                         budget_s=remaining, log=log)
     else:
         if upload is None:
             raise ValueError("the built-in runner needs upload(local_path, remote_path)")
-        upload(str(CLIENT_PATH), remote_client_path)
-        remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
-        cmd = builtin_command(spec, remote_client_path=remote_client_path, base_url=base_url,
-                              host_python=host_python, secrets_env=secrets_env, api_key_var=api_key_var,
-                              order=order, fail_fast=fail_fast, early_stop=early_stop, budget_s=remaining)
+        client_path = f"{client_dir}/client.py"
         try:
+            install_client(execute, upload, client_dir, as_root=bool(run_as))
+            remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
+            cmd = builtin_command(spec, client_path=client_path, base_url=base_url, host_python=host_python,
+                                  api_key_file=api_key_file, run_as=run_as, order=order, fail_fast=fail_fast,
+                                  early_stop=early_stop, budget_s=remaining)
             rc, out, err = execute(cmd, remaining + SSH_SLACK_S)
-        except Exception as e:  # noqa: BLE001 - the SSH call timed out or broke: a failed gate
+        except Exception as e:  # noqa: BLE001 - upload failed, the SSH call timed out or broke: a failed gate
             rc, out, err = None, "", f"{type(e).__name__}: {e}"
         result = parse_client_output(rc, out, err, spec, order=order, base_url=base_url, budget_s=remaining)
         if err and log:
@@ -168,6 +195,22 @@ def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str
     verdict = judge(spec, result)
     say(verdict.summary)
     return GateOutcome(spec, result, verdict)
+
+
+class ClientInstallError(RuntimeError):
+    """The gate client could not be put in place on the host: the gate fails (and rolls back)."""
+
+
+def install_client(execute: Execute, upload: Upload, client_dir: str, *, as_root: bool) -> None:
+    """The client in its 0700 directory, uploaded only when its sha256 differs; raises on failure."""
+    digest = client_sha256()
+    rc, out, err = execute(prepare_command(client_dir, as_root=as_root), 60)
+    if rc != 0:
+        raise ClientInstallError(f"cannot prepare {client_dir} (exit {rc}): {err.strip()[-300:]}")
+    if out.split()[:1] == [digest]:
+        return
+    if upload(str(CLIENT_PATH), f"{client_dir}/client.py") is False:
+        raise ClientInstallError(f"uploading the gate client to {client_dir} failed")
 
 
 def local_execute(cmd: str, timeout_s: float) -> tuple[int, str, str]:
@@ -188,8 +231,9 @@ def local_execute(cmd: str, timeout_s: float) -> tuple[int, str, str]:
         return 124, out, err + f"\n(local_execute: killed after {timeout_s:.0f} s)"
 
 
-def local_upload(local_path: str, remote_path: str) -> None:
+def local_upload(local_path: str, remote_path: str) -> bool:
     import shutil
 
     Path(remote_path).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(local_path, remote_path)
+    return True

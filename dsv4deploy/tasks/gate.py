@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
 from ..hostio import read_json, sh
+from ..layout import GATE_USER
 from ..profiles import REPO_ROOT
 from .. import releases
 
@@ -34,7 +35,7 @@ def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile
     spec = GateSpec.from_profile(target.data)
     outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
                        venv_python=target.layout.python, upload=lambda src, dst: h.put_file(src, dst),
-                       secrets_env=target.layout.secrets_env)
+                       api_key_file=target.layout.api_key_file, run_as=GATE_USER)
     number = f"{rec['release']:04d}" if rec else "adhoc"
     local = REPO_ROOT / "reports" / h.name / f"{number}-{profile_name}"
     prev_doc = None

@@ -4,58 +4,108 @@ restart: daemon-reload and restart only when one of them, the venv or the weight
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import shlex
 from io import StringIO
+from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FactBase, StringCommand, deploy, operation
+from pyinfra.api import DeployError, FactBase, FileUploadCommand, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
+from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files, server, systemd
 
 from ..facts import UnitInfo
+from ..layout import ETC
 from ..rollout import Rollout
+
+HF_TOKEN_FILE_VAR, HF_TOKEN_VAR = "DSV4_HF_TOKEN_FILE", "DSV4_HF_TOKEN"
+HF_TOKEN_RE = re.compile(r"[A-Za-z0-9_.-]{8,512}")
+LEGACY_SECRETS_ENV = f"{ETC}/secrets.env"   # before systemd credentials: adopted once, never read by the unit
 
 
 class ApiKeyState(FactBase):
-    """Whether the secrets file holds an API key, and whether SGLang's --config file matches it."""
+    """Whether the API key file exists, and whether SGLang's --config credential holds it.
+    Prints only yes/no: the key itself never leaves the host."""
 
-    def command(self, secrets_env: str, secret_args: str):
-        s, a = shlex.quote(secrets_env), shlex.quote(secret_args)
-        return (f"k=$(sed -n 's/^SGLANG_API_KEY=//p' {s} 2>/dev/null | tail -n1); "
+    def command(self, key_file: str, config_file: str):
+        k, c = shlex.quote(key_file), shlex.quote(config_file)
+        return (f"k=$(cat {k} 2>/dev/null); "
                 f"[ -n \"$k\" ] && echo key=yes || echo key=no; "
-                f"[ -n \"$k\" ] && [ \"$(cat {a} 2>/dev/null)\" = \"api-key: \\\"$k\\\"\" ] && echo args=yes || echo args=no")
+                f"[ -n \"$k\" ] && [ \"$(cat {c} 2>/dev/null)\" = \"api-key: \\\"$k\\\"\" ] "
+                f"&& echo config=yes || echo config=no")
 
     def process(self, output):
         found = dict(line.split("=", 1) for line in output if "=" in line)
-        return {"key": found.get("key") == "yes", "args": found.get("args") == "yes"}
+        return {"key": found.get("key") == "yes", "config": found.get("config") == "yes"}
 
 
 @operation()
-def api_key(secrets_env: str, secret_args: str, user: str):
-    """Generate the API key on the host once (it never leaves it, never in argv or logs) and give
-    SGLang a 0600 --config file holding it."""
-    state = host.get_fact(ApiKeyState, secrets_env=secrets_env, secret_args=secret_args)
-    if state["key"] and state["args"]:
+def api_key(key_file: str, config_file: str, legacy_env: str = LEGACY_SECRETS_ENV):
+    """Generate the API key on the host once (it never leaves it: not in argv, the unit, the
+    environment or any log) and write SGLang's --config YAML for it, both 0600 root; the unit
+    hands the YAML to the server as a systemd credential. A key from an older layout is kept."""
+    state = host.get_fact(ApiKeyState, key_file=key_file, config_file=config_file)
+    if state["key"] and state["config"]:
         host.noop("API key present")
         return
-    s, a = shlex.quote(secrets_env), shlex.quote(secret_args)
+    k, c, old = shlex.quote(key_file), shlex.quote(config_file), shlex.quote(legacy_env)
     if not state["key"]:
-        yield StringCommand(f"umask 077; printf 'SGLANG_API_KEY=%s\\n' \"$(od -An -N24 -tx1 /dev/urandom | tr -d ' \\n')\" >> {s}")
-    yield StringCommand(f"umask 077; k=$(sed -n 's/^SGLANG_API_KEY=//p' {s} | tail -n1); "
-                        f"printf 'api-key: \"%s\"\\n' \"$k\" > {a}.tmp && chown {user}:{user} {a}.tmp && mv {a}.tmp {a}")
+        yield StringCommand(
+            f"umask 077; k=$(sed -n 's/^SGLANG_API_KEY=//p' {old} 2>/dev/null | tail -n1); "
+            f"[ -n \"$k\" ] || k=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \\n'); "
+            f"printf '%s\\n' \"$k\" > {k}.tmp && mv {k}.tmp {k}")
+    yield StringCommand(f"umask 077; printf 'api-key: \"%s\"\\n' \"$(cat {k})\" > {c}.tmp && mv {c}.tmp {c}")
+
+
+@operation()
+def secret_file(path: str, content: str):
+    """A 0600 root file with `content`, uploaded only when its sha256 differs. Unlike files.put
+    it never shows a diff (make plan runs --diff), so the secret stays off the control node's output."""
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    if host.get_fact(Sha256File, path=path) == digest:
+        host.noop(f"{path} up to date")
+        return
+    yield StringCommand(f"umask 077; : > {shlex.quote(path)}.tmp")
+    yield FileUploadCommand(StringIO(content), f"{path}.tmp")
+    yield StringCommand(f"chown root:root {shlex.quote(path)}.tmp && chmod 600 {shlex.quote(path)}.tmp "
+                        f"&& mv {shlex.quote(path)}.tmp {shlex.quote(path)}")
+
+
+def hf_token_from_control_node(env=os.environ) -> str | None:
+    """The operator's HF token: DSV4_HF_TOKEN_FILE (a file) or DSV4_HF_TOKEN. Never a profile key."""
+    path = env.get(HF_TOKEN_FILE_VAR)
+    if path:
+        try:
+            token = Path(path).expanduser().read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DeployError(f"{HF_TOKEN_FILE_VAR}={path}: cannot read the HF token ({exc})") from None
+    else:
+        token = env.get(HF_TOKEN_VAR, "").strip()
+    if not token:
+        return None
+    if not HF_TOKEN_RE.fullmatch(token):
+        raise DeployError(f"the HF token from {HF_TOKEN_FILE_VAR if path else HF_TOKEN_VAR} is not one line of "
+                          "token characters (letters, digits, '_', '-', '.')")
+    return token
 
 
 @deploy("Secrets")
 def secrets(r: Rollout) -> list[OperationMeta]:
-    """The 0600 secrets file (HF token, API key), and SGLang's --config file for the key.
-    Before the launch check, which parses --config."""
-    layout, user = r.layout, r.data["service"]["user"]
-    files.file(name="secrets file (0600, root)", path=layout.secrets_env, touch=False, present=True,
-               mode="600", user="root", group="root")
+    """The root-only secrets directory: the HF token from the control node (before the weights
+    step) and the service's API key with SGLang's --config credential. Before the launch check."""
+    layout = r.layout
+    files.directory(name="secrets dir (0700, root)", path=layout.secrets_dir, user="root", group="root",
+                    mode="700")
+    token = hf_token_from_control_node()
+    if token:
+        secret_file(name="HF token from the control node (0600, root)", path=layout.hf_token_file, content=token)
     if not r.data["server"].get("api_key"):
         return []
-    return [api_key(name="API key (generated on the host, 0600)", secrets_env=layout.secrets_env,
-                    secret_args=layout.secret_args, user=user)]
+    return [api_key(name="API key (generated on the host, 0600) and its SGLang credential",
+                    key_file=layout.api_key_file, config_file=layout.sglang_config_secret)]
 
 
 @deploy("Unit and its files")

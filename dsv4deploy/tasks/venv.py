@@ -18,6 +18,7 @@ from pyinfra.operations import files, pip, server
 
 from ..facts import HostBasics
 from ..profiles import REPO_ROOT
+from ..render import SGLANG_CONFIG_CREDENTIAL
 from ..rollout import Rollout
 
 SGLANG_PARSE = ("import argparse, sys; from sglang.srt.server_args import ServerArgs; "
@@ -112,8 +113,11 @@ def sglang_venv(r: Rollout) -> list[OperationMeta]:
 
 @deploy("Launch check")
 def launch_check(r: Rollout, when) -> None:
-    """The host's own server module parses the rendered argv before anything restarts."""
-    args = " ".join(shlex.quote(a) for a in r.rendered.argv[3:])
+    """The host's own server module parses the rendered argv before anything restarts. The API
+    key's credential exists only while the unit runs: the check reads its source file (as root)."""
+    credential = r.layout.credential_path(SGLANG_CONFIG_CREDENTIAL)
+    argv = [r.layout.sglang_config_secret if a == credential else a for a in r.rendered.argv[3:]]
+    args = " ".join(shlex.quote(a) for a in argv)
     check = r.stand_ins.get("launch_check_module")
     cmd = (f"{r.layout.python} -m {check} {args}" if check
            else f"{r.layout.python} -c {shlex.quote(SGLANG_PARSE)} {args}")

@@ -33,9 +33,9 @@ def journal_tail(h, t: Target, lines: int = 30) -> str:
 
 
 def _authorized_curl(t: Target, path: str, data: str | None = None) -> str:
-    """curl with the API key read from the 0600 secrets file on the host (never in argv)."""
+    """curl with the API key read from the host's 0600 key file (never in argv or environment)."""
     body = f" -H 'Content-Type: application/json' --data {shlex.quote(data)}" if data else ""
-    return (f"sed -n 's/^SGLANG_API_KEY=/Authorization: Bearer /p' {t.layout.secrets_env} 2>/dev/null "
+    return (f"sed -n 's/^./Authorization: Bearer &/p' {shlex.quote(t.layout.api_key_file)} 2>/dev/null "
             f"| curl -s --max-time 60 -H @-{body} {t.base_url}{path}")
 
 

@@ -3,7 +3,7 @@
 Complete means every shard named in `model.safetensors.index.json` is present with the
 expected size (from the source's listing). A marker with those sizes is written after the
 check; a later run re-checks sizes against the marker and downloads nothing.
-Sources: `hf` (hf download with the token from the 0600 secrets file, resumable), `local` (a
+Sources: `hf` (hf download with the token from the host's 0600 token file, resumable), `local` (a
 folder already on the host), `rsync` (a folder on the control node, pushed over SSH).
 """
 
@@ -108,7 +108,9 @@ def weights(r: Rollout) -> list[OperationMeta]:
         changed.append(_copy_local(src["path"], dest))
     else:
         hf = f"{r.layout.venv}/bin/hf"
-        cmd = (f"set -a; [ -f {r.layout.secrets_env} ] && . {r.layout.secrets_env}; set +a; "
+        # huggingface_hub reads the token from the file HF_TOKEN_PATH names: never in argv or environment.
+        token = shlex.quote(r.layout.hf_token_file)
+        cmd = (f"if [ -s {token} ]; then export HF_TOKEN_PATH={token}; fi; "
                f"{hf} download {shlex.quote(repo)} --revision {shlex.quote(rev)} --local-dir {shlex.quote(dest)}")
         changed.append(server.shell(name=f"hf download {repo}@{rev[:12]} (resumable)", commands=[cmd]))
     checkpoint_marker(name="verify every shard is present with its size", path=dest, expected=expected)
