@@ -23,6 +23,7 @@ class VersionFacts:
     has_ready_endpoint: bool
     nvfp4_dsv4_moe: bool
     moe_runner_backends: tuple[str, ...]
+    secrets_mask_patch: str | None = None   # sha256 of the patch that masks api_key in logs
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
@@ -52,4 +53,5 @@ def facts(version: str) -> VersionFacts | None:
         has_ready_endpoint=bool(entry["has_ready_endpoint"]),
         nvfp4_dsv4_moe=bool(entry["nvfp4_dsv4_moe"]),
         moe_runner_backends=tuple(entry.get("moe_runner_backends") or ()),
+        secrets_mask_patch=entry.get("secrets_mask_patch"),
     )

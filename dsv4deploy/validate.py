@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from . import catalog
 from .errors import Problem
 from .memory import Budget, budget
+from .patches import MASK_SECRETS_PATCH, profile_entry
 from .profiles import Profile
 from .render import MANAGED_FLAGS, flag_owner
 from .sglang_versions import facts, known_versions
@@ -69,6 +70,8 @@ def validate(profile: Profile) -> Report:
     if data["driver"]["branch"] < gpu.min_driver_branch:
         add(profile.problem(("driver", "branch"), f"{gpu.name} (compute capability {gpu.compute_cap}) needs "
                             f"driver branch >= {gpu.min_driver_branch}, got {data['driver']['branch']}"))
+    if version is not None and server.get("api_key"):
+        _api_key_masked(profile, version, add)
     if data["service"].get("hardening") == "off":
         add(profile.problem(("service", "hardening"), "the unit runs without a sandbox: the server runs model "
                             "code with full access to the host as its user; use strict or standard", "warning"))
@@ -125,6 +128,21 @@ def _kernels(profile, server, gpu, version, add) -> None:
         add(profile.problem(("sglang", "patches"),
                             f"SGLang {version.version} predates PR #25820 (NVFP4 MoE for DeepSeek-V4): "
                             "add the patch or pin a newer version"))
+
+
+def _api_key_masked(profile, version, add) -> None:
+    """SGLang logs `server_args=ServerArgs(... api_key=...)` at startup and shows the key in
+    /server_info: an API key is only safe with the shipped mask patch for that release."""
+    mask = version.secrets_mask_patch
+    if mask is None:
+        add(profile.problem(("server", "api_key"), f"SGLang {version.version} writes the API key into the journal "
+                            "(server_args log line) and /server_info, and dsv4deploy ships no mask patch for it: "
+                            f"use SGLang {MASK_SECRETS_PATCH['sglang_version']} with its mask patch"))
+    elif not any(p.get("sha256") == mask for p in profile.data["sglang"].get("patches") or []):
+        entry = profile_entry()
+        add(profile.problem(("sglang", "patches"), f"server.api_key needs the mask patch, or SGLang {version.version} "
+                            "writes the key into the journal and /server_info; add to sglang.patches: "
+                            f"{{name: {entry['name']}, file: {entry['file']}, sha256: {entry['sha256']}}}"))
 
 
 def _nccl(profile, data, add) -> None:

@@ -16,6 +16,8 @@ import pytest
 
 from sim_fixtures import sim_twin  # noqa: F401
 
+from dsv4deploy.patches import MASK_SECRETS_PATCH as MASK
+
 REPO = Path(__file__).resolve().parent.parent
 PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
 pytestmark = pytest.mark.slow
@@ -35,6 +37,7 @@ QUICK_GATE = """gate:
 # Test profiles: the shipped ones plus variants with a shorter gate (same floors' methodology,
 # fewer prompts); each fault variant has its own context length, which the twin's fault file
 # matches (match_argv), so the fault hits that release and not the one a rollback restores.
+FIRST_DEPLOY: dict = {}
 VARIANTS = {
     "quick16k": 16384, "crash20k": 20480, "never12k": 12288, "errors24k": 24576, "midgate28k": 28672,
 }
@@ -125,8 +128,48 @@ def test_make_deploy_serves_the_profile_passes_the_gate_and_records_it(twin):
     for name in ("profile.json", "status.json", "files", "gate.json", "gate.md", "gate.png"):
         assert name in listing
     assert (REPO / "reports/127.0.0.2/0001-nvfp4-ctx8k/gate.md").is_file()
-    assert twin.run("stat -c %a /etc/dsv4deploy/secrets.env").stdout.strip() == "600"
+    assert twin.run("stat -c '%a %U' /etc/dsv4deploy/secrets /etc/dsv4deploy/secrets/sglang-api-key").stdout.split(
+        "\n")[:2] == ["700 root", "600 root"]
+    FIRST_DEPLOY["output"] = out.stdout + out.stderr
     assert twin.run("test -e /var/lib/dsv4deploy/deploy.lock", check=False).returncode != 0, "lock given back"
+
+
+def test_the_api_key_is_only_in_its_0600_files_and_the_server_is_sandboxed(twin):
+    """The shipped profile serves with an API key: generated on the host, handed to SGLang as a
+    systemd credential, masked by the shipped SGLang patch; nowhere else."""
+    key = twin.run("cat /etc/dsv4deploy/secrets/sglang-api-key").stdout.strip()
+    assert len(key) >= 32
+    pid = main_pid(twin)
+    journal = twin.run("journalctl --no-pager -o cat").stdout
+    places = {
+        "unit": twin.run("cat /etc/systemd/system/sglang.service").stdout,
+        "systemd's view": twin.run("systemctl show sglang.service").stdout,
+        "manifest": twin.run("cat /etc/dsv4deploy/sglang/manifest.json").stdout,
+        "release records and reports on the host": twin.run("cat /var/lib/dsv4deploy/releases/*/*.json "
+                                                            "/var/lib/dsv4deploy/releases/*/gate/*").stdout,
+        "the journal": journal,
+        "the server's environment": twin.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout,
+        "the server's argv": twin.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout,
+        "reports here": "".join(p.read_text(errors="replace") for p in (REPO / "reports").rglob("*") if p.is_file()),
+        "the control node's output": FIRST_DEPLOY["output"],
+    }
+    for where, text in places.items():
+        assert text and key not in text, where
+    # the places above are the right ones: the masked line and the credential are really there
+    assert "server_args=ServerArgs(" in journal and "api_key='<redacted>'" in journal
+    assert "LoadCredential=sglang-config:/etc/dsv4deploy/secrets/sglang-sglang-config.yaml" in places["unit"]
+    assert "--config /run/credentials/sglang.service/sglang-config" in places["the server's argv"]
+    assert twin.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/server_info").stdout == "401"
+    info = json.loads(twin.run(f"curl -s -H 'Authorization: Bearer {key}' http://127.0.0.1:30000/server_info").stdout)
+    assert info["api_key"] == "<redacted>" and key not in json.dumps(info)
+    # the sandbox, as systemd on the host rates it, and the gate client's own user
+    rating = twin.run("systemd-analyze security sglang.service | tail -n 1").stdout
+    assert float(rating.split(":")[1].split()[0]) <= 2.0, rating
+    assert twin.run("systemd-analyze verify /etc/systemd/system/sglang.service 2>&1").stdout.strip() == ""
+    gate = json.loads(twin.run("cat /var/lib/dsv4deploy/releases/0001/gate/gate.json").stdout)
+    gate_uid = int(twin.run("id -u dsv4deploy-gate").stdout)
+    assert gate["result"]["client"]["uid"] == gate_uid != 0
+    assert twin.run("stat -c '%a %U' /opt/dsv4deploy/gate").stdout.strip() == "700 root"
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(twin):
@@ -329,18 +372,19 @@ def test_patched_venv_and_api_key_end_to_end(twin, profiles):
     """A patch set gets its own venv, applied once; an API key lives only in 0600 files."""
     (profiles / "secured.yaml").write_text(
         "extends: quick16k\nserver:\n  api_key: true\nsglang:\n  patches:\n"
-        f"    - {{name: twin-marker, file: tests/fixtures/patches/twin-marker.patch, sha256: {PATCH_SHA}}}\n")
+        f"    - {{name: twin-marker, file: tests/fixtures/patches/twin-marker.patch, sha256: {PATCH_SHA}}}\n"
+        f"    - {{name: {MASK['name']}, file: {MASK['file']}, sha256: {MASK['sha256']}}}\n")
     out = deploy("secured", profiles_dir=profiles)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     venv = json.loads(twin.run("cat /etc/dsv4deploy/sglang/manifest.json").stdout)["venv"]
     assert venv != "/opt/dsv4deploy/venvs/sglang-0.5.23-nopatch" and venv.startswith("/opt/dsv4deploy/venvs/sglang-0.5.23-")
     assert twin.run(f"{venv}/bin/python -c 'import dsv4deploy_patch_marker as m; print(m.APPLIED)'").stdout.strip() == "True"
     assert twin.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/server_info").stdout == "401"
-    key = twin.run("sed -n 's/^SGLANG_API_KEY=//p' /etc/dsv4deploy/secrets.env").stdout.strip()
+    key = twin.run("cat /etc/dsv4deploy/secrets/sglang-api-key").stdout.strip()
     assert len(key) >= 32
     assert twin.run(f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {key}' "
                     "http://127.0.0.1:30000/server_info").stdout == "200"
-    assert twin.run("stat -c '%a %U' /etc/dsv4deploy/sglang/secret-args.yaml").stdout.strip() == "600 sglang"
+    assert twin.run("stat -c '%a %U' /etc/dsv4deploy/secrets/sglang-sglang-config.yaml").stdout.strip() == "600 root"
     for where in ("cat /etc/systemd/system/sglang.service", "systemctl show -p ExecStart sglang.service",
                   "cat /etc/dsv4deploy/sglang/manifest.json", "cat /var/lib/dsv4deploy/releases/*/status.json"):
         assert key not in twin.run(where).stdout, where

@@ -120,7 +120,8 @@ def test_the_twin_swaps_only_the_module():
 
 
 def test_venv_path_names_version_and_patch_set(profile_dir):
-    plain = Layout.of(load_profile("nvfp4-ctx8k").data).venv
+    profile_dir.write("plain", "extends: nvfp4-ctx8k\nserver: {api_key: false}\nsglang: {patches: []}\n")
+    plain = Layout.of(load_profile("plain").data).venv
     profile_dir.write("patched", "extends: nvfp4-ctx8k\nsglang:\n  patches:\n    - {name: p, file: p.diff, sha256: " + "b" * 64 + "}\n")
     patched = Layout.of(load_profile("patched").data).venv
     assert plain.endswith("sglang-0.5.23-nopatch")

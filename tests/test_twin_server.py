@@ -7,6 +7,7 @@ import time
 import pytest
 import requests
 
+from dsv4deploy.patches import MASK_SECRETS_MARKERS
 from dsv4deploy.twin.args import has_ready_endpoint
 from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
 
@@ -14,9 +15,20 @@ KEY = "sk-twin-test"
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}
 
 
+def patched_sglang_tree(root) -> dict:
+    """An SGLang tree carrying the mask patch's marker lines (the real patch is tested on the real
+    wheel in test_sglang_mask_patch.py): the environment that puts it on the twin's path."""
+    for rel, line in MASK_SECRETS_MARKERS.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(line + "\n")
+    (root / "sglang" / "__init__.py").write_text("")
+    return {"PYTHONPATH": str(root)}
+
+
 @pytest.fixture(scope="module")
-def twin():
-    t = LocalTwin(argv=[], faults=FAST)
+def twin(tmp_path_factory):
+    t = LocalTwin(argv=[], faults=FAST, env=patched_sglang_tree(tmp_path_factory.mktemp("site")))
     cfg = t.tmp / "sglang.yaml"
     cfg.write_text(f"api-key: {KEY}\n")  # the API key travels in --config, not in argv
     t.argv = nvfp4_ctx8k_argv(str(t.model_dir), t.port) + ["--config", str(cfg)]
@@ -103,8 +115,9 @@ def test_info_endpoints(twin):
     assert si["moe_runner_backend"] == "marlin" and si["max_running_requests"] == 256
     assert si["version"] == "0.5.23" and si["max_total_num_tokens"] == 1975040
     assert si["pid"] == twin.proc.pid and si["served_model_name"] == "deepseek-v4-flash"
-    assert "--tp-size 4" in si["launch_command"] and "--config" in si["launch_command"]
+    assert "--tp-size 4" in si["launch_command"] and "--api-key <redacted>" in si["launch_command"]
     assert si["api_key"] == "<redacted>" and KEY not in json.dumps(si)
+    assert "api_key='<redacted>'" in twin.output() and KEY not in twin.output()
     assert get(twin, "/get_server_info").json()["pid"] == twin.proc.pid
     models = get(twin, "/v1/models").json()
     assert models["object"] == "list"
@@ -239,4 +252,19 @@ def test_server_info_without_config_json(tmp_path):
         t.wait_ready()
         si = requests.get(t.url + "/server_info", timeout=10).json()
         assert si["context_length"] == 1048576 and si["model_path"] == str(empty)
-        assert si["launch_command"].split()[1:3] == ["-m", "dsv4deploy.twin.server"]
+        assert si["launch_command"].split()[:2] == ["--model-path", str(empty)]   # SGLang's: args only
+
+
+def test_without_the_mask_patch_the_key_shows_as_sglang_0523_shows_it(tmp_path):
+    """Upstream 0.5.23 logs the key and returns it in /server_info: so does the twin when the
+    SGLang tree next to it lacks the patch (the validator refuses an API key without it)."""
+    t = LocalTwin(argv=[], faults=FAST)
+    cfg = t.tmp / "sglang.yaml"
+    cfg.write_text(f"api-key: {KEY}\n")
+    t.argv = nvfp4_ctx8k_argv(str(t.model_dir), t.port) + ["--config", str(cfg)]
+    with t:
+        t.wait_ready()
+        si = get(t, "/server_info").json()
+        out = t.output()
+    assert si["api_key"] == KEY and f"--api-key {KEY}" in si["launch_command"]
+    assert f"api_key='{KEY}'" in out

@@ -93,3 +93,13 @@ def test_nop2p_requires_disabling_custom_all_reduce(profile_dir):
 
 def test_old_driver_branch(profile_dir):
     assert "needs driver branch >= 570" in errors(report_for(profile_dir, "driver:\n  branch: 535\n"))
+
+
+def test_an_api_key_needs_the_mask_patch(profile_dir):
+    """SGLang logs the key at startup: without the shipped mask patch, an API key is refused."""
+    msg = errors(report_for(profile_dir, "sglang:\n  patches: []\n"))
+    assert "case.yaml:3: sglang.patches: server.api_key needs the mask patch" in msg
+    assert "sha256: 0aedb3019048320fad4e53a8d787be443a8fefe6565aa502a774c8b8ecc53cc9" in msg
+    assert report_for(profile_dir, "sglang:\n  patches: []\nserver:\n  api_key: false\n").ok
+    older = errors(report_for(profile_dir, "sglang:\n  version: '0.5.22'\n"))
+    assert "server.api_key: SGLang 0.5.22 writes the API key into the journal" in older

@@ -643,7 +643,7 @@ async def run_gate(opts, levels: list) -> dict:
         "schema": SCHEMA, "runner": "builtin", "base_url": opts.base_url, "levels": out,
         "started_at": wall0, "wall_s": time.perf_counter() - t_start, "budget_s": opts.budget_s,
         "budget_exhausted": budget_hit, "error": None,
-        "client": {"python": sys.version.split()[0], "pid": os.getpid(), "cpu_s": _cpu() - cpu0,
+        "client": {"python": sys.version.split()[0], "pid": os.getpid(), "uid": os.getuid(), "cpu_s": _cpu() - cpu0,
                    "cpu_user_s": ru.ru_utime, "cpu_sys_s": ru.ru_stime, "max_rss_kib": ru.ru_maxrss,
                    "api_key": bool(api_key), "seed": opts.seed, "fail_fast": opts.fail_fast,
                    "warmup_output_len": WARMUP_OUTPUT_LEN,

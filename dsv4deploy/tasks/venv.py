@@ -68,8 +68,9 @@ def sglang_venv(r: Rollout) -> list[OperationMeta]:
         pkg = Path(package_files("dsv4deploy"))
         dest = f"{venv}/stand-in/dsv4deploy"
         files.directory(name="stand-in: package dir", path=dest)
-        changed.append(files.put(name="stand-in: dsv4deploy/__init__.py", src=str(pkg / "__init__.py"),
-                                 dest=f"{dest}/__init__.py", mode="644"))
+        for module in ("__init__.py", "patches.py"):
+            changed.append(files.put(name=f"stand-in: dsv4deploy/{module}", src=str(pkg / module),
+                                     dest=f"{dest}/{module}", mode="644"))
         for part in ("twin", "data"):
             changed.append(files.sync(name=f"stand-in: dsv4deploy/{part} (the twin server)", src=str(pkg / part),
                                       dest=f"{dest}/{part}", delete=True, exclude=["*.pyc"],
@@ -78,6 +79,11 @@ def sglang_venv(r: Rollout) -> list[OperationMeta]:
                                  dest=f"{site}/dsv4deploy-stand-in.pth", mode="644"))
         changed.append(pip.packages(name="stand-in: its requirements", packages=list(stand_in["requirements"]),
                                     pip=f"{venv}/bin/pip"))
+        # The real SGLang wheel without its dependencies: its files are what the profile's patches
+        # apply to (the twin server shows secrets masked only when the mask patch is really in).
+        changed.append(pip.packages(name=f"sglang=={data['sglang']['version']} (files only, --no-deps)",
+                                    packages=[f"sglang=={data['sglang']['version']}"], pip=f"{venv}/bin/pip",
+                                    extra_install_args="--no-deps"))
     else:
         extras = data["sglang"].get("extras") or []
         spec = f"sglang[{','.join(extras)}]=={data['sglang']['version']}" if extras else \

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hmac
+import importlib.util
 import json
 import os
 import shlex
@@ -31,6 +33,7 @@ if __name__ == "__main__":  # a SIGTERM while still importing: clean exit, as la
 
 from aiohttp import web  # noqa: E402
 
+from ..patches import MASK, mask_secrets_applied  # noqa: E402
 from . import args as targs  # noqa: E402
 from .faults import FaultFileError, Faults, load_faults
 from .memory import KVCacheError, MemoryInputs, MemoryPlan, plan_memory
@@ -47,6 +50,20 @@ LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
 
 # ------------------------------------------------------------------------------------ logging
+SECRET_FIELDS = ("api_key", "admin_api_key", "ssl_keyfile_password")
+
+
+@functools.cache
+def secrets_masked() -> bool:
+    """Whether the SGLang installed next to the twin (the venv's real wheel, which the deploy
+    patches) carries the mask-secrets patch: the twin then masks as the patched SGLang does."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    site = Path(list(spec.submodule_search_locations)[0]).parent
+    return mask_secrets_applied(site) is True
+
+
 class Log:
     """SGLang-like log lines on stderr (the journal under systemd)."""
 
@@ -202,11 +219,14 @@ class Resolved:
         )
 
     def server_args_dict(self) -> dict[str, Any]:
+        """The resolved args as SGLang 0.5.23 shows them (log line, /server_info): secrets in
+        clear, as upstream does, unless the installed SGLang tree carries the mask patch."""
         d = self.args.as_dict()
         d.pop("config", None)
-        for k in ("api_key", "admin_api_key"):
-            if d.get(k):
-                d[k] = "<redacted>"
+        if secrets_masked():
+            for k in SECRET_FIELDS:
+                if d.get(k):
+                    d[k] = MASK
         d.update({
             "model_path": self.model_path,
             "tokenizer_path": d.get("tokenizer_path") or self.model_path,
@@ -630,13 +650,18 @@ class TwinServer:
         return web.json_response(self._model_info())
 
     def _launch_command(self) -> str:
-        argv = list(self.res.args.argv)
+        """As SGLang 0.5.23 builds it: the args after --config merging, without the program
+        (so a key from the config file shows, unless the mask patch is in)."""
+        argv = list(self.res.args.merged_argv)
         if self.stale:
             argv = [self.res.model_path if (i > 0 and argv[i - 1] in ("--model-path", "--model")) else a
                     for i, a in enumerate(argv)]
-        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        module = spec.name if spec is not None else "dsv4deploy.twin.server"
-        return shlex.join([sys.executable, "-m", module, *argv])  # the command line that started it
+        if secrets_masked():
+            flags = {f"--{k.replace('_', '-')}" for k in SECRET_FIELDS}
+            argv = [MASK if i > 0 and argv[i - 1] in flags else
+                    (a.split("=", 1)[0] + "=" + MASK if a.split("=", 1)[0] in flags and "=" in a else a)
+                    for i, a in enumerate(argv)]
+        return " ".join(argv)
 
     async def server_info(self, request: web.Request) -> web.Response:
         res = self.res
