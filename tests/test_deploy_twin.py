@@ -73,7 +73,8 @@ def with_faults(twin, faults: dict, profile: str, profiles_dir):
 
 
 def served_context(twin):
-    info = json.loads(twin.run("curl -s http://127.0.0.1:30000/server_info").stdout)
+    info = json.loads(twin.run("sed 's/^/Authorization: Bearer /' /etc/dsv4deploy/secrets/sglang-api-key | "
+                               "curl -s -H @- http://127.0.0.1:30000/server_info").stdout)
     return info["context_length"]
 
 

@@ -23,6 +23,12 @@ Early stop (per level, when it has a floor on output tok/s):
   Failed requests beyond --max-failed stop the level too; --budget-s bounds the whole run
   (in-flight requests are cancelled and their sockets closed; SIGALRM is a last resort).
 
+Early pass (per level with a floor, --early-pass-margin M): once at least --early-pass-min
+completed requests (default: the level's concurrency, at least 2) give an output throughput
+(completed tokens / time, the same formula as a full run) >= (1 + M) x floor, with no failure
+beyond --max-failed and p99 TTFT/TPOT <= ceiling / (1 + M), the level has clearly passed: the rest
+is not sent and in-flight requests are cancelled. Levels near their floor run to the end.
+
 Usage:
   python3 client.py --base-url http://127.0.0.1:30000 --levels '[{"concurrency": 64,
       "num_prompts": 128, "input_len": 256, "output_len": 256, "min_output_throughput": 400}]'
@@ -462,11 +468,33 @@ class Level:
                                         f"would be at most {bound:.1f} tok/s < floor {self.floor:g} tok/s "
                                         f"(after {t:.1f} s)", "bound")
                 return
+            if self.o.early_pass_margin is not None and self._passed_early(t):
+                return
             if share and running < MARGIN * self.floor:
                 self.halt("early_stop", f"running output throughput {running:.1f} tok/s after {t:.1f} s "
                                         f"({self.completed + self.failed}/{self.n} requests done) is below "
                                         f"{MARGIN:.0%} of the floor {self.floor:g} tok/s", "running")
                 return
+
+    def _passed_early(self, t: float) -> bool:
+        """Early pass: enough completed requests, clearly above the floor and under the ceilings."""
+        m = self.o.early_pass_margin
+        need = self.o.early_pass_min or max(2, self.c)
+        if self.completed < min(need, self.n) or self.completed >= self.n or self.failed > self.o.max_failed:
+            return False
+        ok = [r for r in self.recs if r.ok]
+        rate = sum(r.out for r in ok) / t
+        if rate < (1 + m) * self.floor:
+            return False
+        for key, values in (("max_p99_ttft_ms", [r.ttft for r in ok if r.ttft is not None]),
+                            ("max_p99_tpot_ms", [(r.e2e - r.ttft) / (r.out - 1) for r in ok
+                                                 if r.out > 1 and r.ttft is not None])):
+            ceiling = self.spec.get(key)
+            if ceiling and (not values or percentile(sorted(values), 99) * 1000.0 > float(ceiling) / (1 + m)):
+                return False
+        self.halt("ok", f"passed early: {rate:.1f} tok/s over {self.completed}/{self.n} completed requests "
+                        f">= {1 + m:.2f} x floor {self.floor:g} tok/s (after {t:.1f} s)", "pass")
+        return True
 
     async def _until_deadline(self, aws: list) -> bool:
         """Wait for all of aws; False (and cancel them) if the budget runs out first."""
@@ -560,7 +588,8 @@ class Level:
         itls = [x for r in ok for x in r.itls]
         cpu = ((self.cpu1 or _cpu()) - self.cpu0) if self.cpu0 is not None else None
         status = self.status
-        if status == "ok" and self.completed + self.failed < self.n and self.t0:
+        passed_early = bool(self.early and self.early.get("rule") == "pass")
+        if status == "ok" and self.completed + self.failed < self.n and self.t0 and not passed_early:
             status, self.reason = "failed", self.reason or "level ended before all requests were sent"
         return {
             "concurrency": self.c, "num_prompts": self.n, "input_len": self.in_len, "output_len": self.out_len,
@@ -647,6 +676,7 @@ async def run_gate(opts, levels: list) -> dict:
                    "cpu_user_s": ru.ru_utime, "cpu_sys_s": ru.ru_stime, "max_rss_kib": ru.ru_maxrss,
                    "api_key": bool(api_key), "seed": opts.seed, "fail_fast": opts.fail_fast,
                    "warmup_output_len": WARMUP_OUTPUT_LEN,
+                   "early_pass": {"margin": opts.early_pass_margin, "min_requests": opts.early_pass_min},
                    "early_stop": {"enabled": opts.early_stop, "min_share": MIN_SHARE, "min_seconds": MIN_SECONDS,
                                   "margin": MARGIN, "headroom": HEADROOM, "rate_window_s": RATE_WINDOW_S}},
     }
@@ -662,6 +692,10 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=1800.0)
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--no-early-stop", dest="early_stop", action="store_false")
+    p.add_argument("--early-pass-margin", type=float, default=None,
+                   help="stop a level once it is this fraction above its floor (default: run to the end)")
+    p.add_argument("--early-pass-min", type=int, default=None,
+                   help="completed requests before an early pass (default: the concurrency, at least 2)")
     p.add_argument("--seed", type=int, default=42)
     return p.parse_args(argv)
 

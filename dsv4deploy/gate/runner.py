@@ -93,7 +93,7 @@ def prepare_command(client_dir: str, *, as_root: bool) -> str:
 def builtin_command(spec: GateSpec, *, client_path: str, base_url: str, host_python: str = "python3",
                     api_key_file: str | None = None, run_as: str | None = None, sha256: str | None = None,
                     order: str = "desc", fail_fast: bool = True, early_stop: bool = True,
-                    budget_s: float | None = None, seed: int = 42) -> str:
+                    early_pass: bool = True, budget_s: float | None = None, seed: int = 42) -> str:
     """The remote shell command. The client must match its sha256, is fed to python on stdin (so the
     unprivileged user never needs to read the 0700 directory), and gets the API key on fd 3,
     opened by the shell before privileges are dropped: never argv, never environment."""
@@ -109,6 +109,10 @@ def builtin_command(spec: GateSpec, *, client_path: str, base_url: str, host_pyt
         argv.append("--fail-fast")
     if not early_stop:
         argv.append("--no-early-stop")
+    if early_pass and spec.early_pass_margin is not None:
+        argv += ["--early-pass-margin", f"{spec.early_pass_margin:g}"]
+        if spec.early_pass_min_requests:
+            argv += ["--early-pass-min", str(spec.early_pass_min_requests)]
     check = (f"echo {q(digest + '  ' + client_path)} | sha256sum -c --status - || "
              f"{{ echo {q(f'gate client {client_path} does not match sha256 {digest[:16]}: not run')} >&2; "
              f"exit {CLIENT_MISMATCH_RC}; }}; ")
@@ -155,7 +159,7 @@ def parse_client_output(rc: int | None, stdout: str, stderr: str, spec: GateSpec
 def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
              runner: str | None = None, upload: Upload | None = None, host_python: str = "python3",
              client_dir: str = DEFAULT_CLIENT_DIR, api_key_file: str | None = None, run_as: str | None = None,
-             order: str = "desc", fail_fast: bool = True, early_stop: bool = True,
+             order: str = "desc", fail_fast: bool = True, early_stop: bool = True, early_pass: bool = True,
              log: Callable[[str], None] | None = None) -> GateOutcome:
     """Run the gate on the host and judge it.
 
@@ -163,6 +167,8 @@ def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str
     run_as: the unprivileged user the client runs as (None: as the connecting user; tests).
     order: "desc" (default, highest concurrency first: fails fast) or "asis" (profile order).
     fail_fast: stop at the first failing level (the rest are reported "not run").
+    early_pass: let a level clearly above its floor stop early (spec.early_pass_margin); False runs
+    every level to the end (`--full`).
     """
     t0 = time.monotonic()
     say = log or (lambda _m: None)
@@ -182,7 +188,7 @@ def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str
             remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
             cmd = builtin_command(spec, client_path=client_path, base_url=base_url, host_python=host_python,
                                   api_key_file=api_key_file, run_as=run_as, order=order, fail_fast=fail_fast,
-                                  early_stop=early_stop, budget_s=remaining)
+                                  early_stop=early_stop, early_pass=early_pass, budget_s=remaining)
             rc, out, err = execute(cmd, remaining + SSH_SLACK_S)
         except Exception as e:  # noqa: BLE001 - upload failed, the SSH call timed out or broke: a failed gate
             rc, out, err = None, "", f"{type(e).__name__}: {e}"

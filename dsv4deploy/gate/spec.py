@@ -16,6 +16,7 @@ DEFAULT_OUTPUT_LEN = 256
 DEFAULT_MAX_FAILED = 0
 DEFAULT_WARMUP = 2
 DEFAULT_BUDGET_S = 1800.0
+DEFAULT_EARLY_PASS_MARGIN = 0.25   # a level this far above its floor stops early (passed)
 DEFAULT_LEVELS = ((1, 8), (16, 48), (64, 128))  # (concurrency, num_prompts), the campaign's
 
 
@@ -75,6 +76,8 @@ class GateSpec:
     warmup_requests: int = DEFAULT_WARMUP
     budget_s: float = DEFAULT_BUDGET_S
     runner: str = "auto"
+    early_pass_margin: float | None = DEFAULT_EARLY_PASS_MARGIN   # None: every level runs to the end
+    early_pass_min_requests: int | None = None                     # None: the level's concurrency, >= 2
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
@@ -94,7 +97,11 @@ class GateSpec:
                    max_failed_requests=int(gate.get("max_failed_requests", DEFAULT_MAX_FAILED)),
                    warmup_requests=int(gate.get("warmup_requests", DEFAULT_WARMUP)),
                    budget_s=float(gate.get("budget_s", DEFAULT_BUDGET_S)),
-                   runner=str(gate.get("runner", "auto")))
+                   runner=str(gate.get("runner", "auto")),
+                   early_pass_margin=(None if gate.get("early_pass_margin", DEFAULT_EARLY_PASS_MARGIN) is None
+                                      else float(gate.get("early_pass_margin", DEFAULT_EARLY_PASS_MARGIN))),
+                   early_pass_min_requests=(None if gate.get("early_pass_min_requests") is None
+                                            else int(gate["early_pass_min_requests"])))
 
     def level(self, concurrency: int) -> LevelSpec | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
@@ -112,4 +119,5 @@ class GateSpec:
     def to_dict(self) -> dict:
         return {"runner": self.runner, "max_failed_requests": self.max_failed_requests,
                 "warmup_requests": self.warmup_requests, "budget_s": self.budget_s,
+                "early_pass_margin": self.early_pass_margin, "early_pass_min_requests": self.early_pass_min_requests,
                 "levels": [lv.to_dict() for lv in self.levels]}

@@ -167,7 +167,9 @@ def judge_level(lv: LevelSpec, res: LevelResult | None, max_failed: int) -> Leve
         if not passed:
             failures.append(f"{label} {metric} {p99:.1f} ms > ceiling {ceiling:g} ms")
     # informational
-    rows.append(Row("completed", f"{res.completed}/{res.num_prompts}"))
+    passed_early = ran_to_end and (res.early_stop or {}).get("rule") == "pass"
+    rows.append(Row("completed", f"{res.completed}/{res.num_prompts}",
+                    note=f"passed early: {res.reason}" if passed_early else ""))
     rows.append(Row("duration", res.duration_s, "s"))
     passed = ran_to_end and not failures
     return LevelVerdict(label, lv.concurrency, lv.key, res.status, passed, rows, failures, res.reason)
