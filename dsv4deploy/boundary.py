@@ -77,7 +77,8 @@ PROFILE_NAME = Rule("a profile name: letters, digits, '.', '_' and '-', starting
                     "(a leading '_' marks a shared base)", 100, NAME_PATTERN)
 TEXT = Rule("one line of printable text", 1024)
 KEY = Rule("a key", 128)
-URL = Rule("an http(s) URL without spaces", 4096, r"https?://[!-~]+")
+URL = Rule("an http(s) URL of RFC 3986 characters, without quotes, backslashes, '$' or ';' "
+           "(percent-encode them)", 4096, r"https?://[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+")
 ARGV_WORD = Rule("one argv word", 16384)
 ENV_KEY = Rule("an environment variable name: upper-case letters, digits and '_'", 128, r"[A-Z][A-Z0-9_]*")
 ENV_VALUE = Rule("an environment value", 16384, min_len=0)

@@ -80,7 +80,8 @@ def cmd_validate(args) -> int:
         if report.budget:
             console.print(budget_table(report))
         for p in report.problems:
-            console.print(str(p), style="red" if p.severity == "error" else "yellow", markup=False, highlight=False)
+            console.print(str(p), style="red" if p.severity == "error" else "yellow", markup=False, highlight=False,
+                          soft_wrap=True)  # one problem, one line: file:line: key: message
         console.print(f"{report.profile.name}: {'valid' if report.ok else 'INVALID'} "
                       f"({len(report.errors)} errors, {len(report.warnings)} warnings)", markup=False)
     return 0 if report.ok else EXIT_BAD_INPUT

@@ -244,6 +244,8 @@ def schema_problems(profile: Profile) -> list[Problem]:
         path = tuple(error.absolute_path)
         value = error.instance
         kind = error.validator
+        if "propertyNames" in error.schema_path:  # the boundary rule names the key itself (KEY_RULES)
+            continue
         if kind == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))
             for key in sorted(set(value) - set(allowed)):

@@ -213,11 +213,11 @@ def _extra_args(profile, server, version, add) -> None:
         name, eq, _ = word.partition("=")
         owner = flag_owner(word)
         takes = version.takes(name)
-        if owner:
+        if SECRET_FLAG.search(name[2:]):
+            add(profile.problem(path, f"{name}: {SECRET_WHY}; for the server's API key {API_KEY_HOWTO}"))
+        elif owner:
             add(profile.problem(path, f"{name} is managed by the profile (server.{owner} / "
                                 f"{', '.join(MANAGED_FLAGS[owner])}); set it there"))
-        elif SECRET_FLAG.search(name[2:]):
-            add(profile.problem(path, f"{name}: {SECRET_WHY}; for the server's API key {API_KEY_HOWTO}"))
         elif name == "--help":
             add(profile.problem(path, "--help prints the usage and exits: the service would never start"))
         elif not version.accepts(name):
@@ -253,6 +253,8 @@ def _secrets(profile, add) -> None:
                 howto = f"for the server's API key {API_KEY_HOWTO}; {HF_TOKEN_HOWTO}"
             add(profile.problem(("server", "env", key), f"{key}: {SECRET_WHY}; {howto}"))
     for path, value in _strings(profile.data, ()):
+        if path[:2] == ("server", "env") and SECRET_ENV.fullmatch(str(path[-1])):
+            continue  # already refused by its name
         if SECRET_VALUE.search(value):
             howto = HF_TOKEN_HOWTO if "hf_" in value else \
                 f"for the server's API key {API_KEY_HOWTO}; {HF_TOKEN_HOWTO}"

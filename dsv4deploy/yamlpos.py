@@ -157,6 +157,8 @@ class _Builder:
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self.refuse("keys must be plain strings", key_node, path)
+            if key_node.tag == "tag:yaml.org,2002:merge" or key_node.value == "<<":
+                raise self.refuse("YAML merge keys (<<) are not supported; use extends:", key_node, path)
             key = self._scalar(key_node, path)
             if not isinstance(key, str):
                 key = str(key)
