@@ -116,6 +116,10 @@ def split_words(value: str) -> list[str]:
             return words
         if value[i] == ";" and (i + 1 == n or value[i + 1] in WHITESPACE):
             raise SyntaxProblem("an unquoted ';' separates commands")
+        if value[i:i + 2] == "\\;" and (i + 2 == n or value[i + 2] in WHITESPACE):
+            words.append(";")  # config_parse_exec: the token \; is a literal ';'
+            i += 2
+            continue
         word, quote = [], None
         if value[i] in "'\"":
             quote, i = value[i], i + 1
