@@ -52,10 +52,10 @@ class Profile:
 
     def where(self, path: tuple) -> tuple[str, int | None]:
         """File and line of `path`, or of its nearest ancestor that has one."""
-        for end in range(len(path), -1, -1):
+        for end in range(len(path), 0, -1):
             if path[:end] in self.origins:
                 return self.origins[path[:end]]
-        return (self.files[-1] if self.files else "<profile>", None)
+        return (self.files[-1], 1) if self.files else ("<profile>", None)
 
     def problem(self, path: tuple, message: str, severity: str = "error") -> Problem:
         file, line = self.where(path)

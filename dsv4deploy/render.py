@@ -219,23 +219,16 @@ def _env_value(value) -> str:
 
 # --- the guard: nothing reaches a host that systemd would read differently ---------------------
 
-_WORD_INPUT = re.compile(r"[A-Za-z0-9._/:@+=,-]*")  # template inputs written bare into the unit
-
-
 def _check_template_inputs(profile: Profile, inputs: dict) -> None:
-    """No template input may carry a line break (a new directive) or anything systemd would
-    expand or un-quote: bare inputs are plain words; the pre-quoted ones printable lines."""
+    """No template input may start a new directive: none holds a line break or any other
+    unprintable character, and none ends in a backslash (systemd would join the next line)."""
     for name, value in inputs.items():
-        texts = value if isinstance(value, list) else [value]
-        for text in map(str, texts):
-            if name in ("environment", "exec_start"):
-                bad = first_unprintable(text)
-                if bad is not None:
-                    raise ProfileError([profile.problem(_INPUT_KEYS.get(name, ()), f"rendered {name} holds an "
-                                                        f"unprintable character at {bad + 1}: refused")])
-            elif not _WORD_INPUT.fullmatch(text):
-                raise ProfileError([profile.problem(_INPUT_KEYS.get(name, ()), f"{text[:60]!r} would be "
-                                                    f"written into the unit unquoted ({name}): refused")])
+        for text in map(str, value if isinstance(value, (list, tuple)) else [value]):
+            bad = first_unprintable(text)
+            if bad is not None or text.endswith("\\"):
+                what = f"an unprintable character at {bad + 1}" if bad is not None else "a trailing backslash"
+                raise ProfileError([profile.problem(_INPUT_KEYS.get(name, ("service",)),
+                                                    f"refused at render: the unit's {name} holds {what}")])
 
 
 _INPUT_KEYS = {"profile": (), "sglang_version": ("sglang", "version"), "model_repo": ("model", "repo"),

@@ -334,6 +334,8 @@ def check_unit(unit: str, argv: list[str], env: dict[str, str], specifiers: dict
         if len(line.encode()) > max_line:
             found.append((("unit", "length"), f"line {number} is {len(line.encode()):,} bytes; the limit is {max_line:,} "
                                      "(systemd reads at most 1 MiB per line)"))
+    if found:  # not worth reading further (and bounded work for any input)
+        return found
     try:
         directives = unit_directives(unit)
     except SyntaxProblem as exc:

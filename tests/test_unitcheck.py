@@ -112,6 +112,16 @@ def test_a_broken_env_file_is_caught(profile_dir, monkeypatch):
     assert info.value.problems[0].path.startswith("nccl")
 
 
+def test_a_template_input_that_would_start_a_directive_is_caught(profile_dir, monkeypatch):
+    from dsv4deploy.layout import Layout
+    monkeypatch.setattr(Layout, "state_dir", property(lambda self: "/var/lib/x\nExecStartPre=+/bin/sh"))
+    with pytest.raises(ProfileError, match="state_dir holds an unprintable character"):
+        render(load_profile("nvfp4-ctx8k"))
+    monkeypatch.setattr(Layout, "state_dir", property(lambda self: "/var/lib/x\\"))
+    with pytest.raises(ProfileError, match="trailing backslash"):
+        render(load_profile("nvfp4-ctx8k"))
+
+
 def test_env_values_with_dollars_reach_the_process_unchanged(profile_dir):
     profile_dir.write("d", "extends: nvfp4-ctx8k\nserver:\n  env:\n    SGLANG_X: 'p$a%s\"\\'\n")
     unit = render(load_profile("d")).unit
