@@ -93,3 +93,24 @@ def test_nop2p_requires_disabling_custom_all_reduce(profile_dir):
 
 def test_old_driver_branch(profile_dir):
     assert "needs driver branch >= 570" in errors(report_for(profile_dir, "driver:\n  branch: 535\n"))
+
+
+@pytest.mark.parametrize("args", [
+    "[--lora-paths, a, b, --watchdog-timeout, '600']",
+    "[--cuda-graph-bs-decode, '1', '2', '4', --enable-lora]",
+    "[--model-checksum]",
+    "[--model-checksum, abc, --random-seed, '-1']",
+    "['--watchdog-timeout=600', --lora-paths]",
+])
+def test_extra_args_take_what_each_flag_takes(profile_dir, args):
+    report = report_for(profile_dir, f"server:\n  extra_args: {args}\n")
+    assert report.ok, errors(report)
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.20", "0.5.22", "0.5.23"])
+def test_arity_data_covers_exactly_the_flags(version):
+    from dsv4deploy.sglang_versions import facts
+    f = facts(version)
+    assert set(f.arity) == set(f.flags) and set(f.arity.values()) <= {"0", "1", "?", "*", "+"}
+    assert f.takes("--tp-size") == "1" and f.takes("--enable-metrics") == "0" and f.takes("-h") == "0"
+    assert f.min_driver_branch == 580
