@@ -242,7 +242,7 @@ def check_round_trip(profile: Profile, unit: str, nccl_env: str, argv: list[str]
     """Read the unit and the NCCL env file back as systemd does; raise ProfileError (naming the
     profile key each difference comes from) unless they give exactly `argv`, `env` and `nccl_vars`."""
     service = profile.data["service"]["name"]
-    found = unitcheck.check_unit(unit, argv, env, unit_specifiers(service), RENDERED_LINE_MAX)
+    found = unitcheck.check_unit(unit, argv, env, unit_specifiers(service), RENDERED_LINE_MAX, quote=systemd_word)
     found += [(("nccl",) + loc[1:], msg) for loc, msg in unitcheck.check_env_file(nccl_env, nccl_vars)]
     if found:
         raise ProfileError([profile.problem(_blame(profile, argv, loc), f"refused at render: {msg}")

@@ -326,14 +326,15 @@ def env_file(text: str) -> dict[str, str]:
 # --- the round trip ----------------------------------------------------------------------------
 
 def check_unit(unit: str, argv: list[str], env: dict[str, str], specifiers: dict[str, str],
-               max_line: int) -> list[tuple[tuple, str]]:
+               max_line: int, quote=None) -> list[tuple[tuple, str]]:
     """Mismatches between what the unit makes systemd run and what was asked for, each
-    (locator, message): ("argv", i), ("env", name) or ("unit",)."""
+    (locator, message): ("argv", i), ("env", name) or ("unit", ...). `quote` (the renderer's
+    word quoting) only helps name the word an unreadable ExecStart= went wrong at."""
     found: list[tuple[tuple, str]] = []
     for number, line in enumerate(LINE_BREAKS.split(unit), 1):
         if len(line.encode()) > max_line:
-            found.append((("unit", "length"), f"line {number} is {len(line.encode()):,} bytes; the limit is {max_line:,} "
-                                     "(systemd reads at most 1 MiB per line)"))
+            found.append((("unit", "length"), f"line {number} is {len(line.encode()):,} bytes; the limit is "
+                                              f"{max_line:,} (systemd reads at most 1 MiB per line)"))
     if found:  # not worth reading further (and bounded work for any input)
         return found
     try:
@@ -347,7 +348,8 @@ def check_unit(unit: str, argv: list[str], env: dict[str, str], specifiers: dict
         try:
             got = exec_argv(d.value, specifiers)
         except SyntaxProblem as exc:
-            found.append((("argv", _first_bad_word(d.value, argv, specifiers)), f"ExecStart= does not read back: {exc}"))
+            where = _first_bad_word(argv, quote, specifiers) if quote else len(argv) - 1
+            found.append((("argv", where), f"ExecStart= does not read back: {exc}"))
         else:
             found += _argv_mismatch(got, argv)
     got_env: dict[str, str] = {}
@@ -387,15 +389,13 @@ def _argv_mismatch(got: list[str], want: list[str]) -> list[tuple[tuple, str]]:
     return []
 
 
-def _first_bad_word(value: str, argv: list[str], specifiers: dict[str, str]) -> int:
-    """Best guess of the argv word an unreadable ExecStart= went wrong at: the last one whose
-    own quoted form still reads back."""
-    from .render import systemd_word  # the renderer's quoting, word by word
+def _first_bad_word(argv: list[str], quote, specifiers: dict[str, str]) -> int:
+    """Best guess of the argv word an unreadable ExecStart= went wrong at: the first whose own
+    quoted form (by the renderer's `quote`) does not read back to itself."""
     for i, word in enumerate(argv):
         try:
-            if split_words(systemd_word(word)) != [word.replace("%", "%%").replace("$", "$$")]:
+            if exec_argv(f"/x {quote(word)}", specifiers) != ["/x", word]:
                 return i
-            expand_dollars(expand_specifiers(split_words(systemd_word(word))[0], specifiers))
         except SyntaxProblem:
             return i
     return len(argv) - 1
