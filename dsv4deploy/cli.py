@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from .errors import EXIT_BAD_INPUT, EXIT_FAILED, ProfileError
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, Problem, ProfileError
 from .profiles import list_profiles, load_profile
 from .validate import Report, validate
 
@@ -77,7 +80,8 @@ def cmd_validate(args) -> int:
         if report.budget:
             console.print(budget_table(report))
         for p in report.problems:
-            console.print(str(p), style="red" if p.severity == "error" else "yellow", markup=False, highlight=False)
+            console.print(str(p), style="red" if p.severity == "error" else "yellow", markup=False, highlight=False,
+                          soft_wrap=True)  # one problem, one line: file:line: key: message
         console.print(f"{report.profile.name}: {'valid' if report.ok else 'INVALID'} "
                       f"({len(report.errors)} errors, {len(report.warnings)} warnings)", markup=False)
     return 0 if report.ok else EXIT_BAD_INPUT
@@ -88,15 +92,71 @@ def cmd_render(args) -> int:
 
     report = checked_profile(args.profile)
     rendered = render(report.profile, module=args.module or SGLANG_MODULE)
+    files = {host_path.lstrip("/"): text for host_path, text in rendered.files.items()}
+    files["argv.json"] = json.dumps(rendered.argv, indent=2) + "\n"
     out = Path(args.out)
-    for host_path, text in rendered.files.items():
-        target = out / host_path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        print(target)
-    (out / "argv.json").write_text(json.dumps(rendered.argv, indent=2) + "\n")
-    print(out / "argv.json")
+    for name in write_tree(out, files):
+        print(out / name)
     return 0
+
+
+_NOT_HERE = ("/proc", "/sys", "/dev", "/run")
+
+
+def _out_problem(message: str) -> ProfileError:
+    return ProfileError([Problem(message, path="--out", file="<command line>")])
+
+
+def write_tree(out: Path, files: dict[str, str]) -> list[str]:
+    """Write `files` (relative path -> text) below `out`, all or nothing: checked first, written
+    into a staging folder beside them, then moved into place. Raises ProfileError (exit 2)."""
+    if "\0" in str(out) or not str(out).isprintable():
+        raise _out_problem(f"{ascii(str(out))}: not a usable folder name")
+    try:
+        real = Path(os.path.realpath(out))
+    except (OSError, ValueError) as exc:
+        raise _out_problem(f"{out}: {exc}") from None
+    if str(real) == "/" or any(str(real) == p or str(real).startswith(p + "/") for p in _NOT_HERE):
+        raise _out_problem(f"{out} resolves to {real}: render writes a host tree there (etc/...), "
+                           "which is not for /, /proc, /sys, /dev or /run; give a folder of its own")
+    anchor = real
+    while not anchor.exists():
+        anchor = anchor.parent
+    if not anchor.is_dir():
+        raise _out_problem(f"{out}: {anchor} exists and is not a folder")
+    for name in files:
+        node = real
+        for part in Path(name).parts:
+            node = node / part
+            is_file = node == real / name
+            if node.is_symlink() or (node.exists() and not (node.is_file() if is_file else node.is_dir())):
+                raise _out_problem(f"{out}: {node} is in the way (a symlink, or not a {'file' if is_file else 'folder'})"
+                                   ": nothing written")
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".dsv4deploy-render-", dir=anchor))
+        umask = os.umask(0o022)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become the folder's mode
+    except OSError as exc:
+        raise _out_problem(f"{out}: cannot write in {anchor}: {exc.strerror}") from None
+    try:
+        for name, text in files.items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_text(text)
+        if not real.exists():
+            real.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(staging, real)
+            staging = None
+        else:
+            for name in files:
+                (real / name).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / name, real / name)
+    except OSError as exc:
+        raise _out_problem(f"{out}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return list(files)
 
 
 def cmd_list(args) -> int:

@@ -28,7 +28,11 @@ class Problem:
             where += f":{self.line}"
         key = f" {self.path}:" if self.path else ""
         tag = "" if self.severity == "error" else f" {self.severity}:"
-        return f"{where}:{tag}{key} {self.message}"
+        text = f"{where}:{tag}{key} {self.message}"
+        if text.isprintable():
+            return text
+        # One problem, one line: whatever a message quotes, no control character reaches a terminal.
+        return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
     def as_dict(self) -> dict:
         return {"severity": self.severity, "file": self.file, "line": self.line,

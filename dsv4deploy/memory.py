@@ -13,6 +13,7 @@ size holds its own buffers. A measured `calibration:` block in the profile overr
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from .catalog import Gpu, Model
@@ -74,10 +75,36 @@ def allreduce_path(tp_size: int, disable_custom_all_reduce: bool, interconnect: 
     return "nccl"
 
 
+class BudgetInputError(ValueError):
+    """An input the budget cannot be computed from; `path` is the profile key it came from."""
+
+    def __init__(self, path: tuple, message: str):
+        super().__init__(message)
+        self.path = path
+
+
+# The profile schema bounds these; the budget checks again so it can never compute with NaN,
+# inf or a value so small that a division overflows (1e-300 bytes per token).
+_CALIBRATION_RANGES = {"kv_bytes_per_token": (1.0, 16 * MIB), "kv_bytes_per_request": (0.0, 64 * GIB),
+                       "weights_gib_per_gpu": (0.01, 4096.0), "graph_reserve_mib": (1.0, 1024.0 * 1024)}
+
+
+def _checked(path: tuple, value, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BudgetInputError(path, f"must be a finite number, got {value!r}")
+    if not low <= value <= high:
+        raise BudgetInputError(path, f"must be between {low:g} and {high:g}, got {value!r}")
+    return value
+
+
 def budget(server: dict, gpu: Gpu, model: Model, calibration: dict | None = None,
            max_running_default: int = 256) -> Budget:
     """The budget of one GPU of the server described by the profile's `server` section."""
     calibration = calibration or {}
+    for key, (low, high) in _CALIBRATION_RANGES.items():
+        if key in calibration:
+            _checked(("calibration", key), calibration[key], low, high)
+    _checked(("server", "mem_fraction_static"), server["mem_fraction_static"], 1e-6, 1.0)
     tp = server["tp_size"]
     capacity = gpu.memory_mib * MIB / GIB
     fraction = server["mem_fraction_static"]

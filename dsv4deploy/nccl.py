@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import re
+
 PRESETS: dict[str, dict[str, str]] = {
     "ll-ring": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_IB_DISABLE": "1"},
     "p2p": {"NCCL_P2P_LEVEL": "SYS", "NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "8"},
@@ -16,13 +18,28 @@ PRESETS: dict[str, dict[str, str]] = {
 
 
 def nccl_environment(preset: str, overrides: dict | None = None) -> dict[str, str]:
-    """The preset's variables with the profile's overrides on top, as strings."""
+    """The preset's variables with the profile's overrides on top, as strings (an integer
+    override is its decimal spelling: one rule for `4` and `"4"`)."""
     env = dict(PRESETS[preset])
     env.update({k: str(v) for k, v in (overrides or {}).items()})
     return dict(sorted(env.items()))
 
 
+_BARE = re.compile(r"[A-Za-z0-9.,:=+/@%^_-]*")
+
+
+def env_file_value(value: str) -> str:
+    """A value as systemd's EnvironmentFile= parser reads it back: bare when it holds only
+    characters that parser (and NCCL) take literally, else quoted ('...' is literal there;
+    in "..." a backslash escapes only the four characters " \\ ` $)."""
+    if _BARE.fullmatch(value):
+        return value
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
+
+
 def render_env_file(env: dict[str, str], header: str) -> str:
     lines = [f"# {header}", "# Rendered by dsv4deploy; read by systemd (EnvironmentFile=) and the NCCL preflight."]
-    lines += [f"{key}={value}" for key, value in env.items()]
+    lines += [f"{key}={env_file_value(value)}" for key, value in env.items()]
     return "\n".join(lines) + "\n"

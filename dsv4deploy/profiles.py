@@ -9,20 +9,22 @@ import copy
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 
 from . import PACKAGE_DATA
+from .boundary import NAME_PATTERN, check_name, value_problems
 from .errors import Problem, ProfileError
 from .yamlpos import Origins, format_path, load_yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-NAME_RE = re.compile(r"^_?[A-Za-z0-9][A-Za-z0-9._-]*$")
+NAME_RE = re.compile(NAME_PATTERN + r"\Z")  # use with .match: \Z, never $ (it matches before a final newline)
 DEFAULTS_FILE = "dsv4deploy/data/defaults.yaml"
 
 
@@ -50,10 +52,10 @@ class Profile:
 
     def where(self, path: tuple) -> tuple[str, int | None]:
         """File and line of `path`, or of its nearest ancestor that has one."""
-        for end in range(len(path), -1, -1):
+        for end in range(len(path), 0, -1):
             if path[:end] in self.origins:
                 return self.origins[path[:end]]
-        return (self.files[-1] if self.files else "<profile>", None)
+        return (self.files[-1], 1) if self.files else ("<profile>", None)
 
     def problem(self, path: tuple, message: str, severity: str = "error") -> Problem:
         file, line = self.where(path)
@@ -87,18 +89,25 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+COMMAND_LINE = Problem("", path="profile", file="<command line>")
+
+
 def _profile_path(name: str, directory: Path, referrer: Problem | None = None) -> Path:
-    if not NAME_RE.match(name):
-        where = referrer or Problem("", file="<command line>")
-        raise ProfileError([Problem(f"invalid profile name {name!r}: use letters, digits, '.', '_' and '-'",
-                                    path=where.path, file=where.file, line=where.line)])
+    where = referrer or COMMAND_LINE
+    bad = check_name(name)
+    if bad:
+        raise ProfileError([Problem(f"invalid profile name: {bad}", path=where.path, file=where.file,
+                                    line=where.line)])
     path = directory / f"{name}.yaml"
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError:  # e.g. a component the file system refuses
+        found = False
+    if not found:
         known = list_profiles(directory)
         hint = difflib.get_close_matches(name, known, n=1)
         msg = f"no profile named {name!r} ({_display(path)} does not exist)"
         msg += f"; did you mean {hint[0]}?" if hint else f"; available: {', '.join(known) or 'none'}"
-        where = referrer or Problem("", file="<command line>")
         raise ProfileError([Problem(msg, path=where.path, file=where.file, line=where.line)])
     return path
 
@@ -157,13 +166,33 @@ def load_raw(name: str, directory: Path | None = None) -> tuple[dict, Origins, t
 
 
 def load_profile(name: str, directory: Path | None = None) -> Profile:
-    """Load, merge and schema-check a named profile; raise ProfileError listing every problem."""
+    """Load, merge and check a deployable profile (boundary rule, then the schema); raise
+    ProfileError listing every problem."""
+    directory = directory or profiles_dir()
+    path = _profile_path(name, directory)
+    if name.startswith("_"):
+        users = [p for p in list_profiles(directory) if _extends(directory, p) == name]
+        raise ProfileError([Problem(
+            f"{name} is a shared base (files starting with '_' are merged into other profiles through "
+            f"extends:), not a deployable profile; deploy one that extends it"
+            + (f": {', '.join(users)}" if users else ""), path="profile", file=_display(path), line=1)])
     data, origins, files = load_raw(name, directory)
     profile = Profile(name=name, data=data, origins=origins, files=files)
-    problems = schema_problems(profile)
+    problems = [profile.problem(path, msg) for path, msg in value_problems(profile.data)]
+    seen = {p.path for p in problems}
+    problems += [p for p in schema_problems(profile) if p.path not in seen]
     if problems:
         raise ProfileError(problems)
     return profile
+
+
+def _extends(directory: Path, name: str) -> str | None:
+    """The `extends:` of a profile, read cheaply for a hint (None when unreadable)."""
+    try:
+        data, _ = load_yaml(directory / f"{name}.yaml")
+    except ProfileError:
+        return None
+    return data.get("extends")
 
 
 # --- schema errors, phrased for people --------------------------------------------------------
@@ -193,13 +222,30 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _is_integer(checker, value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(checker, value) -> bool:
+    return _is_integer(checker, value) or (isinstance(value, float) and math.isfinite(value))
+
+
+# Draft 2020-12 counts 4.0 as an integer (then `--tp-size 4.0` is rendered, which SGLang
+# refuses) and NaN/inf as numbers (every comparison with NaN is false, so no bound holds).
+StrictValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number}))
+
+
 def schema_problems(profile: Profile) -> list[Problem]:
-    validator = Draft202012Validator(schema())
+    validator = StrictValidator(schema())
     problems: list[Problem] = []
     for error in sorted(validator.iter_errors(profile.data), key=lambda e: list(map(str, e.absolute_path))):
         path = tuple(error.absolute_path)
         value = error.instance
         kind = error.validator
+        if "propertyNames" in error.schema_path:  # the boundary rule names the key itself (KEY_RULES)
+            continue
         if kind == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))
             for key in sorted(set(value) - set(allowed)):
@@ -211,8 +257,8 @@ def schema_problems(profile: Profile) -> list[Problem]:
         if kind == "required":
             missing = [k for k in error.validator_value if k not in value]
             file, line = profile.where(path)
-            if file != profile.files[-1]:  # the parent came from a base: point at the profile itself
-                file, line = profile.files[-1], None
+            if file != profile.files[-1] or line is None:  # the parent came from a base: point at the profile
+                file, line = profile.files[-1], 1
             for key in missing:
                 problems.append(Problem(f"missing required key ({_describe(error.schema, key)})",
                                         path=format_path(path + (key,)), file=file, line=line))
@@ -222,11 +268,13 @@ def schema_problems(profile: Profile) -> list[Problem]:
             expected = [expected] if isinstance(expected, str) else expected
             want = " or ".join(_TYPE_NAMES.get(t, t) for t in expected)
             msg = f"expected {want}, got {_json_type(value)} {_shown(value)}"
+            if isinstance(value, float) and value.is_integer() and "integer" in expected:
+                msg += f" (write {int(value)}: a float here renders as {value!r})"
         elif kind == "enum":
             msg = f"expected one of {', '.join(map(str, error.validator_value))}; got {_shown(value)}"
             hint = difflib.get_close_matches(str(value), [str(v) for v in error.validator_value], n=1)
             msg += f"; did you mean {hint[0]}?" if hint else ""
-        elif kind == "pattern" and isinstance(value, str) and re.search(r"[\x00-\x1f\x7f]", value):
+        elif kind == "pattern" and isinstance(value, str) and not value.isprintable():
             msg = f"must not contain a newline or control character (it would reach a rendered file): {_shown(value)}"
         elif kind == "pattern":
             msg = f"{_shown(value)} is not valid here: {error.schema.get('description', 'expected pattern ' + error.validator_value)}"

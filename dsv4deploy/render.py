@@ -1,5 +1,9 @@
 """Profile -> the exact files the host runs: launch argv, systemd unit, NCCL env file and a
 launch manifest. Pure and deterministic: the same profile renders byte-identical output.
+
+Every release is read back with systemd's own rules (unitcheck.py) before it is returned: a
+unit or env file that would give the process anything but the argv and environment the
+profile asked for is a ProfileError naming the profile key, never a file on a host.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from functools import cache
 
 import jinja2
 
-from . import __version__, catalog
+from . import __version__, catalog, unitcheck
+from .boundary import RENDERED_LINE_MAX, first_unprintable
+from .errors import ProfileError
 from .layout import Layout
 from .nccl import nccl_environment, render_env_file
 from .profiles import Profile
@@ -23,6 +29,8 @@ SGLANG_MODULE = "sglang.launch_server"
 SGLANG_CONFIG_CREDENTIAL = "sglang-config"
 # PATH for the unit: SGLang sizes memory through nvidia-smi, which must be found.
 UNIT_PATH = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Environment the unit always sets; a profile's server.env may not repeat these.
+MANAGED_ENV = {"PATH": UNIT_PATH, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 # Flags the profile manages, with every alias SGLang accepts for them: extra_args may not
 # repeat them (an override buried in extra_args is how a launch silently differs from its profile).
@@ -109,15 +117,20 @@ def _number(value: float) -> str:
 
 # --- systemd quoting --------------------------------------------------------------------------
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")  # fullmatch only: `$` would pass a final newline
+
+
+def _quoted(word: str) -> str:
+    """A word as systemd.syntax(7) un-quotes it: bare when plain, else in double quotes with
+    backslash and double quote escaped (C escapes work inside quotes there)."""
+    if _PLAIN.fullmatch(word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def systemd_word(word: str) -> str:
-    """One ExecStart word, quoted as systemd.service(5) reads it ($ and % are expanded there)."""
-    word = word.replace("%", "%%").replace("$", "$$")
-    if word and _PLAIN.match(word):
-        return word
-    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """One ExecStart= word: '%' (specifiers) and '$' (variables) are both expanded there."""
+    return _quoted(word.replace("%", "%%").replace("$", "$$"))
 
 
 def systemd_exec(argv: list[str]) -> str:
@@ -125,7 +138,15 @@ def systemd_exec(argv: list[str]) -> str:
 
 
 def systemd_env(key: str, value: str) -> str:
-    return systemd_word(f"{key}={value}")
+    """One Environment= assignment: '%' is a specifier there, '$' is not special (systemd.exec(5):
+    "Variable expansion is not performed inside the strings"), so only '%' is doubled."""
+    return _quoted(f"{key}={value}".replace("%", "%%"))
+
+
+def unit_specifiers(service: str) -> dict[str, str]:
+    """The specifiers a rendered unit may use, as systemd resolves them for `service`.service."""
+    return {"n": f"{service}.service", "N": service, "p": service, "P": service,
+            "d": f"/run/credentials/{service}.service"}
 
 
 # --- the rendered release ----------------------------------------------------------------------
@@ -155,13 +176,11 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
     layout = Layout.of(data)
     server, service = data["server"], data["service"]
     argv = launch_argv(profile, module)
-    env = {"PATH": UNIT_PATH, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           **{k: _env_value(v) for k, v in sorted(server.get("env", {}).items())}}
-    nccl_env = render_env_file(
-        nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides")),
-        f"NCCL preset {data['nccl']['preset']} for profile {profile.name}")
+    env = {**MANAGED_ENV, **{k: _env_value(v) for k, v in sorted(server.get("env", {}).items())}}
+    nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"))
+    nccl_env = render_env_file(nccl_vars, f"NCCL preset {data['nccl']['preset']} for profile {profile.name}")
     credentials = [(SGLANG_CONFIG_CREDENTIAL, layout.sglang_config_secret)] if server.get("api_key") else []
-    unit = _templates().get_template("sglang.service.j2").render(
+    inputs = dict(
         profile=profile.name, content_hash=profile.content_hash,
         sglang_version=data["sglang"]["version"], model_repo=data["model"]["repo"],
         manifest=layout.manifest, user=service["user"], state_dir=layout.state_dir,
@@ -171,6 +190,9 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
         timeout_start_s=service["timeout_start_s"], timeout_stop_s=service["timeout_stop_s"],
         start_limit_interval=max(600, 3 * service["timeout_start_s"]),
     )
+    _check_template_inputs(profile, inputs)
+    unit = _templates().get_template("sglang.service.j2").render(**inputs)
+    check_round_trip(profile, unit, nccl_env, argv, env, nccl_vars)
     files = {layout.unit: unit, layout.nccl_env: nccl_env}
     manifest = json.dumps({
         "profile": profile.name,
@@ -196,3 +218,59 @@ def _env_value(value) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
+
+
+# --- the guard: nothing reaches a host that systemd would read differently ---------------------
+
+def _check_template_inputs(profile: Profile, inputs: dict) -> None:
+    """No template input may start a new directive: none holds a line break or any other
+    unprintable character, and none ends in a backslash (systemd would join the next line)."""
+    for name, value in inputs.items():
+        for text in map(str, value if isinstance(value, (list, tuple)) else [value]):
+            bad = first_unprintable(text)
+            if bad is not None or text.endswith("\\"):
+                what = f"an unprintable character at {bad + 1}" if bad is not None else "a trailing backslash"
+                raise ProfileError([profile.problem(_INPUT_KEYS.get(name, ("service",)),
+                                                    f"refused at render: the unit's {name} holds {what}")])
+
+
+_INPUT_KEYS = {"profile": (), "sglang_version": ("sglang", "version"), "model_repo": ("model", "repo"),
+               "user": ("service", "user"), "manifest": ("service", "name"), "state_dir": ("service", "name"),
+               "nccl_env": ("service", "name"), "environment": ("server", "env"),
+               "exec_start": ("server", "extra_args")}
+
+
+def check_round_trip(profile: Profile, unit: str, nccl_env: str, argv: list[str], env: dict[str, str],
+                     nccl_vars: dict[str, str]) -> None:
+    """Read the unit and the NCCL env file back as systemd does; raise ProfileError (naming the
+    profile key each difference comes from) unless they give exactly `argv`, `env` and `nccl_vars`."""
+    service = profile.data["service"]["name"]
+    found = unitcheck.check_unit(unit, argv, env, unit_specifiers(service), RENDERED_LINE_MAX, quote=systemd_word)
+    found += [(("nccl",) + loc[1:], msg) for loc, msg in unitcheck.check_env_file(nccl_env, nccl_vars)]
+    if found:
+        raise ProfileError([profile.problem(_blame(profile, argv, loc), f"refused at render: {msg}")
+                            for loc, msg in found])
+
+
+def _blame(profile: Profile, argv: list[str], loc: tuple) -> tuple:
+    """The profile key a rendered difference comes from."""
+    data = profile.data
+    if loc[0] == "env":
+        return ("server", "env", loc[1]) if loc[1] in (data["server"].get("env") or {}) else ("server", "env")
+    if loc[0] == "nccl":
+        overrides = data["nccl"].get("overrides") or {}
+        return ("nccl", "overrides", loc[1]) if loc[1] in overrides else ("nccl", "preset")
+    if loc[0] == "argv":
+        extra = data["server"].get("extra_args") or []
+        first_extra = len(argv) - len(extra)
+        i = loc[1]
+        if i >= first_extra:
+            return ("server", "extra_args", i - first_extra)
+        for j in range(min(i, len(argv) - 1), 2, -1):
+            owner = flag_owner(argv[j]) if argv[j].startswith("--") else None
+            if owner == "model":
+                return ("model", "repo")
+            if owner:
+                return ("model", owner) if owner == "served_model_name" else ("server", owner)
+        return ("server",)
+    return ("server", "extra_args") if loc[1:] == ("length",) else ("server",)

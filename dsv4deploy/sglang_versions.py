@@ -5,7 +5,7 @@ refused: guessing flag spellings is how launch scripts broke in the field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import yaml
@@ -24,9 +24,15 @@ class VersionFacts:
     nvfp4_dsv4_moe: bool
     moe_runner_backends: tuple[str, ...]
     secrets_mask_patch: str | None = None   # sha256 of the patch that masks api_key in logs
+    min_driver_branch: int = 0
+    arity: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     def accepts(self, flag: str) -> bool:
         return flag in self.flags
+
+    def takes(self, flag: str) -> str | None:
+        """How many argv words `flag` takes ('0', '1', '?', '*', '+'), None when not known."""
+        return self.arity.get(flag)
 
 
 @cache
@@ -46,6 +52,9 @@ def facts(version: str) -> VersionFacts | None:
     if entry is None or not flag_file.is_file():
         return None
     flags = frozenset(line.strip() for line in flag_file.read_text().splitlines() if line.strip())
+    arity_file = _DIR / f"{version}.arity"
+    arity = dict(line.split() for line in arity_file.read_text().splitlines()
+                 if line.strip()) if arity_file.is_file() else {}
     return VersionFacts(
         version=version,
         flags=flags,
@@ -54,4 +63,6 @@ def facts(version: str) -> VersionFacts | None:
         nvfp4_dsv4_moe=bool(entry["nvfp4_dsv4_moe"]),
         moe_runner_backends=tuple(entry.get("moe_runner_backends") or ()),
         secrets_mask_patch=entry.get("secrets_mask_patch"),
+        min_driver_branch=int(entry.get("min_driver_branch") or 0),
+        arity=arity,
     )

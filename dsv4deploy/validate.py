@@ -6,19 +6,59 @@ budget (memory.py) is part of the report so `dsv4deploy validate` can show it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from . import catalog
+from .boundary import shown
 from .errors import Problem
-from .memory import Budget, budget
+from .memory import Budget, BudgetInputError, budget
 from .patches import MASK_SECRETS_PATCH, profile_entry
 from .profiles import Profile
-from .render import MANAGED_FLAGS, flag_owner
+from .render import MANAGED_ENV, MANAGED_FLAGS, flag_owner
 from .sglang_versions import facts, known_versions
 
 PLACEHOLDER_REVISION = "0" * 40
 NO_SM120_KERNELS = {"auto", "flashinfer_trtllm_routed", "flashinfer_trtllm", "deep_gemm",
                     "flashinfer_cutedsl", "flashinfer_megamoe", "megamoe"}
+
+# --- secrets: a profile is copied into the unit, the manifest, argv.json and release records ---
+SECRET_ENV = re.compile(r".*_TOKEN|.*_KEY|.*_APIKEY|.*SECRET.*|.*PASSWORD.*|.*PASSWD.*|.*CREDENTIAL.*|"
+                        r"HF_TOKEN|HUGGING_FACE_HUB_TOKEN")
+SECRET_FLAG = re.compile(r"(^|-)(key|apikey|secret|password|passwd|credentials?)(-|$)|"
+                         r"(^|-)(auth|access|api|hf|bearer|refresh|session)-token(-|$)")
+SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}|\bAKIA[0-9A-Z]{16}\b|"
+                          r"\bgh[pousr]_[A-Za-z0-9]{30,}|\bglpat-[A-Za-z0-9_-]{20,}|\bxox[abprs]-[A-Za-z0-9-]{10,}|"
+                          r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+API_KEY_HOWTO = ("set server.api_key: true (the key is generated on the host and given to SGLang through a "
+                 "systemd credential)")
+HF_TOKEN_HOWTO = "give the HF token on the control node: DSV4_HF_TOKEN_FILE=path or DSV4_HF_TOKEN"
+SECRET_WHY = "a secret does not belong in a profile (it is copied into the unit, manifest, argv.json and release records)"
+
+# --- the service must not be, or collide with, something the host already has ------------------
+SYSTEM_USERS = {
+    "root", "toor", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy",
+    "www-data", "backup", "list", "irc", "gnats", "nobody", "nogroup", "sshd", "messagebus", "syslog",
+    "adm", "sudo", "wheel", "staff", "operator", "halt", "shutdown", "ftp", "dbus", "polkitd", "avahi",
+    "dnsmasq", "uuidd", "tss", "tcpdump", "usbmux", "rtkit", "ntp", "chrony", "postfix", "lxd", "landscape",
+    "pollinate", "fwupd-refresh", "_apt", "_chrony", "_rpc", "ubuntu", "debian", "admin", "ec2-user",
+    "centos", "fedora", "cloud-user", "nvidia-persistenced",
+}
+SYSTEM_UNITS = {
+    "ssh", "sshd", "dbus", "dbus-broker", "cron", "crond", "atd", "anacron", "getty", "serial-getty",
+    "console-getty", "container-getty", "autovt", "networking", "network", "network-online", "rsyslog",
+    "syslog", "journald", "udev", "logind", "polkit", "docker", "containerd", "snapd", "ufw", "apparmor",
+    "auditd", "chrony", "chronyd", "ntp", "ntpd", "cloud-init", "cloud-config", "cloud-final",
+    "nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "dcgm", "kubelet", "user",
+    "user-runtime-dir", "emergency", "rescue", "reboot", "poweroff", "halt", "kexec", "default",
+    "multi-user", "graphical", "basic", "sysinit", "shutdown", "sockets", "timers", "paths", "slices",
+    "local-fs", "remote-fs", "swap", "init", "kmod", "kmod-static-nodes", "dm-event", "lvm2-monitor",
+    "multipathd", "iscsid", "rpcbind", "unattended-upgrades", "apt-daily", "apt-daily-upgrade",
+    "motd-news", "fwupd", "packagekit", "accounts-daemon", "irqbalance", "thermald", "libvirtd",
+    "firewalld", "sssd", "nscd", "nginx", "apache2", "httpd", "postgresql", "mysql", "redis-server",
+    "releases",  # /var/lib/dsv4deploy/releases is the release store: a service there would share it
+}
+SYSTEM_UNIT_PREFIXES = ("systemd-", "dbus-", "getty", "user@", "sys-", "dev-", "run-")
 
 
 @dataclass
@@ -67,6 +107,9 @@ def validate(profile: Profile) -> Report:
     _nccl(profile, data, add)
     if version is not None:
         _extra_args(profile, server, version, add)
+    _secrets(profile, add)
+    _service(profile, data["service"], add)
+    _env(profile, server, add)
     if data["driver"]["branch"] < gpu.min_driver_branch:
         add(profile.problem(("driver", "branch"), f"{gpu.name} (compute capability {gpu.compute_cap}) needs "
                             f"driver branch >= {gpu.min_driver_branch}, got {data['driver']['branch']}"))
@@ -75,11 +118,18 @@ def validate(profile: Profile) -> Report:
     if data["service"].get("hardening") == "off":
         add(profile.problem(("service", "hardening"), "the unit runs without a sandbox: the server runs model "
                             "code with full access to the host as its user; use strict or standard", "warning"))
+    if version is not None and data["driver"]["branch"] < version.min_driver_branch:
+        add(profile.problem(("driver", "branch"), f"SGLang {version.version} is built for CUDA 13, whose runtime "
+                            f"needs driver branch >= {version.min_driver_branch}, got {data['driver']['branch']}"))
     if not any("min_output_throughput" in lvl for lvl in data["gate"]["levels"]):
         add(profile.problem(("gate", "levels"), "no level has min_output_throughput: the smoke gate "
                             "checks only failed requests", "warning"))
 
-    b = budget(server, gpu, model, data.get("calibration"))
+    try:
+        b = budget(server, gpu, model, data.get("calibration"))
+    except BudgetInputError as exc:
+        add(profile.problem(exc.path, str(exc)))
+        return report
     report.budget = b
     _memory(profile, b, add)
     return report
@@ -155,20 +205,112 @@ def _nccl(profile, data, add) -> None:
                             "P2P off needs server.disable_custom_all_reduce: true"))
 
 
+_NEGATIVE_NUMBER = re.compile(r"-[0-9]+|-[0-9]*\.[0-9]+")
+_COUNTS = {"0": (0, 0), "1": (1, 1), "?": (0, 1), "*": (0, 1 << 30), "+": (1, 1 << 30)}
+
+
+def _is_option(word: str) -> bool:
+    """What SGLang's argparse reads as an option rather than a value."""
+    return word.startswith("-") and word != "-" and not _NEGATIVE_NUMBER.fullmatch(word)
+
+
 def _extra_args(profile, server, version, add) -> None:
-    for i, word in enumerate(server.get("extra_args") or []):
-        path = ("server", "extra_args", i)
-        if not word.startswith("--"):
-            continue  # a value of the previous flag
-        name = word.split("=", 1)[0]
+    """Every word is a known --flag of the pinned release, or a value that flag takes (its
+    arity from <version>.arity); single-dash options, '--' and bare positionals are refused."""
+    words = server.get("extra_args") or []
+    i = 0
+    while i < len(words):
+        word, path = words[i], ("server", "extra_args", i)
+        i += 1
+        if word == "--" or (_is_option(word) and not word.startswith("--")):
+            add(profile.problem(path, f"{shown(word)}: only full --flags of SGLang {version.version} are allowed "
+                                "here (single-dash options such as -h print the usage and exit, '--' ends the "
+                                "options)"))
+            continue
+        if not _is_option(word):
+            add(profile.problem(path, f"{shown(word)} is not the value of any flag: SGLang's launcher takes no "
+                                "positional arguments (put each value right after the flag that takes it)"))
+            continue
+        name, eq, _ = word.partition("=")
         owner = flag_owner(word)
-        if owner:
+        takes = version.takes(name)
+        if SECRET_FLAG.search(name[2:]):
+            add(profile.problem(path, f"{name}: {SECRET_WHY}; for the server's API key {API_KEY_HOWTO}"))
+        elif owner:
             add(profile.problem(path, f"{name} is managed by the profile (server.{owner} / "
                                 f"{', '.join(MANAGED_FLAGS[owner])}); set it there"))
+        elif name == "--help":
+            add(profile.problem(path, "--help prints the usage and exits: the service would never start"))
         elif not version.accepts(name):
             near = sorted(f for f in version.flags if f.startswith(name))
             hint = f"; abbreviations are not allowed: write {near[0]}" if len(near) == 1 else ""
             add(profile.problem(path, f"SGLang {version.version} has no flag {name}{hint}"))
+        if takes is None:  # unknown flag (refused above) or no arity data: skip its values
+            while i < len(words) and not _is_option(words[i]):
+                i += 1
+            continue
+        if eq:
+            if takes == "0":
+                add(profile.problem(path, f"{name} takes no value: write {name} alone"))
+            continue
+        least, most = _COUNTS.get(takes, (0, 1 << 30))
+        count = 0
+        while count < most and i < len(words) and not _is_option(words[i]):
+            i += 1
+            count += 1
+        if count < least:
+            add(profile.problem(path, f"{name} needs a value right after it"))
+
+
+def _secrets(profile, add) -> None:
+    """Secret-looking env keys and values anywhere in the profile."""
+    for key in profile.data["server"].get("env") or {}:
+        if SECRET_ENV.fullmatch(key):
+            if key.startswith(("HF_", "HUGGING")):
+                howto = HF_TOKEN_HOWTO
+            elif key.endswith("API_KEY"):
+                howto = f"for the server's API key {API_KEY_HOWTO}"
+            else:
+                howto = f"for the server's API key {API_KEY_HOWTO}; {HF_TOKEN_HOWTO}"
+            add(profile.problem(("server", "env", key), f"{key}: {SECRET_WHY}; {howto}"))
+    for path, value in _strings(profile.data, ()):
+        if path[:2] == ("server", "env") and SECRET_ENV.fullmatch(str(path[-1])):
+            continue  # already refused by its name
+        if SECRET_VALUE.search(value):
+            howto = HF_TOKEN_HOWTO if "hf_" in value else \
+                f"for the server's API key {API_KEY_HOWTO}; {HF_TOKEN_HOWTO}"
+            add(profile.problem(path, f"looks like a token or key: {SECRET_WHY}; {howto}"))
+
+
+def _strings(data, path):
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _strings(value, path + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from _strings(value, path + (i,))
+    elif isinstance(data, str):
+        yield path, data
+
+
+def _service(profile, service, add) -> None:
+    user, name = service["user"], service["name"]
+    if user in SYSTEM_USERS or user.startswith("systemd-"):
+        add(profile.problem(("service", "user"), f"{user!r} is a system or login account: the server runs model "
+                            "code (trust_remote_code) and must run as a dedicated unprivileged user, e.g. sglang"))
+    if name in SYSTEM_UNITS or name.startswith(SYSTEM_UNIT_PREFIXES):
+        add(profile.problem(("service", "name"), f"{name!r} collides with a system unit or a dsv4deploy folder: "
+                            "pick a name of its own, e.g. sglang or sglang-ctx8k"))
+
+
+def _env(profile, server, add) -> None:
+    for key in server.get("env") or {}:
+        path = ("server", "env", key)
+        if key in MANAGED_ENV:
+            add(profile.problem(path, f"{key} is set by the rendered unit ({key}={MANAGED_ENV[key]}); remove it"))
+        elif key.startswith("NCCL_"):
+            add(profile.problem(path, f"{key}: NCCL variables go in nccl.overrides (nccl.env is read after "
+                                "Environment= and would silently win)"))
 
 
 def _memory(profile, b: Budget, add) -> None:

@@ -120,9 +120,9 @@ def test_missing_parent_points_at_extends_line(profile_dir):
 def test_missing_required_key(profile_dir):
     profile_dir.write("bare", "description: nothing else\n")
     msgs = problems_of("bare")
-    assert any(m.endswith("profiles/bare.yaml: model.repo: missing required key "
+    assert any(m.endswith("profiles/bare.yaml:1: model.repo: missing required key "
                           "(Hugging Face repository id of the checkpoint)") for m in msgs), msgs
-    assert any(m.endswith("profiles/bare.yaml: server.tp_size: missing required key "
+    assert any(m.endswith("profiles/bare.yaml:1: server.tp_size: missing required key "
                           "(tensor-parallel size (--tp-size))") for m in msgs), msgs
 
 

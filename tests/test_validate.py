@@ -103,3 +103,22 @@ def test_an_api_key_needs_the_mask_patch(profile_dir):
     assert report_for(profile_dir, "sglang:\n  patches: []\nserver:\n  api_key: false\n").ok
     older = errors(report_for(profile_dir, "sglang:\n  version: '0.5.22'\n"))
     assert "server.api_key: SGLang 0.5.22 writes the API key into the journal" in older
+@pytest.mark.parametrize("args", [
+    "[--lora-paths, a, b, --watchdog-timeout, '600']",
+    "[--cuda-graph-bs-decode, '1', '2', '4', --enable-lora]",
+    "[--model-checksum]",
+    "[--model-checksum, abc, --random-seed, '-1']",
+    "['--watchdog-timeout=600', --lora-paths]",
+])
+def test_extra_args_take_what_each_flag_takes(profile_dir, args):
+    report = report_for(profile_dir, f"server:\n  extra_args: {args}\n")
+    assert report.ok, errors(report)
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.20", "0.5.22", "0.5.23"])
+def test_arity_data_covers_exactly_the_flags(version):
+    from dsv4deploy.sglang_versions import facts
+    f = facts(version)
+    assert set(f.arity) == set(f.flags) and set(f.arity.values()) <= {"0", "1", "?", "*", "+"}
+    assert f.takes("--tp-size") == "1" and f.takes("--enable-metrics") == "0" and f.takes("-h") == "0"
+    assert f.min_driver_branch == 580

@@ -12,6 +12,7 @@ Command line::
     python tests/tools/sglang_parser.py ensure VERSION
     python tests/tools/sglang_parser.py parse VERSION [--prepare] -- ARGV...
     python tests/tools/sglang_parser.py dump-flags VERSION [-o FILE]
+    python tests/tools/sglang_parser.py dump-arity VERSION [-o FILE]   # FLAG 0|1|?|*|+
     python tests/tools/sglang_parser.py actions VERSION          # every action as JSON
 
 ``parse`` does what ``prepare_server_args(argv)`` does up to ``parse_args``:
@@ -326,6 +327,18 @@ def dump_flags(version: str) -> list[str]:
     return [opt for action in actions(version) for opt in action["option_strings"]]
 
 
+def arity(action: dict) -> str:
+    """How many argv words an option takes: 0, 1, '?', '*', '+' (argparse's nargs; None is 1)."""
+    nargs = action["nargs"]
+    return "1" if nargs is None else str(nargs)
+
+
+def dump_arity(version: str) -> list[str]:
+    """`FLAG ARITY` per option string, parser order (`<version>.arity`, read by the validator to
+    tell a flag's value from a bare positional in extra_args)."""
+    return [f"{opt} {arity(action)}" for action in actions(version) for opt in action["option_strings"]]
+
+
 # --- the worker (runs inside the built venv) -----------------------------------------------------
 
 def _jsonable(value):
@@ -449,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     p_dump = sub.add_parser("dump-flags", help="print every option string, parser order")
     p_dump.add_argument("version")
     p_dump.add_argument("-o", "--output", type=Path)
+    p_arity = sub.add_parser("dump-arity", help="print 'FLAG ARITY' (0 1 ? * +) per option string")
+    p_arity.add_argument("version")
+    p_arity.add_argument("-o", "--output", type=Path)
     sub.add_parser("actions", help="every parser action as JSON").add_argument("version")
     args = cli.parse_args(argv)
     try:
@@ -465,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result["values"], indent=2, sort_keys=True))
         elif args.cmd == "dump-flags":
             text = "".join(f"{flag}\n" for flag in dump_flags(args.version))
+            if args.output:
+                args.output.write_text(text)
+            else:
+                sys.stdout.write(text)
+        elif args.cmd == "dump-arity":
+            text = "".join(f"{line}\n" for line in dump_arity(args.version))
             if args.output:
                 args.output.write_text(text)
             else:
