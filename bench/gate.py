@@ -1,8 +1,10 @@
 """Gate timings: the passing profile's gate, the failing profile's gate with early stop (and,
 with --full, without), and the automatic rollback time on the twin (from the release history).
 
-    .venv/bin/python bench/gate.py            # ~5 minutes: local twin servers on loopback
-    .venv/bin/python bench/gate.py --full     # + the slow profile's gate without early stop (~27 min)
+    .venv/bin/python bench/gate.py              # ~5 minutes: local twin servers on loopback
+    .venv/bin/python bench/gate.py --full       # + the slow profile's gate without early stop (~27 min)
+    .venv/bin/python bench/gate.py --early-pass # early pass vs full run: every shipped profile, and
+                                                # floors 10% below / above what the twin serves (~25 min)
 
 Prints figures; asserts nothing. The rollback figures need the CT200 twin running with a
 history that holds automatic rollbacks (e.g. after `pytest tests/test_deploy_twin.py`).
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dsv4deploy.gate import GateSpec, run_gate  # noqa: E402
 from dsv4deploy.gate.runner import local_execute, local_upload  # noqa: E402
 from dsv4deploy.profiles import load_profile  # noqa: E402
+from dsv4deploy.render import server_args  # noqa: E402
 from dsv4deploy.twin.faults import Faults  # noqa: E402
 from dsv4deploy.twin.perf import PerfConfig, simulate_bench  # noqa: E402
 from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
@@ -41,6 +44,66 @@ def timed_gate(profile: str, context: int | None, early_stop: bool = True) -> tu
                            client_dir=str(twin.tmp / "gate-client"),
                            early_stop=early_stop)
         return time.monotonic() - start, outcome
+
+
+def profile_argv(name: str, twin: LocalTwin) -> list[str]:
+    """The profile's rendered server flags, pointed at the local twin (no API key: no credential here)."""
+    args = server_args(load_profile(name))
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == "--config":
+            skip = True
+            continue
+        prev = args[i - 1] if i else ""
+        out.append(str(twin.model_dir) if prev == "--model-path" else str(twin.port) if prev == "--port" else a)
+    return out
+
+
+def gate_on_profile(name: str, spec: GateSpec, early_pass: bool) -> tuple[float, object]:
+    twin = LocalTwin(argv=None)
+    twin.argv = profile_argv(name, twin)
+    with twin:
+        twin.wait_ready()
+        start = time.monotonic()
+        outcome = run_gate(spec, local_execute, base_url=twin.url, model_path=str(twin.model_dir),
+                           venv_python=sys.executable, runner="builtin", upload=local_upload,
+                           client_dir=str(twin.tmp / "gate-client"), early_pass=early_pass)
+        return time.monotonic() - start, outcome
+
+
+def with_floors(spec: GateSpec, floors: dict[int, float]) -> GateSpec:
+    from dataclasses import replace
+    return replace(spec, levels=tuple(replace(lv, min_output_throughput=floors.get(lv.concurrency,
+                                                                                   lv.min_output_throughput))
+                                      for lv in spec.levels))
+
+
+def early_pass_table() -> None:
+    """Each shipped profile's gate run full and with early pass on the twin: time and verdict; then
+    the passing profile with floors placed 10% below and above what the twin serves at each level."""
+    from dsv4deploy.profiles import list_profiles
+    print(f"{'profile / floors':44} {'full s':>7} {'early s':>8} {'ratio':>6}  full -> early verdict")
+    for name in list_profiles():
+        spec = GateSpec.from_profile(load_profile(name).data)
+        full_s, full = gate_on_profile(name, spec, early_pass=False)
+        early_s, early = gate_on_profile(name, spec, early_pass=True)
+        same = "same" if (full.passed, [lv.status for lv in full.verdict.levels]) == \
+            (early.passed, [lv.status for lv in early.verdict.levels]) else "DIFFERENT"
+        print(f"{name:44} {full_s:7.1f} {early_s:8.1f} {early_s / full_s:6.2f}  "
+              f"{'PASS' if full.passed else 'FAIL'} -> {'PASS' if early.passed else 'FAIL'} ({same})", flush=True)
+        if name != "nvfp4-ctx8k":
+            continue
+        served = {lv.concurrency: lv.output_throughput for lv in full.result.levels}
+        for label, factor in (("floors 10% below the served rate", 1 / 1.1), ("floors 10% above", 1 / 0.9)):
+            moved = with_floors(spec, {c: round(x * factor, 1) for c, x in served.items()})
+            f_s, f = gate_on_profile(name, moved, early_pass=False)
+            e_s, e = gate_on_profile(name, moved, early_pass=True)
+            same = "same" if f.passed == e.passed else "DIFFERENT"
+            print(f"{'  ' + label:44} {f_s:7.1f} {e_s:8.1f} {e_s / f_s:6.2f}  "
+                  f"{'PASS' if f.passed else 'FAIL'} -> {'PASS' if e.passed else 'FAIL'} ({same})", flush=True)
 
 
 def predicted_full_gate_s(profile: str, context: int) -> float:
@@ -70,7 +133,11 @@ def rollback_times() -> list[tuple[int, int, float]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="also run the slow profile's gate without early stop")
+    ap.add_argument("--early-pass", action="store_true", help="early pass against full runs (every shipped profile)")
     args = ap.parse_args()
+    if args.early_pass:
+        early_pass_table()
+        return 0
     rows = []
     t, o = timed_gate("nvfp4-ctx8k", 8192)
     rows.append(("nvfp4-ctx8k (passes)", t, o.passed, o.summary, predicted_full_gate_s("nvfp4-ctx8k", 8192)))

@@ -3,7 +3,8 @@
 Each holds the resolved profile, the rendered files, the launch manifest and `status.json`.
 Status goes pending -> deployed | failed; a newer deployed release makes the older one
 superseded. `pending` is written before the switch, so a run that was cut off is found and
-settled by the next one. The transitions are pure functions over status documents; the host
+settled by the next one: as `unverified` (it never passed its gate, so it is never `deployed`;
+the next deploy restarts and gates, a rollback restores the last release that passed). The transitions are pure functions over status documents; the host
 I/O is in tasks/release.py.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 
 PENDING, DEPLOYED, FAILED, SUPERSEDED = "pending", "deployed", "failed", "superseded"
+UNVERIFIED = "unverified"   # a cut-off run's release: maybe running, never gated
 
 
 def now() -> str:
@@ -51,15 +53,17 @@ def mark_deployed(records: list[dict], number: int) -> list[dict]:
 
 
 def settle_interrupted(records: list[dict], live_manifest_sha256: str | None, healthy: bool) -> list[dict]:
-    """Decide every `pending` record left by a run that did not finish.
-
-    The newest pending one is deployed if its manifest is the one installed and the server is
-    healthy; everything else pending is failed (interrupted)."""
+    """Decide every `pending` record left by a run that did not finish: none passed its gate, so
+    none becomes `deployed`. The one whose files are installed is `unverified` (it may be serving:
+    the next deploy restarts and gates it, or `make rollback` restores the last good release);
+    the rest never reached the host and are `failed`."""
     pending = [r for r in records if r["status"] == PENDING]
     changed = []
     for r in pending:
-        if r is pending[-1] and healthy and r["manifest_sha256"] == live_manifest_sha256:
-            changed += mark_deployed(records, r["release"])
+        if r is pending[-1] and r["manifest_sha256"] == live_manifest_sha256:
+            state = "answering /health" if healthy else "not healthy"
+            changed.append(with_status(r, UNVERIFIED, f"interrupted after the switch, before its gate passed "
+                                                      f"(server {state}); the next deploy restarts and gates it"))
         else:
             changed.append(with_status(r, FAILED, "interrupted: the run that started it did not finish"))
     return changed

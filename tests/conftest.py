@@ -28,3 +28,65 @@ def profile_dir(tmp_path, monkeypatch):
             return path
 
     return Dir
+
+
+# --- order and background preparation ------------------------------------------------------------
+# Tests that need the CT200 twin or SGLang's parser venv (marked `slow`) run last, in their own
+# order; while the fast ones run, the twin's Debian root (debootstrap, ~2-3 min on a fresh machine)
+# and the parser venv are built in the background, so a fresh `make test` waits for neither.
+
+PREBUILD_PARSER_VERSIONS = ("0.5.23",)
+_prebuild: list = []
+_threads: list = []
+
+
+def _group(item) -> int:
+    if item.get_closest_marker("slow"):
+        return 2
+    return 1 if item.get_closest_marker("timing") else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_group)   # stable: each group keeps its order
+
+
+@pytest.fixture(autouse=True)
+def _quiet_machine_for_timing(request):
+    """Throughput measured against the twin's model needs the CPUs: wait for the background builds."""
+    if request.node.get_closest_marker("timing"):
+        for thread in _threads:
+            thread.join()
+    yield
+
+
+def pytest_collection_finish(session):
+    import os
+    import threading
+
+    if not any(item.get_closest_marker("slow") for item in session.items):
+        return
+
+    def build_root():
+        from dsv4deploy.sim import host as simhost
+        with simhost._locked():                 # `up` waits on the same lock, then finds it built
+            simhost.ensure_rootfs()
+
+    def build_parser():
+        import sys
+        sys.path.insert(0, str(REPO / "tests" / "tools"))
+        import sglang_parser
+        for version in PREBUILD_PARSER_VERSIONS:
+            sglang_parser.ensure(version)
+
+    jobs = [build_parser]
+    if os.geteuid() == 0:
+        jobs.append(build_root)
+    for job in jobs:
+        def run(job=job):
+            try:
+                job()
+            except Exception as exc:  # noqa: BLE001 - the test that needs it builds again and reports
+                _prebuild.append(f"{job.__name__}: {exc}")
+        thread = threading.Thread(target=run, name=f"prebuild-{job.__name__}", daemon=True)
+        thread.start()
+        _threads.append(thread)

@@ -78,6 +78,10 @@ def served_context(twin):
     return info["context_length"]
 
 
+def live_venv(twin) -> str:
+    return json.loads(twin.run("cat /etc/dsv4deploy/sglang/manifest.json").stdout)["venv"]
+
+
 def main_pid(twin) -> int:
     return int(twin.run("systemctl show -p MainPID --value sglang.service").stdout.strip() or 0)
 
@@ -147,7 +151,8 @@ def test_the_api_key_is_only_in_its_0600_files_and_the_server_is_sandboxed(twin)
         "systemd's view": twin.run("systemctl show sglang.service").stdout,
         "manifest": twin.run("cat /etc/dsv4deploy/sglang/manifest.json").stdout,
         "release records and reports on the host": twin.run("cat /var/lib/dsv4deploy/releases/*/*.json "
-                                                            "/var/lib/dsv4deploy/releases/*/gate/*").stdout,
+                                                            "/var/lib/dsv4deploy/releases/*/gate/*.json "
+                                                            "/var/lib/dsv4deploy/releases/*/gate/*.md").stdout,
         "the journal": journal,
         "the server's environment": twin.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout,
         "the server's argv": twin.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout,
@@ -265,7 +270,7 @@ def test_stale_server_on_the_port_is_detected(twin):
     twin.run("systemctl stop sglang.service")
     twin.write_file("/etc/dsv4deploy-twin/stale.json", json.dumps({"stale_model_path": "/srv/old-model"}))
     twin.run("systemd-run --unit stale-sglang -E DSV4_TWIN_FAULTS=/etc/dsv4deploy-twin/stale.json "
-             "-E PATH=/usr/bin:/bin /opt/dsv4deploy/venvs/sglang-0.5.23-nopatch/bin/python "
+             f"-E PATH=/usr/bin:/bin {live_venv(twin)}/bin/python "
              "-m dsv4deploy.twin.server --model-path /srv/old-model --port 30000")
     try:
         for _ in range(50):
@@ -361,7 +366,7 @@ PATCH_SHA = "0ff2621cdc51dbe59a0cc7e2a882616a1bd07451ba23dff8e6148e85966c90f9"
 def test_a_sha256_mismatch_in_a_patch_is_refused_before_any_change(twin, profiles):
     (profiles / "badpatch.yaml").write_text(
         "extends: quick16k\nsglang:\n  patches:\n    - {name: twin-marker, file: tests/fixtures/patches/twin-marker.patch, "
-        f"sha256: {'a' * 64}}}\n")
+        f"sha256: {'a' * 64}}}\n    - {{name: {MASK['name']}, file: {MASK['file']}, sha256: {MASK['sha256']}}}\n")
     count, pid = len(releases(twin)), main_pid(twin)
     out = deploy("badpatch", profiles_dir=profiles)
     assert out.returncode != 0

@@ -14,6 +14,10 @@ from dsv4deploy.twin import perf
 from dsv4deploy.twin.faults import Faults
 from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
 
+import pytest
+
+pytestmark = pytest.mark.timing
+
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.1, "health_poll_seconds": 0.1}
 
 
@@ -77,6 +81,29 @@ def test_slow_profile_stops_early_in_a_small_fraction_of_the_full_gate():
     assert " tok/s < floor 400 tok/s (running rate, stopped early after " in out.verdict.failures[0]
     assert [out.result.level(c).status for c in (16, 1)] == [SKIPPED, SKIPPED]
     assert took < 0.05 * full and took < 60
+
+
+def test_a_clear_pass_stops_early_and_a_near_floor_level_runs_to_the_end():
+    """Early pass: 25% above the floor after C completions stops the level as passed; a level
+    10% above its floor runs every request (the verdict must equal a full run's)."""
+    pred = perf.simulate_bench(perf.reference_config(8192), 4, 16, 64, 32).output_throughput
+    clear = GateSpec(levels=(LevelSpec(4, 16, 64, 32, min_output_throughput=round(pred / 2, 1)),),
+                     warmup_requests=1, budget_s=120)
+    near = GateSpec(levels=(LevelSpec(4, 16, 64, 32, min_output_throughput=round(pred * 0.9, 1)),),
+                    warmup_requests=1, budget_s=120)
+    with twin() as t:
+        fast = gate(t, clear)
+        whole = gate(t, near)
+    lv = fast.result.levels[0]
+    assert fast.passed and lv.status == OK and lv.early_stop["rule"] == "pass"
+    assert 4 <= lv.completed < 16 and lv.failed == 0 and lv.output_throughput >= 1.25 * lv_floor(clear)
+    assert "passed early" in " ".join(r.note for r in fast.verdict.levels[0].rows)
+    lv = whole.result.levels[0]
+    assert whole.passed and lv.completed == 16 and lv.early_stop is None
+
+
+def lv_floor(spec):
+    return spec.levels[0].min_output_throughput
 
 
 def test_error_rate_failures_are_counted():

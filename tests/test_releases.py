@@ -26,20 +26,23 @@ def test_deploying_supersedes_the_previous_deployed():
     assert changed == {2: rel.SUPERSEDED, 3: rel.DEPLOYED}
 
 
-def test_interrupted_pending_is_failed_unless_it_is_live_and_healthy():
+def test_an_interrupted_release_is_never_deployed_without_its_gate():
     records = [record(1, rel.DEPLOYED, "a"), record(2, rel.PENDING, "b")]
     failed = rel.settle_interrupted(records, live_manifest_sha256="a", healthy=True)
-    assert [(d["release"], d["status"]) for d in failed] == [(2, rel.FAILED)]
+    assert [(d["release"], d["status"]) for d in failed] == [(2, rel.FAILED)]     # never reached the host
     assert "interrupted" in failed[0]["reason"]
-    live = {d["release"]: d["status"] for d in rel.settle_interrupted(records, "b", healthy=True)}
-    assert live == {1: rel.SUPERSEDED, 2: rel.DEPLOYED}
-    assert rel.settle_interrupted(records, "b", healthy=False)[0]["status"] == rel.FAILED
+    for healthy in (True, False):
+        (doc,) = rel.settle_interrupted(records, "b", healthy=healthy)               # its files are live
+        assert (doc["release"], doc["status"]) == (2, rel.UNVERIFIED)
+        assert "before its gate passed" in doc["reason"] and "restarts and gates" in doc["reason"]
+    assert rel.current(records)["release"] == 1        # the last release that passed stays current
 
 
 def test_nothing_stays_pending_after_settling():
     records = [record(1, rel.PENDING, "a"), record(2, rel.PENDING, "b")]
     settled = rel.settle_interrupted(records, "b", healthy=True)
-    assert {d["release"]: d["status"] for d in settled if d["release"] in (1, 2)} == {1: rel.FAILED, 2: rel.DEPLOYED}
+    assert {d["release"]: d["status"] for d in settled} == {1: rel.FAILED, 2: rel.UNVERIFIED}
+    assert not any(d["status"] in (rel.PENDING, rel.DEPLOYED) for d in settled)
 
 
 def test_current_is_the_newest_deployed():

@@ -8,6 +8,8 @@ import pytest
 from dsv4deploy.twin import perf
 from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
 
+pytestmark = pytest.mark.timing
+
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.1, "health_poll_seconds": 0.1}
 
 

@@ -124,6 +124,7 @@ def settle_interrupted(r: Rollout) -> None:
         healthy = observer(host, r.target)().http == 200
         for doc in releases.settle_interrupted(records(host, r.layout.releases_dir), live_sha, healthy):
             save_record(host, r.layout.releases_dir, doc)
+            print(f"[{host.name}] release {doc['release']:04d}: {doc['status']} ({doc['reason']})")
 
     python.call(name="settle releases left pending by an interrupted run", function=reported(settle))
 
