@@ -10,23 +10,64 @@ from pathlib import Path
 import pytest
 
 from dsv4deploy.gate.result import FAILED, GateResult, LevelResult
-from dsv4deploy.gate.runner import (CLIENT_PATH, builtin_command, choose_runner, local_execute,
-                                    parse_client_output, prepare_command, run_gate)
+from dsv4deploy.gate.runner import (CLIENT_PATH, PROBE_TIMEOUT_S, builtin_command, choose_runner, local_execute,
+                                    parse_client_output, prepare_command, probe_command, run_gate)
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
 
 SPEC = GateSpec(levels=(LevelSpec(1, 8, min_output_throughput=10), LevelSpec(64, 128, min_output_throughput=400)),
                 budget_s=600)
 
 
+def answers(rc, out):
+    return lambda cmd, timeout_s: (rc, out, "")
+
+
 def test_choose_runner():
-    assert choose_runner("builtin", None, "/x")[0] == "builtin"
-    assert choose_runner("auto", lambda c, t: (0, "", ""), "/v/bin/python")[0] == "bench_serving"
-    assert choose_runner("auto", lambda c, t: (1, "", ""), "/v/bin/python")[0] == "builtin"
+    assert choose_runner("builtin", None, "/x") == ("builtin", "runner builtin (profile)", None)
+    new, old = "sglang.benchmark.serving", "sglang.bench_serving"
+    assert choose_runner("auto", answers(0, new + "\n"), "/v/bin/python")[::2] == ("bench_serving", new)
+    assert choose_runner("auto", answers(0, old + "\n"), "/v/bin/python")[::2] == ("bench_serving", old)
+    assert choose_runner("auto", answers(3, "\n"), "/v/bin/python")[::2] == ("builtin", None)
+    assert choose_runner("auto", answers(0, ""), "/v/bin/python")[::2] == ("builtin", None)    # said nothing
+    assert choose_runner("auto", answers(0, "os\n"), "/v/bin/python")[::2] == ("builtin", None)  # not a module of ours
+    assert choose_runner("bench_serving", answers(0, old), "/v")[::2] == ("bench_serving", old)
+    r, why, module = choose_runner("bench_serving", answers(3, ""), "/v")
+    assert (r, module) == ("bench_serving", new) and "has neither" in why
 
     def boom(c, t):
         raise TimeoutError("ssh timed out")
-    r, why = choose_runner("auto", boom, "/v/bin/python")
-    assert r == "builtin" and "ssh timed out" in why
+    r, why, module = choose_runner("auto", boom, "/v/bin/python")
+    assert r == "builtin" and module is None and "ssh timed out" in why
+
+
+def sglang_tree(root: Path, *files: str) -> Path:
+    """A site dir whose sglang package explodes when imported (as torch would be pulled in)."""
+    for rel in ("sglang/__init__.py", "sglang/benchmark/__init__.py", *files):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("raise ImportError('the probe imported ' + __name__)\n")
+    return root
+
+
+@pytest.mark.parametrize("files,expected", [
+    (("sglang/benchmark/serving.py", "sglang/bench_serving.py"), (0, "sglang.benchmark.serving")),  # 0.5.17+
+    (("sglang/bench_serving.py",), (0, "sglang.bench_serving")),                                    # 0.5.14 and before
+    ((), (3, "")),
+])
+def test_probe_finds_the_module_without_importing_sglang(tmp_path, monkeypatch, files, expected):
+    monkeypatch.setenv("PYTHONPATH", str(sglang_tree(tmp_path / "site", *files)))
+    rc, out, err = local_execute(probe_command(sys.executable), PROBE_TIMEOUT_S)
+    assert (rc, out.strip()) == expected, err
+    assert "imported" not in out + err
+    found = choose_runner("auto", local_execute, sys.executable)
+    assert found[2] == (expected[1] or None)
+
+
+def test_probe_when_sglang_is_not_a_package(tmp_path, monkeypatch):
+    (tmp_path / "sglang.py").write_text("raise ImportError('the probe imported sglang')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert local_execute(probe_command(sys.executable), PROBE_TIMEOUT_S)[:2] == (3, "\n")
+    assert choose_runner("auto", local_execute, sys.executable)[::2] == ("builtin", None)
 
 
 def test_builtin_command_checks_the_client_and_passes_the_key_by_fd():
