@@ -56,10 +56,15 @@ class GateOutcome:
         return {"spec": self.spec.to_dict(), "result": self.result.to_dict(), "verdict": self.verdict.to_dict()}
 
 
-# Prints the first of bs.MODULES the venv has (exit 0), or nothing (exit 3). find_spec on the
-# top-level name locates sglang without running its __init__ (which imports torch); the
-# submodules are then looked up in its directories with PathFinder, which imports nothing either
-# (importlib.util.find_spec('sglang.x') would import the package first).
+# The client's own imports, none of which `pip install --no-deps sglang` brings: torch (SGLang's
+# __init__), transformers (the tokenizer), aiohttp, numpy, requests, tqdm.
+PROBE_DEPENDENCIES = ("torch", "transformers", "aiohttp", "numpy", "requests", "tqdm")
+
+# Prints the first of bs.MODULES the venv has and exits 0; "<module> missing <names>" (exit 3)
+# when that module's imports are absent; an empty line (exit 3) when it has neither.  find_spec
+# on a top-level name locates it without running it: sglang's __init__ (which imports torch)
+# never runs; its submodules are looked up in its directories with PathFinder, which imports
+# nothing either (importlib.util.find_spec('sglang.x') would import the package first).
 PROBE_CODE = (
     "import sys, importlib.util as u, importlib.machinery as m; "
     "s = u.find_spec('sglang'); p = list(s.submodule_search_locations or []) if s else []; "
@@ -67,7 +72,8 @@ PROBE_CODE = (
     "q = list(b.submodule_search_locations or []) if b else []; "
     f"n = {bs.MODULE!r} if q and m.PathFinder.find_spec('serving', q) "
     f"else {bs.LEGACY_MODULE!r} if p and m.PathFinder.find_spec('bench_serving', p) else ''; "
-    "print(n); sys.exit(0 if n else 3)")
+    f"d = [x for x in {PROBE_DEPENDENCIES!r} if u.find_spec(x) is None] if n else []; "
+    "print(n + (' missing ' + ' '.join(d) if d else '')); sys.exit(0 if n and not d else 3)")
 
 
 def probe_command(venv_python: str) -> str:
@@ -75,32 +81,36 @@ def probe_command(venv_python: str) -> str:
     return f"{shlex.quote(venv_python)} -c {shlex.quote(PROBE_CODE)} 2>/dev/null"
 
 
-def probe_module(execute: Execute, venv_python: str) -> tuple[str | None, str]:
-    """(module or None, what the probe found)."""
+def probe_module(execute: Execute, venv_python: str) -> tuple[str | None, bool, str]:
+    """(the module the venv has or None, whether its imports are there too, what the probe found)."""
     try:
         rc, out, _ = execute(probe_command(venv_python), PROBE_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001 - any failure to probe means: no module known
-        return None, f"probing {venv_python} failed ({type(e).__name__}: {e})"
-    lines = (out or "").split()
-    module = lines[-1] if lines else ""
-    if rc == 0 and module in bs.MODULES:
-        old = " (the new sglang.benchmark.serving is absent)" if module == bs.LEGACY_MODULE else ""
-        return module, f"{venv_python} has {module}{old}"
-    return None, f"{venv_python} has neither {' nor '.join(bs.MODULES)} (exit {rc})"
+        return None, False, f"probing {venv_python} failed ({type(e).__name__}: {e})"
+    lines = [ln.split() for ln in (out or "").splitlines() if ln.strip()]
+    words = lines[-1] if lines else []
+    module = words[0] if words and words[0] in bs.MODULES else None
+    if module is None:
+        return None, False, f"{venv_python} has neither {' nor '.join(bs.MODULES)} (exit {rc})"
+    old = " (sglang.benchmark.serving is absent)" if module == bs.LEGACY_MODULE else ""
+    if rc == 0 and len(words) == 1:
+        return module, True, f"{venv_python} has {module}{old}"
+    missing = ", ".join(words[2:]) if words[1:2] == ["missing"] else f"exit {rc}"
+    return module, False, f"{venv_python} has {module}{old} but not what it imports ({missing})"
 
 
 def choose_runner(requested: str, execute: Execute, venv_python: str) -> tuple[str, str, str | None]:
     """(runner, why, bench_serving module or None).  ``auto``: bench_serving if the server venv
-    has it, else builtin.  ``bench_serving`` probes only to pick the module (the new one when the
-    probe finds neither: the level then fails with its import error)."""
+    has it and what it imports, else builtin.  ``bench_serving`` probes only to pick the module
+    (the new one when the probe finds neither: the level then fails with its import error)."""
     if requested == "builtin":
         return "builtin", "runner builtin (profile)", None
-    module, found = probe_module(execute, venv_python)
+    module, runnable, found = probe_module(execute, venv_python)
     if requested == "bench_serving":
         if module is None:
             return "bench_serving", f"runner bench_serving (profile); {found}: trying {bs.MODULE}", bs.MODULE
         return "bench_serving", f"runner bench_serving (profile); {found}", module
-    if module is None:
+    if module is None or not runnable:
         return "builtin", f"auto: {found}; built-in client", None
     return "bench_serving", f"auto: {found}", module
 
