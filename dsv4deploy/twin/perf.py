@@ -56,7 +56,8 @@ What the constants reproduce (random 256/256, campaign prompt counts; "model" is
 virtual-time prediction of :func:`simulate_bench`, "twin" was measured client-side over HTTP
 by ``python bench/twin_calibration.py``).  Removing the invented continuous-decode-steps gain
 (k=4 was 38 + 8/4 ms fixed and admission every 4th step) left the model column unchanged to the
-last digit: in these closed loops the requests run in waves of equal length.
+last digit: in these closed loops the requests run in waves of equal length.  The twin column
+was measured before that change (the reference argv still carried the flag).
 
     configuration            C   n    campaign   model    twin
     default context (~1M)    1   8    ~14        13.90    13.88
