@@ -108,7 +108,7 @@ def early_pass_table() -> None:
 
 def predicted_full_gate_s(profile: str, context: int) -> float:
     spec = GateSpec.from_profile(load_profile(profile).data)
-    cfg = PerfConfig(context_length=context, num_continuous_decode_steps=4, max_running_requests=256)
+    cfg = PerfConfig(context_length=context, max_running_requests=256)
     return sum(simulate_bench(cfg, lv.concurrency, lv.num_prompts, lv.input_len, lv.output_len).duration_s
                for lv in spec.levels)
 

@@ -8,8 +8,9 @@
 Methodology = the campaign's: random 256 in / 256 out (bench_serving random-ids, range ratio 1.0),
 streaming /generate, ``--max-concurrency C``, output tok/s = completion tokens / wall duration.
 Without ``--url`` it starts one twin server per row (so rows can run in parallel) with the
-campaign's reference argv (TP4, 0.70, decode graphs bs 32, 4 continuous decode steps, marlin;
-``--context-length 8192`` for the last row), and a fake nvidia-smi when none is on PATH.
+campaign's reference argv (TP4, 0.70, decode graphs bs 32, marlin; ``--context-length 8192``
+for the last row; its ``--num-continuous-decode-steps 4`` is left out: SGLang never reads it),
+and a fake nvidia-smi when none is on PATH.
 The "model" column is dsv4deploy.twin.perf.simulate_bench (virtual time, same scheduler code).
 """
 

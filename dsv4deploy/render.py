@@ -42,7 +42,6 @@ MANAGED_FLAGS: dict[str, tuple[str, ...]] = {
     "mem_fraction_static": ("--mem-fraction-static",),
     "context_length": ("--context-length",),
     "cuda_graph_max_bs_decode": ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"),
-    "num_continuous_decode_steps": ("--num-continuous-decode-steps",),
     "moe_runner_backend": ("--moe-runner-backend",),
     "max_running_requests": ("--max-running-requests",),
     "chunked_prefill_size": ("--chunked-prefill-size",),
@@ -54,6 +53,14 @@ MANAGED_FLAGS: dict[str, tuple[str, ...]] = {
     "log_level": ("--log-level",),
     "api_key": ("--api-key", "--config"),
     "quantization": ("--quantization",),
+}
+
+
+# Flags SGLang declares but never reads: rendering them changes nothing but what the launch
+# appears to promise. Neither the renderer nor extra_args passes them on.
+UNREAD_FLAGS: dict[str, str] = {
+    "--num-continuous-decode-steps": "declared by SGLang 0.5.12-0.5.23 but never read (the PR that "
+                                     "would wire it up was closed unmerged); not rendered",
 }
 
 
@@ -84,8 +91,7 @@ def server_args(profile: Profile) -> list[str]:
         args += ["--context-length", str(int(server["context_length"]))]
     if server.get("cuda_graph_max_bs_decode"):
         args += [version.cuda_graph_max_bs_flag, str(server["cuda_graph_max_bs_decode"])]
-    args += ["--num-continuous-decode-steps", str(server["num_continuous_decode_steps"]),
-             "--moe-runner-backend", server["moe_runner_backend"]]
+    args += ["--moe-runner-backend", server["moe_runner_backend"]]
     known = catalog.model(model["repo"])
     if known and known.quantization_flag:
         args += ["--quantization", known.quantization_flag]

@@ -15,7 +15,7 @@ from .errors import Problem
 from .memory import Budget, BudgetInputError, budget
 from .patches import MASK_SECRETS_PATCH, profile_entry
 from .profiles import Profile
-from .render import MANAGED_ENV, MANAGED_FLAGS, flag_owner
+from .render import MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
 from .sglang_versions import facts, known_versions
 
 PLACEHOLDER_REVISION = "0" * 40
@@ -101,6 +101,10 @@ def validate(profile: Profile) -> Report:
         add(profile.problem(("model", "revision"), "placeholder revision: pin the checkpoint commit you validated",
                             "warning"))
 
+    if "num_continuous_decode_steps" in server:
+        add(profile.problem(("server", "num_continuous_decode_steps"),
+                            f"--num-continuous-decode-steps is {UNREAD_FLAGS['--num-continuous-decode-steps']}: "
+                            "remove the key (it changes nothing at any value)", "warning"))
     _parallelism(profile, server, hw, model, add)
     _context(profile, server, model, add)
     _kernels(profile, server, gpu, version, add)
@@ -236,6 +240,8 @@ def _extra_args(profile, server, version, add) -> None:
         takes = version.takes(name)
         if SECRET_FLAG.search(name[2:]):
             add(profile.problem(path, f"{name}: {SECRET_WHY}; for the server's API key {API_KEY_HOWTO}"))
+        elif name in UNREAD_FLAGS:
+            add(profile.problem(path, f"{name} is {UNREAD_FLAGS[name]}: remove it"))
         elif owner:
             add(profile.problem(path, f"{name} is managed by the profile (server.{owner} / "
                                 f"{', '.join(MANAGED_FLAGS[owner])}); set it there"))

@@ -1,14 +1,17 @@
 """The bench_serving runner: command shape (key never in the command), JSONL parsing on samples
 with the documented fields (reference/sglang.md 3.4), the partial-failure rule, non-zero exits,
-the floor time limit; end to end through run_gate with a stand-in `python -m sglang.bench_serving`."""
+the floor time limit; end to end through run_gate with a stand-in `python -m sglang.benchmark.serving`
+(or the older `sglang.bench_serving` where the new module is absent)."""
 
 import json
 import sys
 import time
 
+import pytest
+
 from dsv4deploy.gate import bench_serving as bs
 from dsv4deploy.gate.result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED
-from dsv4deploy.gate.runner import local_execute, run_gate
+from dsv4deploy.gate.runner import PROBE_TIMEOUT_S, local_execute, run_gate
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
 
 # sglang.md 3.4: keys in this exact order (server_info embeds /server_info, trimmed here)
@@ -96,11 +99,18 @@ def test_command_shape_and_secret_handling():
                           "/etc/dsv4deploy/secrets/sglang-api-key); export OPENAI_API_KEY; fi; export HF_HUB_OFFLINE=1;")
     assert 'chown dsv4deploy-gate "$d"; ' in cmd
     assert ("timeout -k 10 300 setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
-            "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -m sglang.bench_serving --backend sglang "
+            "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -m sglang.benchmark.serving --backend sglang "
             "--host 127.0.0.1 --port 30000 --model /srv/models/DeepSeek-V4-Flash --tokenizer /srv/models/DeepSeek-V4-Flash "
             "--dataset-name random-ids --random-input-len 256 --random-output-len 256 --random-range-ratio 1.0 "
             "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/bench.jsonl\" --disable-tqdm") in cmd
     assert "mktemp -d" in cmd       # a fresh output file every run
+    assert "sglang.bench_serving" not in cmd   # the deprecated shim only where the module is absent
+    legacy = bs.build_command(lv, venv_python="/v/bin/python", base_url="http://127.0.0.1:30000", model_path="/m",
+                              warmup_requests=2, limit_s=300, module="sglang.bench_serving")
+    assert "/v/bin/python -m sglang.bench_serving --backend sglang " in legacy
+    with pytest.raises(ValueError, match="not a bench_serving module"):
+        bs.bench_argv(lv, venv_python="/v", base_url="http://h:1", model_path="/m", warmup_requests=0,
+                      output_file="/o", module="os; rm -rf /")
     sec = bs.split_output(f"noise\n{bs.MARK} rc=0\n{bs.MARK} jsonl\n{json.dumps(SAMPLE)}\n\n{bs.MARK} stderr\nwarn\n"
                           f"{bs.MARK} stdout\nok\n")
     assert sec["rc"] == 0 and json.loads(sec["jsonl"])["completed"] == 8 and sec["stderr"] == "warn"
@@ -109,9 +119,10 @@ def test_command_shape_and_secret_handling():
 FAKE = r'''#!{python}
 import json, os, sys, time
 cfg = json.load(open({cfg!r}))
-if sys.argv[1] == "-c":
-    sys.exit(0 if cfg.get("importable", True) else 3)
-assert sys.argv[1:3] == ["-m", "sglang.bench_serving"], sys.argv
+if sys.argv[1] == "-c":           # the runner's probe: which module this venv has
+    print(cfg["module"] or "")
+    sys.exit(0 if cfg["module"] else 3)
+assert sys.argv[1:3] == ["-m", cfg["module"] or "sglang.benchmark.serving"], sys.argv
 a = sys.argv[3:]
 opt = {{a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and not a[i + 1].startswith("--")}}
 with open({log!r}, "a") as f:
@@ -128,9 +139,9 @@ with open(opt["--output-file"], "a") as f:
 '''
 
 
-def fake_venv(tmp_path, levels, importable=True):
+def fake_venv(tmp_path, levels, module="sglang.benchmark.serving"):
     cfg, log = tmp_path / "cfg.json", tmp_path / "calls.jsonl"
-    cfg.write_text(json.dumps({"importable": importable, "levels": levels}))
+    cfg.write_text(json.dumps({"module": module, "levels": levels}))
     py = tmp_path / "venv" / "bin" / "python"
     py.parent.mkdir(parents=True)
     py.write_text(FAKE.format(python=sys.executable, cfg=str(cfg), log=str(log)))
@@ -163,8 +174,35 @@ def test_run_gate_auto_picks_bench_serving_and_passes(tmp_path):
     assert len(calls) == 3 and all(c["key"] == "s3cret-key" and c["offline"] == "1" for c in calls)
     assert all("s3cret-key" not in c for c, _ in seen)            # never in the command text
     assert all("s3cret-key" not in " ".join(c["argv"]) for c in calls)
-    assert seen[0][1] == 180.0                                     # the probe
+    assert seen[0][1] == PROBE_TIMEOUT_S                           # the probe
+    assert all(c["argv"][1:3] == ["-m", "sglang.benchmark.serving"] for c in calls)
+    assert out.result.client["module"] == "sglang.benchmark.serving"
+    assert "has sglang.benchmark.serving" in out.result.client["runner_choice"]
     assert all(t <= 1800 + bs.SSH_SLACK_S for _, t in seen[1:])    # each level: limit + slack
+
+
+def test_run_gate_falls_back_to_the_old_module_only_where_the_new_one_is_absent(tmp_path):
+    """A release before sglang.benchmark.serving existed (0.5.14 and before) has only sglang.bench_serving."""
+    levels = {"1": {"record": record(1, 8, 23.9)}}
+    spec = GateSpec(levels=(LevelSpec(1, 8, min_output_throughput=10),))
+    for runner in ("auto", "bench_serving"):
+        d = tmp_path / runner
+        d.mkdir()
+        py, log, secrets = fake_venv(d, levels, module="sglang.bench_serving")
+        out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
+                       runner=runner, api_key_file=str(secrets))
+        assert out.passed and out.result.runner == "bench_serving", out.verdict.failures
+        assert [json.loads(x)["argv"][2] for x in log.read_text().splitlines()] == ["sglang.bench_serving"]
+        assert out.result.client["module"] == "sglang.bench_serving"
+        assert "sglang.benchmark.serving is absent" in out.result.client["runner_choice"]
+    # neither module: auto takes the built-in client; the explicit runner tries the new module
+    d = tmp_path / "none"
+    d.mkdir()
+    py, log, secrets = fake_venv(d, levels, module=None)
+    out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
+                   runner="bench_serving", api_key_file=str(secrets))
+    assert [json.loads(x)["argv"][2] for x in log.read_text().splitlines()] == ["sglang.benchmark.serving"]
+    assert "has neither sglang.benchmark.serving nor sglang.bench_serving" in out.result.client["runner_choice"]
 
 
 def test_run_gate_bench_serving_failures_fail_fast(tmp_path):

@@ -4,29 +4,91 @@ a client that crashes or prints garbage, an SSH call that times out."""
 import hashlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from dsv4deploy.gate.result import FAILED, GateResult, LevelResult
-from dsv4deploy.gate.runner import (CLIENT_PATH, builtin_command, choose_runner, local_execute,
-                                    parse_client_output, prepare_command, run_gate)
+from dsv4deploy.gate.runner import (CLIENT_PATH, PROBE_DEPENDENCIES, PROBE_TIMEOUT_S, builtin_command, choose_runner,
+                                    local_execute, parse_client_output, prepare_command, probe_command, run_gate)
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
 
 SPEC = GateSpec(levels=(LevelSpec(1, 8, min_output_throughput=10), LevelSpec(64, 128, min_output_throughput=400)),
                 budget_s=600)
 
 
+def answers(rc, out):
+    return lambda cmd, timeout_s: (rc, out, "")
+
+
 def test_choose_runner():
-    assert choose_runner("builtin", None, "/x")[0] == "builtin"
-    assert choose_runner("auto", lambda c, t: (0, "", ""), "/v/bin/python")[0] == "bench_serving"
-    assert choose_runner("auto", lambda c, t: (1, "", ""), "/v/bin/python")[0] == "builtin"
+    assert choose_runner("builtin", None, "/x") == ("builtin", "runner builtin (profile)", None)
+    new, old = "sglang.benchmark.serving", "sglang.bench_serving"
+    assert choose_runner("auto", answers(0, new + "\n"), "/v/bin/python")[::2] == ("bench_serving", new)
+    assert choose_runner("auto", answers(0, old + "\n"), "/v/bin/python")[::2] == ("bench_serving", old)
+    assert choose_runner("auto", answers(3, "\n"), "/v/bin/python")[::2] == ("builtin", None)
+    assert choose_runner("auto", answers(0, ""), "/v/bin/python")[::2] == ("builtin", None)    # said nothing
+    assert choose_runner("auto", answers(0, "os\n"), "/v/bin/python")[::2] == ("builtin", None)  # not a module of ours
+    assert choose_runner("bench_serving", answers(0, old), "/v")[::2] == ("bench_serving", old)
+    r, why, module = choose_runner("bench_serving", answers(3, ""), "/v")
+    assert (r, module) == ("bench_serving", new) and "has neither" in why
+    # an SGLang installed without its dependencies (pip --no-deps) cannot run its client
+    r, why, module = choose_runner("auto", answers(3, new + " missing torch transformers\n"), "/v")
+    assert (r, module) == ("builtin", None)
+    assert why == f"auto: /v has {new} but not what it imports (torch, transformers); built-in client"
+    assert choose_runner("bench_serving", answers(3, old + " missing torch\n"), "/v")[::2] == ("bench_serving", old)
 
     def boom(c, t):
         raise TimeoutError("ssh timed out")
-    r, why = choose_runner("auto", boom, "/v/bin/python")
-    assert r == "builtin" and "ssh timed out" in why
+    r, why, module = choose_runner("auto", boom, "/v/bin/python")
+    assert r == "builtin" and module is None and "ssh timed out" in why
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """A venv with nothing installed: the site dir given in PYTHONPATH is all it has."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return str(venv / "bin" / "python")
+
+
+def sglang_tree(root: Path, *files: str, deps: tuple[str, ...] = PROBE_DEPENDENCIES) -> Path:
+    """A site dir whose packages explode when imported (as sglang's __init__ would pull in torch)."""
+    for rel in ("sglang/__init__.py", "sglang/benchmark/__init__.py", *files,
+                *(f"{name}/__init__.py" for name in deps)):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("raise ImportError('the probe imported ' + __name__)\n")
+    return root
+
+
+NEW, OLD = ("sglang/benchmark/serving.py", "sglang/bench_serving.py"), ("sglang/bench_serving.py",)
+
+
+@pytest.mark.parametrize("files,deps,expected,module", [
+    (NEW, PROBE_DEPENDENCIES, (0, "sglang.benchmark.serving"), "sglang.benchmark.serving"),   # 0.5.17 on
+    (OLD, PROBE_DEPENDENCIES, (0, "sglang.bench_serving"), "sglang.bench_serving"),           # 0.5.14 and before
+    ((), PROBE_DEPENDENCIES, (3, ""), None),
+    (NEW, ("aiohttp", "numpy", "requests", "tqdm"),                                           # pip --no-deps
+     (3, "sglang.benchmark.serving missing torch transformers"), None),
+])
+def test_probe_finds_the_module_without_importing_sglang(tmp_path, monkeypatch, bare_python, files, deps,
+                                                         expected, module):
+    monkeypatch.setenv("PYTHONPATH", str(sglang_tree(tmp_path / "site", *files, deps=deps)))
+    rc, out, err = local_execute(probe_command(bare_python), PROBE_TIMEOUT_S)
+    assert (rc, out.strip()) == expected, err
+    assert "imported" not in out + err
+    assert choose_runner("auto", local_execute, bare_python)[2] == module
+
+
+def test_probe_when_sglang_is_absent_or_not_a_package(tmp_path, monkeypatch, bare_python):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert local_execute(probe_command(bare_python), PROBE_TIMEOUT_S)[:2] == (3, "\n")
+    (tmp_path / "sglang.py").write_text("raise ImportError('the probe imported sglang')\n")
+    assert local_execute(probe_command(bare_python), PROBE_TIMEOUT_S)[:2] == (3, "\n")
+    assert choose_runner("auto", local_execute, bare_python)[::2] == ("builtin", None)
 
 
 def test_builtin_command_checks_the_client_and_passes_the_key_by_fd():

@@ -163,7 +163,7 @@ def test_namespace_matches_profile(parsed):
             "tp_size": server["tp_size"],
             "context_length": server.get("context_length"),
             "cuda_graph_max_bs_decode": server.get("cuda_graph_max_bs_decode"),
-            "num_continuous_decode_steps": server.get("num_continuous_decode_steps", 1),
+            "num_continuous_decode_steps": 1,  # never rendered (SGLang never reads it): the default
             "moe_runner_backend": server["moe_runner_backend"],
             "max_running_requests": server.get("max_running_requests"),
             "chunked_prefill_size": server.get("chunked_prefill_size"),

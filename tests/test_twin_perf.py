@@ -2,10 +2,14 @@
 over HTTP agreeing with the model's prediction (same scheduler code, virtual time)."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
+from dsv4deploy.twin import args as targs
 from dsv4deploy.twin import perf
+from dsv4deploy.twin import server as tserver
+from dsv4deploy.twin.faults import Faults
 from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
 
 pytestmark = pytest.mark.timing
@@ -18,8 +22,35 @@ def test_step_model_matches_campaign():
     assert cfg.decode_step_s(1) == pytest.approx(0.071, abs=5e-4)  # "71 ms/step"
     assert cfg.decode_step_s(9) - cfg.decode_step_s(8) == pytest.approx(0.031, abs=5e-4)  # "+31 ms/req"
     assert cfg.decode_step_s(0) == pytest.approx(0.040, abs=5e-4)  # "40 ms fixed"
-    assert perf.reference_config(k=1).decode_step_s(1) > cfg.decode_step_s(1)  # CDS helps a little
-    assert perf.reference_config(k=1).decode_step_s(64) / cfg.decode_step_s(64) < 1.01
+
+
+def test_perf_config_has_no_continuous_decode_steps():
+    """SGLang 0.5.12-0.5.23 never read --num-continuous-decode-steps: the model has no knob for it."""
+    fields = {f.name for f in dataclasses.fields(perf.PerfConfig)}
+    assert not any("continuous" in f for f in fields), fields
+
+
+@pytest.mark.parametrize("context", [None, "8192"])
+def test_continuous_decode_steps_flag_changes_nothing(monkeypatch, tmp_path, context):
+    """The twin accepts --num-continuous-decode-steps (SGLang does) and shows the parsed value,
+    but the server's perf config and its predicted throughput are the same with and without it."""
+    monkeypatch.setattr(tserver, "query_gpus", lambda log: (97887, 8))
+    base = ["--model-path", str(tmp_path), "--tp-size", "4", "--mem-fraction-static", "0.7",
+            "--cuda-graph-max-bs-decode", "32", "--moe-runner-backend", "marlin"]
+    if context:
+        base += ["--context-length", context]
+    configs = {}
+    for steps in (None, "1", "4", "16"):
+        argv = base + (["--num-continuous-decode-steps", steps] if steps else [])
+        parsed = targs.parse_args(argv)
+        assert parsed.num_continuous_decode_steps == int(steps or 1)  # parsed, like SGLang's
+        configs[steps] = tserver.resolve(parsed, Faults(), tserver.Log("error")).perf_config()
+    assert len(set(configs.values())) == 1, configs
+    cfg = configs[None]
+    for c, n, out in ((1, 4, 64), (16, 32, 32), (64, 64, 16)):
+        without = perf.simulate_bench(cfg, c, n, 256, out)
+        with_flag = perf.simulate_bench(configs["4"], c, n, 256, out)
+        assert with_flag == without and with_flag.output_throughput > 0
 
 
 def test_calibration_table_within_5_percent():

@@ -111,7 +111,9 @@ def test_info_endpoints(twin):
     si = get(twin, "/server_info").json()
     assert si["model_path"] == str(twin.model_dir) and si["tp_size"] == 4
     assert si["context_length"] == 8192 and si["mem_fraction_static"] == 0.7
-    assert si["cuda_graph_max_bs_decode"] == 32 and si["num_continuous_decode_steps"] == 4
+    # The profile no longer renders --num-continuous-decode-steps (SGLang never reads it); SGLang
+    # still reports the parsed value of a declared flag, so with no flag: the default, 1.
+    assert si["cuda_graph_max_bs_decode"] == 32 and si["num_continuous_decode_steps"] == 1
     assert si["moe_runner_backend"] == "marlin" and si["max_running_requests"] == 256
     assert si["version"] == "0.5.23" and si["max_total_num_tokens"] == 1975040
     assert si["pid"] == twin.proc.pid and si["served_model_name"] == "deepseek-v4-flash"
@@ -246,12 +248,15 @@ def test_server_info_without_config_json(tmp_path):
     empty = tmp_path / "ckpt"
     empty.mkdir()
     with LocalTwin(faults=FAST) as t:
-        t.argv = nvfp4_ctx8k_argv(str(empty), t.port, context_length=None)
+        # An old launch with --num-continuous-decode-steps still starts: SGLang declares the flag
+        # (and shows its parsed value) but never reads it.
+        t.argv = nvfp4_ctx8k_argv(str(empty), t.port, context_length=None) + ["--num-continuous-decode-steps", "4"]
         t.stop()
         t.start()
         t.wait_ready()
         si = requests.get(t.url + "/server_info", timeout=10).json()
         assert si["context_length"] == 1048576 and si["model_path"] == str(empty)
+        assert si["num_continuous_decode_steps"] == 4
         assert si["launch_command"].split()[:2] == ["--model-path", str(empty)]   # SGLang's: args only
 
 

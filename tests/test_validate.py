@@ -69,6 +69,35 @@ def test_extra_args_may_not_override_a_managed_flag(profile_dir):
     assert "extra_args[2]: --context-length is managed by the profile (server.context_length" in msg
 
 
+@pytest.mark.parametrize("value", [1, 4])
+def test_num_continuous_decode_steps_is_a_warning_at_any_value(profile_dir, value):
+    """SGLang 0.5.12-0.5.23 declare the flag but never read it: the key is not rendered, and an old
+    profile that still sets it (even to 1) is told so, without failing."""
+    from dsv4deploy.render import server_args
+
+    report = report_for(profile_dir, f"server:\n  num_continuous_decode_steps: {value}\n")
+    assert report.ok, errors(report)
+    warned = [str(w) for w in report.warnings if w.path == "server.num_continuous_decode_steps"]
+    assert len(warned) == 1, report.warnings
+    assert "case.yaml:3: warning: server.num_continuous_decode_steps: --num-continuous-decode-steps is declared by " \
+           "SGLang 0.5.12-0.5.23 but never read" in warned[0] and "not rendered" in warned[0]
+    assert not any("continuous" in a for a in server_args(load_profile("case")))
+
+
+def test_shipped_profiles_do_not_set_num_continuous_decode_steps():
+    for name in list_profiles():
+        report = validate(load_profile(name))
+        assert "num_continuous_decode_steps" not in load_profile(name).data["server"], name
+        assert not any("continuous" in str(w) for w in report.warnings), name
+
+
+@pytest.mark.parametrize("args", ["[--num-continuous-decode-steps, '4']", "['--num-continuous-decode-steps=1']"])
+def test_extra_args_may_not_sneak_in_num_continuous_decode_steps(profile_dir, args):
+    msg = errors(report_for(profile_dir, f"server:\n  extra_args: {args}\n"))
+    assert ("extra_args[0]: --num-continuous-decode-steps is declared by SGLang 0.5.12-0.5.23 but never read"
+            in msg) and "not rendered" in msg
+
+
 def test_extra_args_unknown_flag(profile_dir):
     assert "has no flag --turbo" in errors(report_for(profile_dir, "server:\n  extra_args: [--turbo]\n"))
 

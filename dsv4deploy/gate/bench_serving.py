@@ -1,9 +1,13 @@
 """The ``bench_serving`` runner: SGLang's own client, from the server's venv, run on the host.
 
+The module is ``sglang.benchmark.serving``; ``sglang.bench_serving`` is a deprecated shim for it
+in every supported release (0.5.17 on) and the client itself only in older ones (0.5.14 and
+before), so it is used only where the new one is absent (the runner's probe decides, runner.py).
+
 One remote shell command per level::
 
     [ -s KEYFILE ] && OPENAI_API_KEY=$(cat KEYFILE) && export OPENAI_API_KEY; export HF_HUB_OFFLINE=1
-    timeout -k 10 LIMIT setpriv --reuid=GATE_USER ... -- <venv>/bin/python -m sglang.bench_serving --backend sglang --host H --port P
+    timeout -k 10 LIMIT setpriv --reuid=GATE_USER ... -- <venv>/bin/python -m MODULE --backend sglang --host H --port P
         --model <model path> --tokenizer <model path> --dataset-name random-ids
         --random-input-len N --random-output-len M --random-range-ratio 1.0 --num-prompts N
         --max-concurrency C --warmup-requests W --output-file <fresh file> --disable-tqdm
@@ -33,7 +37,10 @@ from .spec import GateSpec, LevelSpec
 Execute = Callable[[str, float], "tuple[int, str, str]"]
 
 MARK = "@@DSV4GATE"
-STARTUP_ALLOWANCE_S = 120.0    # python -m sglang.bench_serving: imports torch, tokenizer, ready check
+MODULE = "sglang.benchmark.serving"      # SGLang's benchmark client
+LEGACY_MODULE = "sglang.bench_serving"   # deprecated shim for MODULE; the client itself before it existed
+MODULES = (MODULE, LEGACY_MODULE)        # in order of preference
+STARTUP_ALLOWANCE_S = 120.0    # python -m MODULE: imports torch, tokenizer, ready check
 SSH_SLACK_S = 30.0             # the outer execute timeout is the level limit plus this
 TIMEOUT_CODES = (124, 137)     # timeout(1): TERM sent / KILL sent
 STAT_FIELDS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "itl_ms": "itl_ms", "e2e_ms": "e2e_latency_ms"}
@@ -45,9 +52,11 @@ def host_port(base_url: str) -> tuple[str, int]:
 
 
 def bench_argv(level: LevelSpec, *, venv_python: str, base_url: str, model_path: str,
-               warmup_requests: int, output_file: str) -> list[str]:
+               warmup_requests: int, output_file: str, module: str = MODULE) -> list[str]:
+    if module not in MODULES:
+        raise ValueError(f"not a bench_serving module: {module!r} (one of {', '.join(MODULES)})")
     host, port = host_port(base_url)
-    return [venv_python, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", host, "--port", str(port),
+    return [venv_python, "-m", module, "--backend", "sglang", "--host", host, "--port", str(port),
             "--model", model_path, "--tokenizer", model_path, "--dataset-name", "random-ids",
             "--random-input-len", str(level.input_len), "--random-output-len", str(level.output_len),
             "--random-range-ratio", "1.0", "--num-prompts", str(level.num_prompts),
@@ -71,12 +80,12 @@ def drop_privileges(user: str | None) -> list[str]:
 
 def build_command(level: LevelSpec, *, venv_python: str, base_url: str, model_path: str,
                   warmup_requests: int, limit_s: float, api_key_file: str | None = None,
-                  run_as: str | None = None) -> str:
+                  run_as: str | None = None, module: str = MODULE) -> str:
     """The remote shell command (POSIX sh) for one level; prints marked sections on stdout."""
     q = shlex.quote
     argv = drop_privileges(run_as) + bench_argv(level, venv_python=venv_python, base_url=base_url,
                                                 model_path=model_path, warmup_requests=warmup_requests,
-                                                output_file="@OUT@")
+                                                output_file="@OUT@", module=module)
     cmd = " ".join('"$d/bench.jsonl"' if a == "@OUT@" else q(a) for a in argv)
     key = (f"if [ -s {q(api_key_file)} ]; then OPENAI_API_KEY=$(cat {q(api_key_file)}); export OPENAI_API_KEY; fi; "
            if api_key_file else "")
@@ -231,7 +240,7 @@ def level_passes(level: LevelSpec, res: LevelResult, max_failed: int) -> bool:
 
 def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
         order: str = "desc", fail_fast: bool = True, api_key_file: str | None = None,
-        run_as: str | None = None, budget_s: float | None = None,
+        run_as: str | None = None, budget_s: float | None = None, module: str = MODULE,
         log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> GateResult:
     """Run the levels one remote command each; budget_s defaults to spec.budget_s."""
     budget = float(spec.budget_s if budget_s is None else budget_s)
@@ -254,9 +263,9 @@ def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, ven
         kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
         cmd = build_command(lv, venv_python=venv_python, base_url=base_url, model_path=model_path,
                             warmup_requests=spec.warmup_requests, limit_s=limit, api_key_file=api_key_file,
-                            run_as=run_as)
+                            run_as=run_as, module=module)
         if log:
-            log(f"bench_serving {lv.label}: {lv.num_prompts} prompts {lv.input_len}/{lv.output_len}, "
+            log(f"bench_serving ({module}) {lv.label}: {lv.num_prompts} prompts {lv.input_len}/{lv.output_len}, "
                 f"limit {limit:.0f} s ({kind})")
         ts = clock()
         try:
@@ -289,5 +298,5 @@ def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, ven
             skip_reason = f"not run: gate stopped after {lv.label} failed (fail fast)"
     return GateResult(runner="bench_serving", levels=levels, base_url=base_url, started_at=started,
                       wall_s=clock() - t0, budget_s=budget, budget_exhausted=budget_hit,
-                      client={"venv_python": venv_python, "model_path": model_path, "fail_fast": fail_fast,
-                              "order": order, "startup_allowance_s": STARTUP_ALLOWANCE_S})
+                      client={"venv_python": venv_python, "module": module, "model_path": model_path,
+                              "fail_fast": fail_fast, "order": order, "startup_allowance_s": STARTUP_ALLOWANCE_S})

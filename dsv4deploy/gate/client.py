@@ -3,7 +3,7 @@
 client for SGLang's native ``/generate``, uploaded to the host and run there with the system
 ``python3`` (the server listens on 127.0.0.1).  It imports nothing from dsv4deploy.
 
-Methodology = ``sglang.bench_serving --backend sglang --dataset-name random-ids
+Methodology = ``sglang.benchmark.serving --backend sglang --dataset-name random-ids
 --random-range-ratio 1.0 --max-concurrency C --request-rate inf``: each request sends
 ``input_ids`` (random token ids, exactly input_len), ``sampling_params`` {max_new_tokens:
 output_len, ignore_eos: true, temperature: 0}, ``stream: true``; at most C in flight, each

@@ -5,9 +5,12 @@ The gate runs ON THE HOST (the server listens on 127.0.0.1 there): ``execute(cmd
 wrapper, tests a local subprocess) and ``upload(local_path, remote_path)`` puts the built-in
 client there: into a root-owned 0700 directory, checked against its sha256 before each run, and
 run as an unprivileged user (the service user runs model code and must not be able to swap it).
-Runner ``auto``: bench_serving when the server's venv can import
-``sglang.bench_serving`` (one execute), else the built-in client.  Every execute carries a
-timeout a little above what is left of the budget, so nothing hangs.
+Runner ``auto``: bench_serving when the server's venv has SGLang's benchmark client, else the
+built-in client.  One probe (one execute) finds the module without importing SGLang (whose
+``__init__`` pulls in torch): ``sglang.benchmark.serving``, else the older
+``sglang.bench_serving`` (a deprecated shim from 0.5.17 on, the client itself in 0.5.14 and
+before).  Every execute carries a timeout a little above what is left of the budget, so
+nothing hangs.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from .verdict import GateVerdict, judge
 CLIENT_PATH = Path(__file__).with_name("client.py")
 DEFAULT_CLIENT_DIR = "/opt/dsv4deploy/gate"      # root-owned 0700: nobody else can plant the client
 CLIENT_MISMATCH_RC = 96
-PROBE_TIMEOUT_S = 180.0        # `import sglang` pulls torch in: tens of seconds on a cold host
+PROBE_TIMEOUT_S = 60.0         # the probe imports nothing (no torch): python starts and looks at files
 SSH_SLACK_S = 30.0
 
 Execute = Callable[[str, float], "tuple[int, str, str]"]
@@ -53,23 +56,63 @@ class GateOutcome:
         return {"spec": self.spec.to_dict(), "result": self.result.to_dict(), "verdict": self.verdict.to_dict()}
 
 
+# The client's own imports, none of which `pip install --no-deps sglang` brings: torch (SGLang's
+# __init__), transformers (the tokenizer), aiohttp, numpy, requests, tqdm.
+PROBE_DEPENDENCIES = ("torch", "transformers", "aiohttp", "numpy", "requests", "tqdm")
+
+# Prints the first of bs.MODULES the venv has and exits 0; "<module> missing <names>" (exit 3)
+# when that module's imports are absent; an empty line (exit 3) when it has neither.  find_spec
+# on a top-level name locates it without running it: sglang's __init__ (which imports torch)
+# never runs; its submodules are looked up in its directories with PathFinder, which imports
+# nothing either (importlib.util.find_spec('sglang.x') would import the package first).
+PROBE_CODE = (
+    "import sys, importlib.util as u, importlib.machinery as m; "
+    "s = u.find_spec('sglang'); p = list(s.submodule_search_locations or []) if s else []; "
+    "b = m.PathFinder.find_spec('benchmark', p) if p else None; "
+    "q = list(b.submodule_search_locations or []) if b else []; "
+    f"n = {bs.MODULE!r} if q and m.PathFinder.find_spec('serving', q) "
+    f"else {bs.LEGACY_MODULE!r} if p and m.PathFinder.find_spec('bench_serving', p) else ''; "
+    f"d = [x for x in {PROBE_DEPENDENCIES!r} if u.find_spec(x) is None] if n else []; "
+    "print(n + (' missing ' + ' '.join(d) if d else '')); sys.exit(0 if n and not d else 3)")
+
+
 def probe_command(venv_python: str) -> str:
-    code = ("import importlib.util, sys; "
-            "sys.exit(0 if importlib.util.find_spec('sglang.bench_serving') else 3)")
-    return f"{shlex.quote(venv_python)} -c {shlex.quote(code)} >/dev/null 2>&1"
+    """One command that prints which bench_serving module `venv_python` can run (see PROBE_CODE)."""
+    return f"{shlex.quote(venv_python)} -c {shlex.quote(PROBE_CODE)} 2>/dev/null"
 
 
-def choose_runner(requested: str, execute: Execute, venv_python: str) -> tuple[str, str]:
-    """(runner, why).  ``auto``: bench_serving if the server venv imports it, else builtin."""
-    if requested in ("builtin", "bench_serving"):
-        return requested, f"runner {requested} (profile)"
+def probe_module(execute: Execute, venv_python: str) -> tuple[str | None, bool, str]:
+    """(the module the venv has or None, whether its imports are there too, what the probe found)."""
     try:
-        rc, _, _ = execute(probe_command(venv_python), PROBE_TIMEOUT_S)
-    except Exception as e:  # noqa: BLE001 - any failure to probe means: use our own client
-        return "builtin", f"auto: probing {venv_python} failed ({type(e).__name__}: {e}); built-in client"
-    if rc == 0:
-        return "bench_serving", f"auto: {venv_python} imports sglang.bench_serving"
-    return "builtin", f"auto: {venv_python} cannot import sglang.bench_serving (exit {rc}); built-in client"
+        rc, out, _ = execute(probe_command(venv_python), PROBE_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - any failure to probe means: no module known
+        return None, False, f"probing {venv_python} failed ({type(e).__name__}: {e})"
+    lines = [ln.split() for ln in (out or "").splitlines() if ln.strip()]
+    words = lines[-1] if lines else []
+    module = words[0] if words and words[0] in bs.MODULES else None
+    if module is None:
+        return None, False, f"{venv_python} has neither {' nor '.join(bs.MODULES)} (exit {rc})"
+    old = " (sglang.benchmark.serving is absent)" if module == bs.LEGACY_MODULE else ""
+    if rc == 0 and len(words) == 1:
+        return module, True, f"{venv_python} has {module}{old}"
+    missing = ", ".join(words[2:]) if words[1:2] == ["missing"] else f"exit {rc}"
+    return module, False, f"{venv_python} has {module}{old} but not what it imports ({missing})"
+
+
+def choose_runner(requested: str, execute: Execute, venv_python: str) -> tuple[str, str, str | None]:
+    """(runner, why, bench_serving module or None).  ``auto``: bench_serving if the server venv
+    has it and what it imports, else builtin.  ``bench_serving`` probes only to pick the module
+    (the new one when the probe finds neither: the level then fails with its import error)."""
+    if requested == "builtin":
+        return "builtin", "runner builtin (profile)", None
+    module, runnable, found = probe_module(execute, venv_python)
+    if requested == "bench_serving":
+        if module is None:
+            return "bench_serving", f"runner bench_serving (profile); {found}: trying {bs.MODULE}", bs.MODULE
+        return "bench_serving", f"runner bench_serving (profile); {found}", module
+    if module is None or not runnable:
+        return "builtin", f"auto: {found}; built-in client", None
+    return "bench_serving", f"auto: {found}", module
 
 
 def client_levels(spec: GateSpec, order: str) -> list[dict]:
@@ -172,13 +215,13 @@ def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str
     """
     t0 = time.monotonic()
     say = log or (lambda _m: None)
-    chosen, why = choose_runner(runner or spec.runner, execute, venv_python)
+    chosen, why, module = choose_runner(runner or spec.runner, execute, venv_python)
     say(f"gate: {why}")
     remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
     if chosen == "bench_serving":
         result = bs.run(spec, execute, base_url=base_url, model_path=model_path, venv_python=venv_python,
                         order=order, fail_fast=fail_fast, api_key_file=api_key_file, run_as=run_as,
-                        budget_s=remaining, log=log)
+                        budget_s=remaining, module=module or bs.MODULE, log=log)
     else:
         if upload is None:
             raise ValueError("the built-in runner needs upload(local_path, remote_path)")

@@ -11,31 +11,32 @@ One batched loop over the running requests, as SGLang's scheduler runs it:
   DECODE_PER_REQ_CTX_TOKEN_S * context_length)`` and yields each request's first token.
   Decode is stalled meanwhile (no mixed chunks by default).
 * Else run a decode step over all ``n`` running requests, one token each:
-  ``step(n) = fixed(k) + n * (DECODE_PER_REQ_S + DECODE_PER_REQ_CTX_TOKEN_S * context_length)``
-  where ``context_length`` is the CONFIGURED ``--context-length`` (model max, 1,048,576 for
-  DeepSeek-V4, when unset): the DSV4 indexer's torch fallback on sm_120 scored the whole
-  configured context every step, whatever the real sequence length (the campaign's finding).
-* ``--num-continuous-decode-steps k``: the scheduler runs k decode steps back to back before it
-  looks at the queue again.  Model: the per-step fixed part is GPU time plus a scheduler round
-  paid once per k steps, ``fixed(k) = DECODE_FIXED_GPU_S + SCHED_ROUND_S / k``; new requests
-  are admitted only at round boundaries.  With the constants below k=4 saves 6 ms/step against
-  k=1: +8 % at C=1, ~1 % at C>=16, i.e. inside the campaign's "10-20 % at best, capped near 28"
-  for all of its tuning together (NCCL LL+Ring, CDS 4, graphs).
+  ``step(n) = DECODE_FIXED_S + n * (DECODE_PER_REQ_S + DECODE_PER_REQ_CTX_TOKEN_S *
+  context_length)`` where ``context_length`` is the CONFIGURED ``--context-length`` (model max,
+  1,048,576 for DeepSeek-V4, when unset): the DSV4 indexer's torch fallback on sm_120 scored
+  the whole configured context every step, whatever the real sequence length (the campaign's
+  finding).
+* ``--num-continuous-decode-steps``: accepted and shown in ``/server_info``, and changes NOTHING.
+  SGLang 0.5.12-0.5.23 declare the flag but never read it (the PR that would wire it up was
+  closed unmerged), so the campaign's "4 continuous decode steps" ran exactly like 1; the
+  scheduler looks at the queue before every step.
 * TP size: deliberately NEUTRAL for speed.  Every measured number is from TP4, and no
   measurement separates TP sizes; the bottleneck (indexer fallback + per-layer launch/
   all-reduce latency) did not shrink with more GPUs.  TP matters to the memory model only.
-* CUDA-graph batch size, NCCL env, MoE runner: no speed effect (no measurement to fit).
+* CUDA-graph batch size, NCCL env, MoE runner: no speed effect (no measurement to fit).  The
+  campaign's "10-20 % better at best, capped near 28" for its tuning together (NCCL LL+Ring,
+  graphs, and a decode-steps flag that did nothing) is not modelled.
 
 Calibration
 -----------
 Reference argv (the campaign's launch script after msg 12416, which the scaling series of
 msg 12519 ran with): TP4, ``--mem-fraction-static 0.70``, ``--cuda-graph-max-bs-decode 32``,
-``--num-continuous-decode-steps 4``, ``--moe-runner-backend marlin``; default context (~1M)
-for the scaling series, ``--context-length 8192`` for the 531.7 point.
+``--num-continuous-decode-steps 4`` (never read, so no effect), ``--moe-runner-backend marlin``;
+default context (~1M) for the scaling series, ``--context-length 8192`` for the 531.7 point.
 Sources: ``reference/seeds/`` msg 12416 and 12519/12520; BRIEF "The measured numbers".
 
-1. "step ~ 40 ms + 31 ms per running request" at ~1M context, k=4 (msg 12519):
-   ``fixed(4) = 38 + 8/4 = 40 ms``; ``DECODE_PER_REQ_S + DECODE_PER_REQ_CTX_TOKEN_S * 1048576
+1. "step ~ 40 ms + 31 ms per running request" at ~1M context (msg 12519):
+   ``DECODE_FIXED_S = 40 ms``; ``DECODE_PER_REQ_S + DECODE_PER_REQ_CTX_TOKEN_S * 1048576
    = 31 ms``.  C=1 step = 71 ms (msg 12519: "71 ms/step").
 2. C=64 with ``--context-length 8192``: 531.7 tok/s (msg 12520) fixes the split of those 31 ms
    into a context-proportional part and the rest (fitted by bisection, prefill included):
@@ -53,7 +54,10 @@ Sources: ``reference/seeds/`` msg 12416 and 12519/12520; BRIEF "The measured num
 
 What the constants reproduce (random 256/256, campaign prompt counts; "model" is the
 virtual-time prediction of :func:`simulate_bench`, "twin" was measured client-side over HTTP
-by ``python bench/twin_calibration.py``):
+by ``python bench/twin_calibration.py``).  Removing the invented continuous-decode-steps gain
+(k=4 was 38 + 8/4 ms fixed and admission every 4th step) left the model column unchanged to the
+last digit: in these closed loops the requests run in waves of equal length.  The twin column
+was measured before that change (the reference argv still carried the flag).
 
     configuration            C   n    campaign   model    twin
     default context (~1M)    1   8    ~14        13.90    13.88
@@ -73,8 +77,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 # ---------------------------------------------------------------------------- THE calibration
-DECODE_FIXED_GPU_S = 0.038          # per decode step, GPU side (launches, per-layer all-reduce)
-SCHED_ROUND_S = 0.008               # scheduler/CPU round, paid once per k continuous steps
+DECODE_FIXED_S = 0.040              # per decode step (launches, per-layer all-reduce, scheduler round)
 DECODE_PER_REQ_S = 0.000916         # per running request per step, context-independent
 DECODE_PER_REQ_CTX_TOKEN_S = 2.869e-8  # per running request per step per CONFIGURED context token
 PREFILL_FIXED_S = 0.040             # per prefill batch (one forward)
@@ -97,20 +100,15 @@ CAMPAIGN = {  # (context, concurrency, num_prompts) -> measured output tok/s (cl
 @dataclass(frozen=True)
 class PerfConfig:
     context_length: int = DSV4_MAX_CONTEXT
-    num_continuous_decode_steps: int = 1
     max_running_requests: int = 256
     chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384
     max_total_num_tokens: int = 10**9
     tp_size: int = 1
 
-    @property
-    def k(self) -> int:
-        return max(1, int(self.num_continuous_decode_steps))
-
     def decode_step_s(self, n_running: int) -> float:
         per_req = DECODE_PER_REQ_S + DECODE_PER_REQ_CTX_TOKEN_S * self.context_length
-        return DECODE_FIXED_GPU_S + SCHED_ROUND_S / self.k + n_running * per_req
+        return DECODE_FIXED_S + n_running * per_req
 
     def prefill_req_s(self, prompt_tokens: int) -> float:
         return (prompt_tokens * PREFILL_PER_TOKEN_S
@@ -164,7 +162,6 @@ class Scheduler:
         self.waiting: collections.deque[Req] = collections.deque()
         self.running: list[Req] = []
         self.kv_used = 0
-        self._cds_left = 0
         self.decode_steps = 0
         self.generated_tokens = 0
         self.prompt_tokens = 0
@@ -188,7 +185,7 @@ class Scheduler:
     def plan(self) -> Batch | None:
         self._drop_aborted()
         cfg = self.cfg
-        if self._cds_left == 0 and self.waiting and len(self.running) < cfg.max_running_requests:
+        if self.waiting and len(self.running) < cfg.max_running_requests:
             picked: list[Req] = []
             tokens = 0
             kv = self.kv_used
@@ -205,11 +202,7 @@ class Scheduler:
             if picked:
                 return Batch("prefill", picked, cfg.prefill_batch_s([r.input_len for r in picked]))
         if self.running:
-            if self._cds_left == 0:
-                self._cds_left = cfg.k
-            self._cds_left -= 1
             return Batch("decode", list(self.running), cfg.decode_step_s(len(self.running)))
-        self._cds_left = 0
         return None
 
     def _emit(self, r: Req, t: float) -> None:
@@ -252,8 +245,6 @@ class Scheduler:
                     if r.finished:
                         self.kv_used -= r.reserve
                 self.running = [r for r in self.running if not r.finished]
-            if not self.running:
-                self._cds_left = 0
         for r in touched:
             if r.notify is not None:
                 r.notify(r)
@@ -308,9 +299,9 @@ def simulate_bench(cfg: PerfConfig, concurrency: int, num_prompts: int, input_le
     return BenchResult(duration_s=t, completed=done, output_tokens=done * output_len)
 
 
-def reference_config(context_length: int | None = None, k: int = 4) -> PerfConfig:
+def reference_config(context_length: int | None = None) -> PerfConfig:
     """The campaign's reference launch (see module docstring)."""
-    return PerfConfig(context_length=context_length or DSV4_MAX_CONTEXT, num_continuous_decode_steps=k,
+    return PerfConfig(context_length=context_length or DSV4_MAX_CONTEXT,
                       max_running_requests=256, chunked_prefill_size=8192, tp_size=4)
 
 

@@ -208,9 +208,10 @@ class Resolved:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def perf_config(self) -> PerfConfig:
+        # --num-continuous-decode-steps is parsed (and shown in /server_info) but, as in SGLang
+        # 0.5.12-0.5.23, never read: it changes nothing here.
         return PerfConfig(
             context_length=self.context_len,
-            num_continuous_decode_steps=self.args.num_continuous_decode_steps or 1,
             max_running_requests=self.max_running_requests,
             chunked_prefill_size=self.chunked_prefill_size,
             max_prefill_tokens=self.max_prefill_tokens,
@@ -1312,7 +1313,7 @@ def nvfp4_ctx8k_argv(model_path: str, port: int = 30000, context_length: int | N
     """The argv the nvfp4-ctx8k profile renders (context_length=None: the default ~1M)."""
     argv = ["--model-path", model_path, "--served-model-name", "deepseek-v4-flash", "--tp-size", str(tp),
             "--mem-fraction-static", str(mem_fraction_static), "--cuda-graph-max-bs-decode",
-            str(cuda_graph_max_bs), "--num-continuous-decode-steps", "4", "--moe-runner-backend", "marlin",
+            str(cuda_graph_max_bs), "--moe-runner-backend", "marlin",
             "--host", "127.0.0.1", "--port", str(port), "--enable-metrics"]
     if context_length:
         argv += ["--context-length", str(context_length)]
