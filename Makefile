@@ -1,49 +1,88 @@
-# dsv4deploy: `make deploy PROFILE=nvfp4-ctx8k` and `make test` on a fresh Debian machine.
-# Make bootstraps what it needs: Debian packages (as root, or through sudo) and a .venv.
+# dsv4deploy: `make deploy PROFILE=nvfp4-ctx8k` and `make test` on a fresh machine.
+#
+# The control node needs python3 (with venv) and nothing else: make builds .venv from the lock
+# file kept in the repo (requirements.lock; `make lock` refreshes it). The CT200 twin's Debian
+# packages (debootstrap, systemd-container, ...) are installed (as root, or through sudo) only
+# for what uses the twin: INVENTORY=inventory/sim.py (the default), sim-up, test.
+#
+#   make deploy PROFILE=nvfp4-ctx8k INVENTORY=inventory/ct200.py ARGS="--data allow_reboot=true"
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-PROFILE ?= nvfp4-ctx8k
 INVENTORY ?= inventory/sim.py
+SIM := $(filter inventory/sim.py %/inventory/sim.py,$(INVENTORY))
+ifneq ($(SIM),)
+PROFILE ?= nvfp4-ctx8k
+endif
 OUT ?= rendered/$(PROFILE)
 HOSTS ?= 1
+ARGS ?=
 PYTEST_ARGS ?=
 
 VENV := .venv
 BIN := $(VENV)/bin
-DEBS := debootstrap systemd-container systemd openssh-client rsync patch ca-certificates python3-venv
+LOCK := requirements.lock
+EXTRAS := .[test,twin]
+TWIN_DEBS := debootstrap systemd-container systemd openssh-client rsync patch ca-certificates python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-SIM := $(filter inventory/sim.py,$(INVENTORY))
+TWIN := $(if $(SIM),twin-debs)
 
-.PHONY: help bootstrap debs venv test validate render plan deploy rollback history sim-up sim-down sim-status clean
+# A real inventory names its profile: no silent default (the twin keeps nvfp4-ctx8k).
+NEEDS_PROFILE := deploy plan validate render bench
+ifeq ($(PROFILE),)
+ifneq ($(filter $(NEEDS_PROFILE),$(MAKECMDGOALS)),)
+$(error PROFILE=NAME is required with INVENTORY=$(INVENTORY) (profiles: $(sort $(basename $(notdir $(filter-out profiles/_%,$(wildcard profiles/*.yaml)))))))
+endif
+endif
+
+.PHONY: help bootstrap debs twin-debs venv lock test validate render plan deploy rollback history bench \
+        sim-up sim-down sim-status clean
 
 help:
-	@echo "make deploy PROFILE=nvfp4-ctx8k [INVENTORY=inventory/ct200.py]   roll a profile out (default: the local CT200 twin)"
+	@echo "make deploy PROFILE=nvfp4-ctx8k [INVENTORY=inventory/ct200.py] [ARGS=...]   roll a profile out (default: the local CT200 twin)"
 	@echo "make plan PROFILE=...        show what a deploy would change, change nothing"
 	@echo "make rollback [TO=NNNN]      back to the previous (or the named) release that passed"
 	@echo "make history                 the host's releases: profile, status, gate, reason"
+	@echo "make bench PROFILE=...       the smoke gate alone against the live server"
 	@echo "make test                    the whole test suite (needs root for the twin)"
 	@echo "make validate PROFILE=...    check a profile, print its GPU-memory budget"
 	@echo "make render PROFILE=...      write the rendered unit, NCCL env, manifest under rendered/"
 	@echo "make sim-up / sim-down / sim-status   the local CT200 twin"
+	@echo "make venv / make lock        the control node's .venv from $(LOCK) / refresh $(LOCK)"
+	@echo "ARGS=\"...\" goes to pyinfra as is (deploy, plan, rollback), e.g. ARGS=\"--data allow_reboot=true\";"
+	@echo "  a real inventory (INVENTORY=inventory/ct200.py) needs PROFILE= (no default) and CT200_HOST=."
 
-bootstrap: debs venv
+bootstrap: $(TWIN) venv
 
-debs: .cache/debs.stamp
-.cache/debs.stamp:
-	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+# Only the twin needs these (and a Debian control node); a real deploy needs only the venv.
+debs: twin-debs
+twin-debs: .cache/twin-debs.stamp
+.cache/twin-debs.stamp:
+	@missing=$$(for p in $(TWIN_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages: $$missing"; \
+	  echo "installing Debian packages for the CT200 twin: $$missing"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	@mkdir -p .cache && touch $@
 
+# The control node's Python dependencies, exactly as locked (a fresh clone gets the same versions).
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,twin]'
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	@python3 -m venv $(VENV) || { echo "python3 -m venv failed: on Debian/Ubuntu install python3-venv" >&2; exit 1; }
+	$(BIN)/pip install -q --disable-pip-version-check -c $(LOCK) -e '$(EXTRAS)'
 	@touch $@
+
+# Refresh the lock: resolve pyproject.toml's ranges afresh in a throw-away venv, freeze it.
+lock:
+	rm -rf .cache/lock-venv
+	python3 -m venv .cache/lock-venv
+	.cache/lock-venv/bin/pip install -q --disable-pip-version-check -e '$(EXTRAS)'
+	{ echo "# The control node's Python dependencies, pinned: make venv installs with -c $(LOCK)."; \
+	  echo "# Refresh with 'make lock' (pip freeze of a fresh venv of $(EXTRAS); $$(.cache/lock-venv/bin/python -c 'import platform; print("Python", platform.python_version(), platform.system(), platform.machine())'))."; \
+	  .cache/lock-venv/bin/pip freeze --exclude-editable --disable-pip-version-check | grep -iv '^dsv4deploy[=@ ]'; } > $(LOCK).tmp
+	mv $(LOCK).tmp $(LOCK)
+	rm -rf .cache/lock-venv
 
 validate: venv
 	$(BIN)/dsv4deploy validate $(PROFILE)
@@ -52,7 +91,7 @@ render: venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
 	$(BIN)/dsv4deploy render $(PROFILE) --out $(OUT)
 
-sim-up: bootstrap
+sim-up: twin-debs venv
 	$(BIN)/dsv4deploy sim up --hosts $(HOSTS)
 
 sim-down: venv
@@ -61,24 +100,28 @@ sim-down: venv
 sim-status: venv
 	$(BIN)/dsv4deploy sim status
 
-# The profile is validated before pyinfra connects: a bad profile changes nothing.
-plan: bootstrap
+# The profile is validated before pyinfra connects (here, and again by the inventory while it
+# loads, which also refuses a placeholder revision on a real host): a bad profile changes nothing.
+plan: $(TWIN) venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
 	$(if $(SIM),$(BIN)/dsv4deploy sim up --hosts $(HOSTS))
-	$(BIN)/pyinfra --dry --diff $(INVENTORY) deploy/serve.py --data profile=$(PROFILE)
+	$(BIN)/pyinfra --dry --diff $(INVENTORY) deploy/serve.py --data profile=$(PROFILE) $(ARGS)
 
-deploy: bootstrap
+deploy: $(TWIN) venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
 	$(if $(SIM),$(BIN)/dsv4deploy sim up --hosts $(HOSTS))
-	$(BIN)/pyinfra -y $(INVENTORY) deploy/serve.py --data profile=$(PROFILE)
+	$(BIN)/pyinfra -y $(INVENTORY) deploy/serve.py --data profile=$(PROFILE) $(ARGS)
 
-rollback: bootstrap
-	$(BIN)/pyinfra -y $(INVENTORY) deploy/rollback.py $(if $(TO),--data to=$(TO))
+rollback: $(TWIN) venv
+	$(BIN)/pyinfra -y $(INVENTORY) deploy/rollback.py $(if $(TO),--data to=$(TO)) $(ARGS)
 
 history: venv
-	$(BIN)/dsv4deploy history --inventory $(INVENTORY)
+	$(BIN)/dsv4deploy history --inventory $(INVENTORY) $(ARGS)
 
-test: bootstrap
+bench: venv
+	$(BIN)/dsv4deploy bench $(PROFILE) --inventory $(INVENTORY) $(ARGS)
+
+test: twin-debs venv
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 clean:

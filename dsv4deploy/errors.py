@@ -12,6 +12,12 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
 
+def rerun_with(setting: str, make_target: str) -> str:
+    """How to run again with a `--data` setting, for pyinfra and through make (whose ARGS= passes
+    pyinfra flags through): 'run again with --data X (through make: make T ARGS="--data X")'."""
+    return f'run again with --data {setting} (through make: make {make_target} ARGS="--data {setting}")'
+
+
 @dataclass(frozen=True)
 class Problem:
     """One finding: where it is (file, line, dotted key path) and what is wrong."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pyinfra.api import DeployError
 
 from .errors import ProfileError
+from .inventories import placeholder_problem
 from .layout import Layout
 from .profiles import Profile, load_profile
 from .render import SGLANG_MODULE, Rendered, render
@@ -75,12 +76,15 @@ class Rollout:
 
 
 def rollout_for(host_data) -> Rollout:
-    """Build the Rollout from `--data profile=...` and the inventory's host data.
+    """Build the Rollout from the host data: `profile` (set by the inventory, or `--data profile=`)
+    and the inventory's stand-ins.
 
-    A bad profile raises DeployError here, in pyinfra's prepare stage: nothing is changed."""
+    A bad profile raises DeployError here, in pyinfra's prepare stage: nothing is changed. (This
+    project's inventories refuse it earlier, before connecting: dsv4deploy/inventories.py.)"""
     name = host_data.get("profile")
     if not name:
-        raise DeployError("no profile given: use --data profile=NAME (or make deploy PROFILE=NAME)")
+        raise DeployError("no profile given: set it in the inventory's host data (inventory/ct200.py reads "
+                          "CT200_PROFILE), or use --data profile=NAME (make deploy PROFILE=NAME)")
     try:
         profile = load_profile(str(name))
         report = validate(profile)
@@ -88,6 +92,8 @@ def rollout_for(host_data) -> Rollout:
         raise DeployError(f"invalid profile {name}:\n{exc}") from None
     if report.errors:
         raise DeployError(f"invalid profile {name}:\n" + "\n".join(map(str, report.problems)))
+    if not host_data.get("weights_source") and (unpinned := placeholder_problem(profile)):
+        raise DeployError(f"invalid profile {name} for this host:\n{unpinned}")
     stand_ins = dict(host_data.get("stand_ins") or {})
     module = stand_ins.get("server_module", SGLANG_MODULE)
     weights_source = dict(host_data.get("weights_source") or profile.data["model"]["source"])

@@ -1,30 +1,49 @@
 """pyinfra inventory of the real CT200 host.
 
-    CT200_HOST=10.0.0.5 pyinfra -y inventory/ct200.py deploy/serve.py --data profile=nvfp4-ctx8k
-    make deploy PROFILE=nvfp4-ctx8k INVENTORY=inventory/ct200.py
+    CT200_HOST=10.0.0.5 CT200_PROFILE=nvfp4-ctx8k pyinfra inventory/ct200.py deploy/serve.py
+    make deploy PROFILE=nvfp4-ctx8k INVENTORY=inventory/ct200.py     # CT200_HOST=... as well
 
-Settings come from the environment (or `--data ssh_hostname=...` etc.):
-  CT200_HOST         address or name (required)
+Settings come from the environment; pyinfra's own flags (--user, --port, --key) and
+`--data ssh_hostname=... / ssh_user=... / ssh_port=...` override them:
+  CT200_HOST         address or name (required, or --data ssh_hostname=...)
+  CT200_PROFILE      the profile deploy/serve.py rolls out (host data `profile`; PROFILE is read
+                     when CT200_PROFILE is unset; --data profile=NAME overrides both)
   CT200_USER         SSH user (default root; a non-root user needs passwordless sudo: CT200_SUDO=1)
   CT200_SSH_KEY      private key file (default: the SSH agent / ~/.ssh defaults)
   CT200_KNOWN_HOSTS  known_hosts file holding CT200's host key (default ~/.ssh/known_hosts)
   CT200_PORT         SSH port (default 22)
+A profile deploy is checked while this file loads, before pyinfra connects: no profile, a bad
+one, or one whose model revision is still the placeholder stops the run with exit code 2. (pyinfra
+loads group_data/ only after this file, so a `profile` set there is not seen by that check: use
+CT200_PROFILE or --data.)
 Host-key checking stays on: add the host key first (ssh-keyscan, then verify its fingerprint).
 """
 
 import os
+import sys
 from pathlib import Path
 
-from pyinfra.api import InventoryError
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 
-_address = os.environ.get("CT200_HOST", "").strip()
+from dsv4deploy.inventories import cli_data, pyinfra_cli_params, profile_data, refuse  # noqa: E402
+
+_INVENTORY = "inventory/ct200.py"
+_cli = pyinfra_cli_params()
+_address = str(cli_data(_cli).get("ssh_hostname") or os.environ.get("CT200_HOST", "")).strip()
 if not _address:
-    raise InventoryError("inventory/ct200.py: set CT200_HOST to CT200's address (e.g. CT200_HOST=10.0.0.5 make "
-                         "deploy PROFILE=nvfp4-ctx8k INVENTORY=inventory/ct200.py)")
+    refuse(_INVENTORY, ["set CT200_HOST to CT200's address (e.g. CT200_HOST=10.0.0.5 make deploy "
+                        "PROFILE=nvfp4-ctx8k INVENTORY=inventory/ct200.py), or pass --data ssh_hostname=ADDRESS"],
+           cli=_cli is not None)
+try:
+    _port = int(os.environ.get("CT200_PORT", "22"))
+except ValueError:
+    refuse(_INVENTORY, [f"CT200_PORT={os.environ['CT200_PORT']!r}: not a port number"], cli=_cli is not None)
 
 _data = {
     "ssh_user": os.environ.get("CT200_USER", "root"),
-    "ssh_port": int(os.environ.get("CT200_PORT", "22")),
+    "ssh_port": _port,
     "ssh_strict_host_key_checking": "yes",
     "ssh_known_hosts_file": os.path.expanduser(os.environ.get("CT200_KNOWN_HOSTS", "~/.ssh/known_hosts")),
 }
@@ -32,5 +51,8 @@ if os.environ.get("CT200_SSH_KEY"):
     _data["ssh_key"] = str(Path(os.environ["CT200_SSH_KEY"]).expanduser())
 if os.environ.get("CT200_SUDO") == "1":
     _data["_sudo"] = True
+# No weights stand-in here: the real checkpoint at a pinned revision, so a placeholder is refused.
+_data.update(profile_data(_INVENTORY, env_names=("CT200_PROFILE", "PROFILE"), default=None,
+                          weights_stand_in=False))
 
 ct200 = [(_address, _data)]

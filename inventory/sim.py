@@ -1,8 +1,12 @@
 """pyinfra inventory of the running CT200 twins (read from the .sim/ state).
 
+    pyinfra -y inventory/sim.py deploy/serve.py            # the profile: PROFILE, else nvfp4-ctx8k
     pyinfra -y inventory/sim.py exec -- nvidia-smi -L
 
 Start the twins first with `make sim-up` (`dsv4deploy sim up [--hosts N]`).
+The profile deploy/serve.py rolls out is host data `profile`: `--data profile=NAME`, else the
+environment's PROFILE, else nvfp4-ctx8k; it is checked while this file loads, before pyinfra
+connects. The twin holds a weights stand-in, so a placeholder revision is allowed here.
 Host-key checking stays on: the twins' keys are in .sim/ssh/known_hosts.
 """
 
@@ -13,9 +17,11 @@ _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from dsv4deploy.sim.host import inventory_hosts  # noqa: E402
+from dsv4deploy.errors import EXIT_FAILED  # noqa: E402
+from dsv4deploy.inventories import profile_data, pyinfra_cli_params, refuse  # noqa: E402
+from dsv4deploy.sim.host import SimError, inventory_hosts  # noqa: E402
 
-twins = inventory_hosts()
+_INVENTORY = "inventory/sim.py"
 
 # What the twin cannot hold, and the stand-in it uses instead. The profiles stay identical.
 STAND_INS = {
@@ -32,4 +38,11 @@ STAND_INS = {
 # 149 GiB of weights -> a small checkpoint of the same layout, made once under .sim/checkpoints.
 WEIGHTS = {"type": "rsync", "path": ".sim/checkpoints/{repo}", "size_gib": 0.01}
 
-twins = [(name, {**data, "stand_ins": STAND_INS, "weights_source": WEIGHTS}) for name, data in twins]
+# The profile first: a bad one is refused even when no twin runs.
+_profile = profile_data(_INVENTORY, env_names=("PROFILE",), default="nvfp4-ctx8k", weights_stand_in=True)
+try:
+    _hosts = inventory_hosts()
+except SimError as exc:
+    refuse(_INVENTORY, [str(exc)], cli=pyinfra_cli_params() is not None, code=EXIT_FAILED)
+
+twins = [(name, {**data, "stand_ins": STAND_INS, "weights_source": WEIGHTS, **_profile}) for name, data in _hosts]

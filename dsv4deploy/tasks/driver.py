@@ -1,7 +1,7 @@
 """The NVIDIA driver: installed only when nvidia-smi is missing or older than the profile's
 branch. Blackwell needs the open kernel modules (nvidia-open) from NVIDIA's CUDA repository.
 It never reboots on its own: it records that a reboot is required and stops, unless the run
-says `--data allow_reboot=true`.
+says `--data allow_reboot=true` (through make: `ARGS="--data allow_reboot=true"`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, python, server
 
+from ..errors import rerun_with
 from ..layout import STATE
 from ..rollout import Rollout
 
@@ -60,6 +61,7 @@ def driver(r: Rollout, needed: bool) -> None:
         files.file(name="clear reboot flag", path=REBOOT_FLAG, present=False)
     else:
         python.raise_exception(name="stop: reboot required", exception=DeployError,
-                               args=[f"the NVIDIA driver {branch} was installed: reboot the host (or run "
-                                     "again with --data allow_reboot=true), then deploy again"],
+                               args=[f"the NVIDIA driver {branch} was installed: reboot the host (or "
+                                     f"{rerun_with('allow_reboot=true', f'deploy PROFILE={r.profile.name}')}), "
+                                     "then deploy again"],
                                _if=install.did_change)

@@ -22,6 +22,7 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
 from .. import releases
+from ..errors import rerun_with
 from ..facts import JsonFile, Releases
 from ..health import HealthError
 from ..hostio import read_json, records, save_record, sh, write_json
@@ -73,6 +74,12 @@ class _ReleaseLock(BaseStateCallback):
             self._release()
 
 
+def _make_target(label: str) -> str:
+    """The make target that runs what `label` names ('deploy NAME' or 'rollback')."""
+    what, _, name = label.partition(" ")
+    return f"deploy PROFILE={name}" if what == "deploy" and name else what
+
+
 def deploy_lock(label: str) -> None:
     """Take the host's deploy lock now (prepare stage); refuse with the holder's PID and start.
 
@@ -94,7 +101,7 @@ def deploy_lock(label: str) -> None:
         raise DeployError(
             f"another deploy holds the lock on this host: PID {holder.get('pid', '?')} on "
             f"{holder.get('controller', '?')} since {holder.get('started', '?')} ({holder.get('what', '?')}). "
-            f"If that run is gone, run again with --data break_lock=true.")
+            f"If that run is gone, {rerun_with('break_lock=true', _make_target(label))}.")
 
 
 # --- releases ---------------------------------------------------------------------------------

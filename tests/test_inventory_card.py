@@ -1,0 +1,453 @@
+"""The card's command as printed (`pyinfra inventory/ct200.py deploy/serve.py`, no --data), make
+for a real control node, and history/bench against a host that does not answer.
+
+Real runs go to 127.0.0.254, a loopback address where nothing listens on port 22 (refused at
+once). Where a test must prove that nothing connects, it listens itself on 127.0.0.254 at a free
+port and counts the connections. make targets that would need the twin run with `make -n`.
+No twin is booted: DSV4_SIM_DIR points at an empty folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from dsv4deploy import inventories
+from dsv4deploy.errors import rerun_with
+from dsv4deploy.remote import describe
+from dsv4deploy.validate import PLACEHOLDER_REVISION
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / ".venv" / "bin"
+NOWHERE = "127.0.0.254"
+PINNED = "0123456789abcdef0123456789abcdef01234567"
+
+
+def clean_env() -> dict:
+    """This process's environment without settings that would steer what is tested (a caller's
+    CT200_*/DSV4_*/PROFILE, or the flags of a `make test` around us)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("CT200_", "DSV4_", "MAKE")) and k not in ("PROFILE", "MFLAGS", "INVENTORY", "ARGS")}
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: int = 60) -> tuple[subprocess.CompletedProcess, float]:
+    base = clean_env()
+    start = time.monotonic()
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                         env={**base, **(env or {})})
+    out.text = out.stdout + out.stderr
+    return out, time.monotonic() - start
+
+
+@pytest.fixture
+def no_twin(tmp_path):
+    """Sim state in an empty folder: inventory/sim.py finds no twin, whatever else runs here."""
+    return {"DSV4_SIM_DIR": str(tmp_path / "sim")}
+
+
+@pytest.fixture
+def pinned(tmp_path):
+    """The shipped profiles with the base's revision pinned (as `make pin` would)."""
+    target = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", target)
+    base = target / "_ct200-base.yaml"
+    text = base.read_text()
+    assert f'revision: "{PLACEHOLDER_REVISION}"' in text
+    base.write_text(text.replace(f'revision: "{PLACEHOLDER_REVISION}"', f'revision: "{PINNED}"'))
+    return target
+
+
+class Listener:
+    """A TCP port on 127.0.0.254 that counts who connects (and hangs up on them at once)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind((NOWHERE, 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self):
+        self._stop = True
+        self._thread.join(2)
+        self.sock.close()
+
+
+@pytest.fixture
+def listener():
+    lis = Listener()
+    yield lis
+    lis.close()
+
+
+def pyinfra(*args: str, env: dict | None = None):
+    return run([str(BIN / "pyinfra"), *args], env=env)
+
+
+def clean(out) -> None:
+    assert "Traceback" not in out.text, out.text
+
+
+# --- (7) the card's command -------------------------------------------------------------------
+
+def test_card_command_refuses_the_placeholder_without_connecting(listener):
+    out, took = pyinfra("inventory/ct200.py", "deploy/serve.py",
+                        env={"CT200_HOST": NOWHERE, "CT200_PORT": str(listener.port), "CT200_PROFILE": "nvfp4-ctx8k"})
+    assert out.returncode == 2, out.text
+    assert "inventory/ct200.py: profile nvfp4-ctx8k (from CT200_PROFILE) cannot be deployed" in out.text
+    assert re.search(r"profiles/_ct200-base\.yaml:\d+: model\.revision: placeholder revision", out.text), out.text
+    assert "make pin PROFILE=nvfp4-ctx8k" in out.text
+    assert "Connecting" not in out.text and "Could not connect" not in out.text
+    clean(out)
+    assert took < 5, took
+    assert listener.accepted == 0
+
+
+def test_card_command_as_printed_at_an_address_where_nothing_listens():
+    """The issue's own check: CT200_HOST=127.0.0.254 pyinfra inventory/ct200.py deploy/serve.py."""
+    out, took = pyinfra("inventory/ct200.py", "deploy/serve.py", env={"CT200_HOST": NOWHERE, "PROFILE": "nvfp4-ctx8k"})
+    assert out.returncode == 2 and "placeholder revision" in out.text, out.text
+    assert "(from PROFILE)" in out.text
+    assert "Connecting" not in out.text and "Unable to connect" not in out.text
+    clean(out)
+    assert took < 5, took
+
+
+def test_a_pinned_profile_from_the_environment_goes_on_to_connect(pinned, listener):
+    """The positive control: same command, revision pinned: the profile is announced and pyinfra
+    connects (the listener sees it; it hangs up, so the run fails as an SSH failure, exit 1)."""
+    out, took = pyinfra("-y", "inventory/ct200.py", "deploy/serve.py",
+                        env={"CT200_HOST": NOWHERE, "CT200_PORT": str(listener.port), "CT200_PROFILE": "nvfp4-ctx8k",
+                             "DSV4_PROFILES_DIR": str(pinned)})
+    assert out.returncode == 1, out.text
+    assert "inventory/ct200.py: profile nvfp4-ctx8k (from CT200_PROFILE)\n" in out.text
+    assert "Connecting" in out.text
+    assert listener.accepted >= 1
+    assert took < 30
+
+
+def test_data_profile_overrides_the_environment(pinned):
+    out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", "--data", "profile=nope",
+                     env={"CT200_HOST": NOWHERE, "CT200_PROFILE": "nvfp4-ctx8k", "DSV4_PROFILES_DIR": str(pinned)})
+    assert out.returncode == 2
+    assert "profile nope (from --data profile=) cannot be deployed" in out.text
+    assert "no profile named 'nope'" in out.text and "Connecting" not in out.text
+    clean(out)
+
+
+def test_no_profile_is_refused_before_connecting():
+    out, took = pyinfra("inventory/ct200.py", "deploy/serve.py", env={"CT200_HOST": NOWHERE})
+    assert out.returncode == 2
+    assert "no profile: set CT200_PROFILE=NAME" in out.text and "nvfp4-ctx8k" in out.text
+    assert "Connecting" not in out.text and took < 5
+    clean(out)
+
+
+def test_an_invalid_profile_is_refused_with_file_line_and_key(pinned):
+    (pinned / "oom.yaml").write_text("extends: nvfp4-ctx8k\nserver:\n  mem_fraction_static: 0.85\n")
+    out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", "--data", "profile=oom",
+                     env={"CT200_HOST": NOWHERE, "DSV4_PROFILES_DIR": str(pinned)})
+    assert out.returncode == 2
+    assert re.search(r"oom\.yaml:3: server\.mem_fraction_static: CUDA-graph capture would run out", out.text), out.text
+    assert "Connecting" not in out.text
+    clean(out)
+
+
+def test_ssh_hostname_data_stands_in_for_ct200_host():
+    out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", env={"CT200_PROFILE": "nvfp4-ctx8k"})
+    assert out.returncode == 2 and "set CT200_HOST" in out.text and "--data ssh_hostname=" in out.text
+    clean(out)
+    out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", "--data", f"ssh_hostname={NOWHERE}",
+                     env={"CT200_PROFILE": "nvfp4-ctx8k"})
+    assert out.returncode == 2 and "placeholder revision" in out.text  # past the address, at the profile
+    clean(out)
+
+
+def test_rollback_and_exec_need_no_profile(listener):
+    """Only a deploy that builds its run from a profile is checked: rollback goes on to connect."""
+    out, _ = pyinfra("-y", "inventory/ct200.py", "deploy/rollback.py",
+                     env={"CT200_HOST": NOWHERE, "CT200_PORT": str(listener.port), "CT200_PROFILE": "nvfp4-ctx8k"})
+    assert out.returncode == 1 and "Connecting" in out.text and listener.accepted >= 1, out.text
+    assert "placeholder" not in out.text
+
+
+def test_host_key_checking_stays_on_in_shipped_inventories():
+    for name in ("ct200.py", "sim.py"):
+        text = (REPO / "inventory" / name).read_text()
+        assert "ssh_strict_host_key_checking\": \"no" not in text and "StrictHostKeyChecking=no" not in text
+    assert '"ssh_strict_host_key_checking": "yes"' in (REPO / "inventory/ct200.py").read_text()
+
+
+def test_sim_inventory_checks_its_profile_before_looking_for_a_twin(no_twin, profile_dir):
+    profile_dir.write("oom", "extends: nvfp4-ctx8k\nserver:\n  mem_fraction_static: 0.85\n")
+    out, took = pyinfra("inventory/sim.py", "deploy/serve.py", "--data", "profile=oom",
+                        env={**no_twin, "DSV4_PROFILES_DIR": str(profile_dir.path)})
+    assert out.returncode == 2 and "CUDA-graph capture would run out" in out.text and took < 5
+    clean(out)
+
+
+def test_sim_inventory_keeps_its_default_and_the_placeholder(no_twin):
+    out, _ = pyinfra("inventory/sim.py", "deploy/serve.py", env=no_twin)
+    assert "inventory/sim.py: profile nvfp4-ctx8k (from the inventory's default)" in out.text
+    assert "placeholder" not in out.text
+    assert out.returncode == 1 and "no CT200 twin is running" in out.text
+    clean(out)
+
+
+# --- (8) history and bench on a host that does not answer -------------------------------------
+
+@pytest.mark.parametrize("cmd", [["history"], ["history", "--json"], ["bench", "nvfp4-ctx8k"]])
+def test_history_and_bench_on_an_unreachable_host(cmd):
+    out, took = run([str(BIN / "dsv4deploy"), *cmd, "--inventory", "inventory/ct200.py"], env={"CT200_HOST": NOWHERE})
+    assert out.returncode == 1, out.text
+    assert f"cannot reach {NOWHERE} over SSH" in out.stderr and "Unable to connect to port 22" in out.stderr
+    assert out.stdout == ""
+    clean(out)
+    assert took < 10
+
+
+@pytest.mark.parametrize("env, says", [
+    ({}, "set CT200_HOST"),
+    ({"CT200_HOST": NOWHERE, "CT200_PORT": "ssh"}, "CT200_PORT='ssh': not a port number"),
+])
+def test_history_with_an_inventory_that_refuses_to_load(env, says):
+    out, _ = run([str(BIN / "dsv4deploy"), "history", "--inventory", "inventory/ct200.py"], env=env)
+    assert out.returncode == 1 and says in out.stderr
+    clean(out)
+
+
+def test_history_with_no_twin_running(no_twin):
+    """The case that used to end in a traceback: the inventory's exception, wrapped by pyinfra's
+    CLI in an error that has no message of its own."""
+    out, _ = run([str(BIN / "dsv4deploy"), "history", "--inventory", "inventory/sim.py"], env=no_twin)
+    assert out.returncode == 1 and "inventory/sim.py: no CT200 twin is running" in out.stderr
+    clean(out)
+
+
+def test_history_with_no_such_inventory():
+    out, _ = run([str(BIN / "dsv4deploy"), "history", "--inventory", "inventory/nope.py"])
+    assert out.returncode == 1 and "inventory/nope.py: no such inventory file" in out.stderr
+    clean(out)
+
+
+# --- (8) make ---------------------------------------------------------------------------------
+
+def make(*args: str, env: dict | None = None):
+    return run(["make", *args], env=env)
+
+
+def test_make_requires_profile_for_a_real_inventory():
+    for target in ("deploy", "plan", "validate", "render", "bench"):
+        out, _ = make("-n", target, "INVENTORY=inventory/ct200.py")
+        assert out.returncode == 2, (target, out.text)
+        assert "PROFILE=NAME is required with INVENTORY=inventory/ct200.py" in out.text and "nvfp4-ctx8k" in out.text
+
+
+def test_make_real_deploy_passes_args_and_installs_no_twin_packages():
+    out, _ = make("-n", "-B", "deploy", "PROFILE=nvfp4-ctx8k", "INVENTORY=inventory/ct200.py",
+                  "ARGS=--data allow_reboot=true")
+    assert out.returncode == 0, out.text
+    assert (".venv/bin/pyinfra -y inventory/ct200.py deploy/serve.py --data profile=nvfp4-ctx8k "
+            "--data allow_reboot=true") in out.stdout
+    assert "-c requirements.lock" in out.stdout                      # the venv, from the lock
+    for twin_only in ("debootstrap", "apt-get", "sim up"):
+        assert twin_only not in out.stdout
+
+
+def test_make_twin_targets_install_the_twin_packages():
+    for args in (["deploy"], ["test"], ["sim-up"], ["rollback"], ["deploy", "INVENTORY=./inventory/sim.py"]):
+        out, _ = make("-n", "-B", *args)
+        assert out.returncode == 0, out.text
+        assert "debootstrap" in out.stdout and "systemd-container" in out.stdout, args
+    out, _ = make("-n", "-B", "deploy")
+    assert "--data profile=nvfp4-ctx8k" in out.stdout and "sim up" in out.stdout  # the twin keeps its default
+
+
+def test_make_rollback_and_history_pass_args():
+    out, _ = make("-n", "rollback", "INVENTORY=inventory/ct200.py", "TO=3", "ARGS=--data break_lock=true")
+    assert ".venv/bin/pyinfra -y inventory/ct200.py deploy/rollback.py --data to=3 --data break_lock=true" in out.stdout
+    assert "debootstrap" not in out.stdout
+    out, _ = make("-n", "history", "INVENTORY=inventory/ct200.py", "ARGS=--json")
+    assert ".venv/bin/dsv4deploy history --inventory inventory/ct200.py --json" in out.stdout
+
+
+def _venv_current() -> bool:
+    return subprocess.run(["make", "-q", "venv"], cwd=REPO, capture_output=True, env=clean_env()).returncode == 0
+
+
+@pytest.mark.skipif(not _venv_current(), reason="make would (re)build .venv first; run `make venv`")
+def test_make_deploy_to_the_real_inventory_refuses_the_placeholder_before_connecting():
+    out, took = make("deploy", "PROFILE=nvfp4-ctx8k", "INVENTORY=inventory/ct200.py", env={"CT200_HOST": NOWHERE})
+    assert out.returncode == 2
+    assert "placeholder revision" in out.text and "Connecting" not in out.text and "apt-get" not in out.text
+    clean(out)
+    assert took < 10
+
+
+@pytest.mark.skipif(not _venv_current(), reason="make would (re)build .venv first; run `make venv`")
+def test_make_history_on_an_unreachable_host():
+    out, _ = make("history", "INVENTORY=inventory/ct200.py", env={"CT200_HOST": NOWHERE})
+    assert out.returncode != 0 and f"cannot reach {NOWHERE} over SSH" in out.text
+    clean(out)
+
+
+def test_the_lock_pins_every_dependency_within_pyproject_ranges():
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (REPO / "requirements.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version and re.fullmatch(r"[A-Za-z0-9_.\-]+", name), line
+            pins[name.lower().replace("_", "-")] = version
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [r for extra in ("test", "twin") for r in project["optional-dependencies"][extra]]
+    for text in wanted:
+        req = Requirement(text)
+        name = req.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not in requirements.lock: run make lock"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is outside {req.specifier}"
+    assert "dsv4deploy" not in pins
+    assert "-c $(LOCK)" in (REPO / "Makefile").read_text()
+
+
+# --- pure helpers -----------------------------------------------------------------------------
+
+def test_cli_data_reads_data_as_pyinfra_will():
+    params = {"data": ("profile=a", "x=1", "flag=true", "profile=b", "junk", "url=a=b")}
+    assert inventories.cli_data(params) == {"profile": "b", "x": 1, "flag": True, "url": "a=b"}
+    assert inventories.cli_data(None) == {} and inventories.cli_data({"data": ()}) == {}
+
+
+def test_choose_profile_order():
+    env = {"CT200_PROFILE": "from-ct200", "PROFILE": "from-profile"}
+    names = ("CT200_PROFILE", "PROFILE")
+    assert inventories.choose_profile({"profile": "d"}, env, names) == ("d", "--data profile=")
+    assert inventories.choose_profile({}, env, names) == ("from-ct200", "CT200_PROFILE")
+    assert inventories.choose_profile({}, {"PROFILE": "p", "CT200_PROFILE": " "}, names) == ("p", "PROFILE")
+    assert inventories.choose_profile({}, {}, names) == (None, "")
+    assert inventories.choose_profile({}, {}, names, default="x") == ("x", "the inventory's default")
+    assert inventories.choose_profile({"profile": ""}, env, names) == (None, "--data profile=")
+    assert inventories.choose_profile({"profile": 123}, env, names) == ("123", "--data profile=")
+
+
+def test_deploys_a_profile(tmp_path):
+    (tmp_path / "serve.py").write_text("rollout = rollout_for(host.data)\n")
+    (tmp_path / "other.py").write_text("tasks.manual_rollback(None)\n")
+    assert inventories.deploys_a_profile(["serve.py"], tmp_path)
+    assert inventories.deploys_a_profile(["other.py", str(tmp_path / "serve.py")], "/")
+    assert not inventories.deploys_a_profile(["other.py", "missing.py", "exec", "debug-inventory"], tmp_path)
+    assert inventories.deploys_a_profile(["deploy/serve.py"], REPO)
+    assert not inventories.deploys_a_profile(["deploy/rollback.py"], REPO)
+
+
+def test_placeholder_is_an_error_only_without_a_weights_stand_in(pinned, monkeypatch):
+    problems = inventories.deploy_problems("nvfp4-ctx8k", weights_stand_in=False)
+    assert [p.path for p in problems] == ["model.revision"] and problems[0].severity == "error"
+    assert problems[0].file == "profiles/_ct200-base.yaml" and problems[0].line
+    assert inventories.deploy_problems("nvfp4-ctx8k", weights_stand_in=True) == []
+    monkeypatch.setenv("DSV4_PROFILES_DIR", str(pinned))
+    assert inventories.deploy_problems("nvfp4-ctx8k", weights_stand_in=False) == []
+    assert "no profile named" in str(inventories.deploy_problems("nope", weights_stand_in=True)[0])
+
+
+def test_rollout_for_refuses_the_placeholder_without_a_weights_source():
+    from pyinfra.api import DeployError
+
+    from dsv4deploy.rollout import rollout_for
+
+    with pytest.raises(DeployError, match="placeholder revision"):
+        rollout_for({"profile": "nvfp4-ctx8k"})
+    assert rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}}).profile.name == "nvfp4-ctx8k"
+
+
+def test_not_under_the_pyinfra_cli():
+    import click
+
+    assert inventories.pyinfra_cli_params() is None
+
+    @click.command()
+    def other():
+        assert inventories.pyinfra_cli_params() is None
+
+    other.main([], standalone_mode=False)
+    with pytest.raises(Exception, match="set it"):
+        inventories.refuse("inv.py", ["set it"], cli=False)
+
+
+def test_parse_cli_arg_matches_pyinfra():
+    """Same rules as pyinfra_cli.util.parse_cli_arg (compared in a child: importing pyinfra_cli
+    monkey-patches the process with gevent)."""
+    values = ["true", "False", "12", "-3", "1.5", '{"a": 1}', "[1]", "null", "nvfp4-ctx8k", "", "a=b", "0x10"]
+    code = ("import json, sys; from pyinfra_cli.util import parse_cli_arg; "
+            "print(json.dumps([parse_cli_arg(v) for v in json.loads(sys.argv[1])]))")
+    child = subprocess.run([str(BIN / "python"), "-c", code, json.dumps(values)], capture_output=True, text=True,
+                           check=True)
+    assert json.loads(child.stdout.splitlines()[-1]) == [inventories.parse_cli_arg(v) for v in values]
+
+
+def test_history_when_the_inventory_raises_something_unexpected(tmp_path):
+    """pyinfra's CLI wraps an inventory's own exception in an error whose __str__ breaks."""
+    inv = tmp_path / "broken.py"
+    inv.write_text("raise RuntimeError('the inventory broke')\n")
+    out, _ = run([str(BIN / "dsv4deploy"), "history", "--inventory", str(inv)])
+    assert out.returncode == 1 and "RuntimeError: the inventory broke" in out.stderr, out.text
+    clean(out)
+
+
+def test_describe_never_breaks():
+    import click
+
+    class Broken(Exception):
+        def __str__(self):
+            raise AttributeError("no message")
+
+    class Wrapped(click.ClickException):  # like pyinfra_cli's UnexpectedExternalError
+        def __init__(self, e, filename):
+            self.exception, self.filename = e, filename
+
+    wrapped = Wrapped(RuntimeError("no CT200 twin is running"), "inventory/sim.py")
+    with pytest.raises(AttributeError):
+        str(wrapped)  # the reason describe() exists
+    assert describe(wrapped) == "RuntimeError: no CT200 twin is running"
+    assert describe(Broken("x")) == "x"
+    assert describe(Broken()) == "Broken"
+    assert describe(ValueError("a\n b")) == "ValueError: a b"
+
+
+def test_rerun_messages_name_the_make_form():
+    assert rerun_with("allow_reboot=true", "deploy PROFILE=p") == (
+        'run again with --data allow_reboot=true (through make: make deploy PROFILE=p ARGS="--data allow_reboot=true")')
+    from dsv4deploy.tasks.release import _make_target
+
+    assert _make_target("deploy nvfp4-ctx8k") == "deploy PROFILE=nvfp4-ctx8k" and _make_target("rollback") == "rollback"
+    for path in (REPO / "dsv4deploy" / "tasks").glob("*.py"):
+        assert "again with --data" not in path.read_text(), f"{path.name}: use errors.rerun_with (names the make form)"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
