@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4deploy.layout import Layout
 from dsv4deploy.nccl import PRESETS, nccl_environment, render_env_file
 from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_result, launch,
                                   probe_argv, rank_environment, read_env_file)
@@ -309,7 +310,7 @@ def test_format_result_table():
 def test_probe_argv_for_the_deploy():
     data = load_profile("nvfp4-ctx8k").data
     argv = probe_argv(data, script="/tmp/nccl_probe.py", env_file="/etc/dsv4deploy/sglang/nccl.env")
-    assert argv == ["/opt/dsv4deploy/venvs/sglang-0.5.23-nopatch/bin/python", "/tmp/nccl_probe.py",
+    assert argv == [Layout.of(data).python, "/tmp/nccl_probe.py",
                     "launch", "--json", "--timeout", "60", "--nranks", "4",
                     "--env-file", "/etc/dsv4deploy/sglang/nccl.env"]
     argv = probe_argv(data, script="p.py", python="py", timeout_s=5, nranks=2)
