@@ -35,7 +35,7 @@ $(error PROFILE=NAME is required with INVENTORY=$(INVENTORY) (profiles: $(sort $
 endif
 endif
 
-.PHONY: help bootstrap debs twin-debs venv lock test validate render plan deploy rollback history bench \
+.PHONY: help bootstrap debs twin-debs venv lock test test-fast validate render plan deploy rollback history bench \
         sim-up sim-down sim-status clean
 
 help:
@@ -45,6 +45,7 @@ help:
 	@echo "make history                 the host's releases: profile, status, gate, reason"
 	@echo "make bench PROFILE=...       the smoke gate alone against the live server"
 	@echo "make test                    the whole test suite (needs root for the twin)"
+	@echo "make test-fast               the tests that need neither the twin nor SGLang's parser (about 1.5 min)"
 	@echo "make validate PROFILE=...    check a profile, print its GPU-memory budget"
 	@echo "make render PROFILE=...      write the rendered unit, NCCL env, manifest under rendered/"
 	@echo "make sim-up / sim-down / sim-status   the local CT200 twin"
@@ -123,6 +124,10 @@ bench: venv
 
 test: twin-debs venv
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The edit-test loop: everything that needs neither the twin nor SGLang's parser venv.
+test-fast: venv
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf rendered reports .pytest_cache

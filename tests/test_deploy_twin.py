@@ -38,6 +38,10 @@ QUICK_GATE = """gate:
 # fewer prompts); each fault variant has its own context length, which the twin's fault file
 # matches (match_argv), so the fault hits that release and not the one a rollback restores.
 FIRST_DEPLOY: dict = {}
+FAULTS = "/etc/dsv4deploy-twin/faults.json"
+# The twin's simulated weight load + warm-up (3 s + 1.5 s by default) shortened for these tests:
+# every start, restart and rollback waits for it, and none of them measures it.
+FAST_START = {"load_seconds": 0.5, "warmup_seconds": 0.3}
 VARIANTS = {
     "quick16k": 16384, "crash20k": 20480, "never12k": 12288, "errors24k": 24576, "midgate28k": 28672,
 }
@@ -63,13 +67,13 @@ def deploy(profile: str, *extra: str, env=None, dry=False, profiles_dir=None) ->
 
 
 def with_faults(twin, faults: dict, profile: str, profiles_dir):
-    twin.write_file("/etc/dsv4deploy-twin/faults.json", json.dumps(faults))
+    twin.write_file(FAULTS, json.dumps({**FAST_START, **faults}))
     try:
         start = time.monotonic()
         out = deploy(profile, profiles_dir=profiles_dir)
         return out, time.monotonic() - start
     finally:
-        twin.run("rm -f /etc/dsv4deploy-twin/faults.json")
+        twin.write_file(FAULTS, json.dumps(FAST_START))
 
 
 def served_context(twin):
@@ -111,9 +115,10 @@ def changed_ops(output: str) -> list[str]:
 @pytest.fixture(scope="module")
 def twin(sim_twin):  # noqa: F811
     """twin-1 with no faults and no leftover service from earlier runs."""
-    sim_twin.run("rm -f /etc/dsv4deploy-twin/faults.json; systemctl stop sglang.service stale-sglang.service "
+    sim_twin.run(f"rm -f {FAULTS}; systemctl stop sglang.service stale-sglang.service "
                  "2>/dev/null; systemctl reset-failed 2>/dev/null; rm -rf /var/lib/dsv4deploy /etc/dsv4deploy "
                  "/etc/systemd/system/sglang.service; systemctl daemon-reload", check=False)
+    sim_twin.write_file(FAULTS, json.dumps(FAST_START))
     yield sim_twin
     sim_twin.run("rm -f /etc/dsv4deploy-twin/faults.json; systemctl stop stale-sglang.service 2>/dev/null; "
                  "systemctl reset-failed", check=False)
