@@ -19,6 +19,7 @@ found = tasks.preflight(rollout)                      # OS, GPUs, driver, disk, 
 tasks.deploy_lock(f"deploy {rollout.profile.name}")  # one deploy at a time on this host
 tasks.settle_interrupted(rollout)                     # settle what a cut-off run left pending
 
+tasks.host_packages(rollout)                          # python3-venv, curl, patch: what a fresh server lacks
 tasks.driver(rollout, needed=found["driver_needed"])  # nvidia-open at the profile's branch; no surprise reboot
 tasks.service_user(rollout)                           # service user and directories
 venv = tasks.sglang_venv(rollout)                     # pinned SGLang + patches, in a venv named by both

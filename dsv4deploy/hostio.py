@@ -1,5 +1,8 @@
 """Small effects on a connected pyinfra Host, used at execution time (python.call callbacks,
-the CLI's history and rollback): run a command, write a JSON file atomically, read releases.
+the CLI's history and rollback): run a command, upload a file, write a JSON file atomically,
+read releases. Every call runs as the inventory says operations run: pyinfra applies host data
+like `_sudo: True` to operations and facts, but not to direct connector calls, so they go
+through here.
 """
 
 from __future__ import annotations
@@ -14,15 +17,42 @@ from . import releases
 from .facts import Releases
 
 
+PRIVILEGE_ARGS = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env", "_su_user")
+
+
+def privileged(h) -> dict:
+    """The inventory's privilege arguments (`_sudo`, ...) for a direct connector call."""
+    out = {}
+    for key in PRIVILEGE_ARGS:
+        value = getattr(h.data, key, None)
+        if value not in (None, False, ""):
+            out[key] = value
+    return out
+
+
+def run(h, command: str, timeout: float | None = None):
+    """(ok, CommandOutput) of one shell command, with the inventory's privileges."""
+    kwargs = privileged(h)
+    if timeout:
+        kwargs["_timeout"] = timeout
+    return h.run_shell_command(command, **kwargs)
+
+
 def sh(h, command: str, timeout: float | None = None) -> tuple[bool, str]:
-    kwargs = {"_timeout": timeout} if timeout else {}
-    ok, out = h.run_shell_command(command, **kwargs)
+    ok, out = run(h, command, timeout)
     return ok, out.stdout
+
+
+def put(h, src, dest: str) -> bool:
+    """Upload a local path or file object to `dest` (through a temp file and sudo when the
+    inventory connects unprivileged); False when the upload failed."""
+    return bool(h.put_file(src, dest, **privileged(h)))
 
 
 def write_json(h, path: str, doc: dict) -> None:
     sh(h, f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}")
-    h.put_file(StringIO(json.dumps(doc, indent=2, sort_keys=True) + "\n"), f"{path}.tmp")
+    if not put(h, StringIO(json.dumps(doc, indent=2, sort_keys=True) + "\n"), f"{path}.tmp"):
+        raise DeployError(f"cannot write {path}")
     ok, _ = sh(h, f"mv {shlex.quote(path)}.tmp {shlex.quote(path)}")
     if not ok:
         raise DeployError(f"cannot write {path}")

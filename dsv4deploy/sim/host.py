@@ -50,13 +50,13 @@ NVIDIA_SMI_SCRIPT = PACKAGE_DIR / "nvidia_smi.py"
 
 SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# What a fresh server install has, nothing more: systemd, sshd, python3 for pyinfra, sudo for the
+# operator's account, and iproute2/procps (priority "important" in Debian, in every Ubuntu server).
+# Everything else the deploy uses (python3-venv, curl, patch, ...) it installs itself.
 ROOTFS_PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
-    "python3-pip", "iproute2", "curl", "ca-certificates", "patch", "rsync", "sudo",
-    # what pyinfra facts/operations and a driver/SGLang deploy reach for
-    "procps", "gnupg", "xz-utils", "less", "kmod", "lsb-release", "git",
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "sudo", "iproute2", "procps",
 )
-ROOTFS_RECIPE_VERSION = 1
+ROOTFS_RECIPE_VERSION = 2
 ROOTFS_MARKER = ".dsv4deploy-rootfs.json"
 
 TWIN_SETTINGS_DIR = "etc/dsv4deploy-twin"          # inside the twin root
@@ -76,6 +76,7 @@ GPU_DEFAULTS: dict[str, Any] = {
 }
 
 SSH_WAIT_S = 120.0
+DEPLOY_USER = "deploy"          # the inventory's account on the twins (sudo), like an operator's
 STOP_WAIT_S = 60.0
 
 
@@ -104,6 +105,10 @@ def ssh_dir() -> Path:
 
 def client_key() -> Path:
     return ssh_dir() / "id_ed25519"
+
+
+def deploy_key() -> Path:
+    return ssh_dir() / "deploy_ed25519"
 
 
 def known_hosts_file() -> Path:
@@ -381,15 +386,36 @@ def _prepare_rootfs(root: Path) -> None:
 # ------------------------------------------------------------- ssh client
 
 def ensure_client_key() -> Path:
-    key = client_key()
-    if not key.exists() or not key.with_suffix(".pub").exists():
-        ssh_dir().mkdir(parents=True, exist_ok=True)
-        os.chmod(ssh_dir(), 0o700)
-        for p in (key, key.with_suffix(".pub")):
-            p.unlink(missing_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dsv4deploy-sim",
-                        "-f", str(key)], check=True)
-    return key
+    """root's key (the sim's own checks) and the deploy user's key (what the inventory uses)."""
+    for key, comment in ((client_key(), "dsv4deploy-sim"), (deploy_key(), "dsv4deploy-sim-deploy")):
+        if not key.exists() or not key.with_suffix(".pub").exists():
+            ssh_dir().mkdir(parents=True, exist_ok=True)
+            os.chmod(ssh_dir(), 0o700)
+            for p in (key, key.with_suffix(".pub")):
+                p.unlink(missing_ok=True)
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)],
+                           check=True)
+    return client_key()
+
+
+def _ensure_deploy_user(root: Path) -> None:
+    """The operator's account on the twin, as on a real host: `deploy`, its own key, and
+    passwordless sudo (the deploy runs every host effect through sudo)."""
+    passwd = (root / "etc/passwd").read_text()
+    if not any(line.split(":", 1)[0] == DEPLOY_USER for line in passwd.splitlines()):
+        subprocess.run(["useradd", "--root", str(root), "--create-home", "--shell", "/bin/bash",
+                        "--user-group", DEPLOY_USER], check=True, capture_output=True)
+        passwd = (root / "etc/passwd").read_text()
+    entry = next(line.split(":") for line in passwd.splitlines() if line.split(":", 1)[0] == DEPLOY_USER)
+    uid, gid, home = int(entry[2]), int(entry[3]), entry[5]
+    ssh = root / home.lstrip("/") / ".ssh"
+    _mkdir(ssh)
+    _write(ssh / "authorized_keys", deploy_key().with_suffix(".pub").read_text(), 0o600)
+    for path in (ssh, ssh / "authorized_keys"):
+        os.lchown(path, uid, gid)
+    os.chmod(ssh, 0o700)
+    _write(root / "etc/sudoers.d/dsv4deploy-twin", f"# written by dsv4deploy sim\n{DEPLOY_USER} ALL=(ALL) NOPASSWD:ALL\n",
+           0o440)
 
 
 def _record_host_key(address: str, pubkey_line: str) -> None:
@@ -774,10 +800,14 @@ class SimHost:
                 "root": str(self.root), "console_log": str(self.console_log)}
 
     def inventory_entry(self) -> tuple[str, dict[str, Any]]:
+        """As an operator connects: the `deploy` account with sudo (DSV4_SIM_USER=root: as root)."""
+        user = os.environ.get("DSV4_SIM_USER", DEPLOY_USER)
+        as_root = user == "root"
         return (self.address, {
-            "ssh_user": "root",
+            "ssh_user": "root" if as_root else DEPLOY_USER,
+            **({} if as_root else {"_sudo": True}),
             "ssh_port": 22,
-            "ssh_key": str(client_key()),
+            "ssh_key": str(client_key() if as_root else deploy_key()),
             "ssh_known_hosts_file": str(known_hosts_file()),
             "ssh_strict_host_key_checking": "yes",
             "ssh_allow_agent": False,
@@ -838,6 +868,7 @@ def _configure_twin(host: SimHost) -> None:
     _mkdir(auth.parent)
     os.chmod(auth.parent, 0o700)
     _write(auth, client_key().with_suffix(".pub").read_text(), 0o600)
+    _ensure_deploy_user(root)
     _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n"
                                "::1\tlocalhost ip6-localhost ip6-loopback\n", 0o644)
     _sync_host_environment(root)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
-from ..hostio import read_json, sh
+from ..hostio import put, read_json, run, sh
 from ..layout import GATE_USER
 from ..profiles import REPO_ROOT
 from .. import releases
@@ -20,7 +20,7 @@ def host_execute(h):
     """`execute(cmd, timeout_s) -> (rc, stdout, stderr)` over the pyinfra connection."""
 
     def execute(command: str, timeout_s: float):
-        ok, out = h.run_shell_command(f"{command}; printf '\\n{RC_MARK}%s\\n' $? >&2", _timeout=int(timeout_s) + 1)
+        ok, out = run(h, f"{command}; printf '\\n{RC_MARK}%s\\n' $? >&2", timeout=int(timeout_s) + 1)
         stderr_lines = out.stderr_lines
         rc = 0 if ok else 1
         if stderr_lines and stderr_lines[-1].startswith(RC_MARK):
@@ -34,7 +34,7 @@ def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile
     """Run the profile's gate against the release's server; write and fetch its reports."""
     spec = GateSpec.from_profile(target.data)
     outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
-                       venv_python=target.layout.python, upload=lambda src, dst: h.put_file(src, dst),
+                       venv_python=target.layout.python, upload=lambda src, dst: put(h, src, dst),
                        api_key_file=target.layout.api_key_file, run_as=GATE_USER)
     number = f"{rec['release']:04d}" if rec else "adhoc"
     local = REPO_ROOT / "reports" / h.name / f"{number}-{profile_name}"
@@ -47,7 +47,7 @@ def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile
         sh(h, f"mkdir -p {remote}")
         for path in (files.json, files.markdown, files.png):
             if path:
-                h.put_file(str(path), f"{remote}/{Path(path).name}")
+                put(h, str(path), f"{remote}/{Path(path).name}")
     for line in outcome.verdict.lines():
         print(f"[{h.name}] {line}")
     print(f"[{h.name}] gate report: {local.relative_to(REPO_ROOT)}")

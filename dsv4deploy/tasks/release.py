@@ -25,7 +25,7 @@ from .. import releases
 from ..errors import rerun_with
 from ..facts import JsonFile, Releases
 from ..health import HealthError
-from ..hostio import read_json, records, save_record, sh, write_json
+from ..hostio import put, read_json, records, save_record, sh, write_json
 from ..layout import MODELS, OPT, STATE, Layout
 from ..rollout import Rollout
 from .gate import gate_record, run_release_gate
@@ -156,7 +156,8 @@ def begin_release(r: Rollout, when) -> None:
         write_json(host, f"{folder}/profile.json", {"name": r.profile.name, "files": list(r.profile.files),
                                                     "data": r.profile.data})
         for path, text in r.rendered.files.items():
-            host.put_file(StringIO(text), f"{folder}/files{path}")
+            if not put(host, StringIO(text), f"{folder}/files{path}"):
+                raise DeployError(f"cannot write {folder}/files{path}")
         save_record(host, r.layout.releases_dir, rec)
         r.run["release"] = rec
         print(f"[{host.name}] release {rec['release']:04d} pending ({r.profile.name})")

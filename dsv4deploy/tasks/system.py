@@ -1,12 +1,25 @@
-"""The service user, the gate client's user, and the directories every release uses."""
+"""The host's packages, the service user, the gate client's user, and the directories every
+release uses."""
 
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import files, server
+from pyinfra.operations import apt, files, server
 
 from ..layout import ETC, GATE_USER, MODELS, OPT, STATE
 from ..rollout import Rollout
+
+
+# What the deploy runs on the host beyond a fresh server install (systemd, sshd, python3, sudo,
+# iproute2, procps): the venv (python3-venv: not in a default Ubuntu server), health and identity
+# checks (curl), patches (patch), pip over TLS (ca-certificates). Same names on Debian and Ubuntu.
+HOST_PACKAGES = ["python3-venv", "curl", "patch", "ca-certificates"]
+
+
+@deploy("Host packages")
+def host_packages(r: Rollout) -> None:
+    apt.packages(name=f"packages the deploy uses ({', '.join(HOST_PACKAGES)})", packages=HOST_PACKAGES,
+                 update=True, cache_time=24 * 3600)
 
 
 @deploy("Service user and directories")
