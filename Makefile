@@ -15,7 +15,7 @@ DEBS := debootstrap systemd-container systemd openssh-client rsync patch ca-cert
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SIM := $(filter inventory/sim.py,$(INVENTORY))
 
-.PHONY: help bootstrap debs venv test validate render plan deploy rollback history sim-up sim-down sim-status clean
+.PHONY: help bootstrap debs venv test validate render pin plan deploy rollback history sim-up sim-down sim-status clean
 
 help:
 	@echo "make deploy PROFILE=nvfp4-ctx8k [INVENTORY=inventory/ct200.py]   roll a profile out (default: the local CT200 twin)"
@@ -25,6 +25,7 @@ help:
 	@echo "make test                    the whole test suite (needs root for the twin)"
 	@echo "make validate PROFILE=...    check a profile, print its GPU-memory budget"
 	@echo "make render PROFILE=...      write the rendered unit, NCCL env, manifest under rendered/"
+	@echo "make pin PROFILE=... [BRANCH=main] [INTO_BASE=1]   write the model repo's current commit into the profile"
 	@echo "make sim-up / sim-down / sim-status   the local CT200 twin"
 
 bootstrap: debs venv
@@ -51,6 +52,11 @@ validate: venv
 render: venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
 	$(BIN)/dsv4deploy render $(PROFILE) --out $(OUT)
+
+# Pinning names its profile: the default PROFILE is for trying the twin, not for editing a file.
+pin: venv
+	@if [ "$(origin PROFILE)" = file ]; then echo "make pin: name the profile: make pin PROFILE=<name> (dsv4deploy list)" >&2; exit 2; fi
+	$(BIN)/dsv4deploy pin $(PROFILE) $(if $(BRANCH),--branch $(BRANCH)) $(if $(INTO_BASE),--into-base)
 
 sim-up: bootstrap
 	$(BIN)/dsv4deploy sim up --hosts $(HOSTS)
