@@ -35,7 +35,7 @@ $(error PROFILE=NAME is required with INVENTORY=$(INVENTORY) (profiles: $(sort $
 endif
 endif
 
-.PHONY: help bootstrap debs twin-debs venv lock test test-fast validate render plan deploy rollback history bench \
+.PHONY: help bootstrap debs twin-debs venv lock test test-fast validate render pin plan deploy rollback history bench \
         sim-up sim-down sim-status clean
 
 help:
@@ -48,6 +48,7 @@ help:
 	@echo "make test-fast               the tests that need neither the twin nor SGLang's parser (about 1.5 min)"
 	@echo "make validate PROFILE=...    check a profile, print its GPU-memory budget"
 	@echo "make render PROFILE=...      write the rendered unit, NCCL env, manifest under rendered/"
+	@echo "make pin PROFILE=... [BRANCH=main] [INTO_BASE=1]   write the model repo's current commit into the profile"
 	@echo "make sim-up / sim-down / sim-status   the local CT200 twin"
 	@echo "make venv / make lock        the control node's .venv from $(LOCK) / refresh $(LOCK)"
 	@echo "ARGS=\"...\" goes to pyinfra as is (deploy, plan, rollback), e.g. ARGS=\"--data allow_reboot=true\";"
@@ -91,6 +92,11 @@ validate: venv
 render: venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
 	$(BIN)/dsv4deploy render $(PROFILE) --out $(OUT)
+
+# Pinning names its profile: the default PROFILE is for trying the twin, not for editing a file.
+pin: venv
+	@if [ "$(origin PROFILE)" = file ]; then echo "make pin: name the profile: make pin PROFILE=<name> (dsv4deploy list)" >&2; exit 2; fi
+	$(BIN)/dsv4deploy pin $(PROFILE) $(if $(BRANCH),--branch $(BRANCH)) $(if $(INTO_BASE),--into-base)
 
 sim-up: twin-debs venv
 	$(BIN)/dsv4deploy sim up --hosts $(HOSTS)

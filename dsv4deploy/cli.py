@@ -204,6 +204,22 @@ def cmd_bench(args) -> int:
     return EXIT_FAILED if failed else 0
 
 
+def cmd_pin(args) -> int:
+    """Resolve the model repo's commit on the hub and write it into the profile in place."""
+    from .pin import PinError, pin
+
+    try:
+        result = pin(args.profile, branch=args.branch, into_base=args.into_base, endpoint=args.endpoint,
+                     dry_run=args.dry_run)
+    except PinError as exc:
+        _err(str(exc))
+        return exc.exit_code
+    print(result)
+    for note in result.notes:
+        _err(f"note: {note}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsv4deploy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,6 +244,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("profile")
     p.add_argument("--inventory", default="inventory/sim.py")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("pin", help="write the model repo's current commit into a profile (in place, comments kept)",
+                       description="Resolve BRANCH of the profile's model repo on the hub (HF_ENDPOINT, default "
+                                   "https://huggingface.co; token from DSV4_HF_TOKEN_FILE or DSV4_HF_TOKEN) and "
+                                   "write the commit as model.revision. A revision the profile inherits is added "
+                                   "to the named profile's own file, unless --into-base.")
+    p.add_argument("profile")
+    p.add_argument("--branch", default="main", help="branch, tag or commit to resolve (default main)")
+    p.add_argument("--into-base", action="store_true",
+                   help="replace the revision in the base profile it is inherited from (all its users move)")
+    p.add_argument("--endpoint", help="hub URL (default $HF_ENDPOINT or https://huggingface.co)")
+    p.add_argument("--dry-run", action="store_true", help="resolve and check, print, write nothing")
+    p.set_defaults(func=cmd_pin)
 
     p = sub.add_parser("list", help="list deployable profiles")
     p.set_defaults(func=cmd_list)

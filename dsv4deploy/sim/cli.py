@@ -133,8 +133,63 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     return 1  # not reached
 
 
+@_guard
+def cmd_hub(args: argparse.Namespace) -> int:
+    """Serve the folders below --root as model repos until SIGTERM or Ctrl-C."""
+    import signal
+    from pathlib import Path
+
+    from .checkpoint import CHECKPOINTS, make_checkpoint
+    from .hub import Hub, HubFaults, read_token_file
+
+    root = Path(args.root) if args.root else CHECKPOINTS
+    for repo in args.make or []:
+        if "/" not in repo:
+            raise SimError(f"--make {repo!r}: expected a repo id org/name", 2)
+        make_checkpoint(repo, root=root)
+    if not root.is_dir():
+        raise SimError(f"--root {root}: not a folder (make a stand-in with --make ORG/NAME)", 2)
+    token = None
+    if args.token_file:
+        try:
+            token = read_token_file(args.token_file)
+        except ValueError as exc:
+            raise SimError(f"--token-file {exc}", 2) from None
+    faults = HubFaults()
+    if args.faults:
+        try:
+            faults = HubFaults.from_dict(json.loads(Path(args.faults).read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise SimError(f"--faults {args.faults}: {exc}", 2) from None
+    hub = Hub(root, token=token, faults=faults)
+    repos = hub.repos()
+    try:
+        server = hub.start(args.host, args.port)
+    except OSError as exc:
+        raise SimError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    for repo_id, repo in sorted(repos.items()):
+        print(f"{repo_id}\t{repo.commit}\t{len(repo.files)} files")
+    print(f"hub at {hub.url} (HF_ENDPOINT={hub.url}); root {root}; "
+          f"{'token required' if token else 'no token'}", file=sys.stderr)
+    if args.ready_file:
+        doc = {"url": hub.url, "pid": os.getpid(), "repos": {r: v.commit for r, v in repos.items()}}
+        tmp = Path(args.ready_file + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, args.ready_file)
+    sys.stdout.flush()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        hub.stopping.set()
+        server.server_close()
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``sim`` (up, down, status, gpus, ssh) to the main parser's subparsers."""
+    """Add ``sim`` (up, down, status, gpus, hub, ssh) to the main parser's subparsers."""
     p = subparsers.add_parser("sim", help="the CT200 twin: local Debian hosts booted with systemd-nspawn",
                               description="Bring CT200 twins up and down, inspect them, set their GPUs.")
     sp = p.add_subparsers(dest="sim_command", metavar="COMMAND", required=True)
@@ -170,6 +225,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--compute-cap", metavar="X.Y", help="compute capability")
     g.add_argument("--reset", action="store_true", help="start from CT200's defaults")
     g.set_defaults(func=cmd_gpus)
+
+    hb = sp.add_parser("hub", help="a local Hugging Face Hub serving stand-in checkpoints (HF_ENDPOINT for the twin)",
+                       description="Serve every ORG--NAME folder below --root as the model repo ORG/NAME at a commit "
+                                   "derived from its content (branch main); see dsv4deploy/sim/hub.py.")
+    hb.add_argument("--port", type=_non_negative, default=8765, metavar="P", help="port (0: any free; default 8765)")
+    hb.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    hb.add_argument("--root", metavar="DIR", help="folder of ORG--NAME repos (default .sim/checkpoints)")
+    hb.add_argument("--token-file", metavar="F", help="require 'Authorization: Bearer <the token in F>'")
+    hb.add_argument("--faults", metavar="JSON", help="faults file: cut, cut_times, corrupt, stall, fail, rate "
+                    "(also PUT /_sim/faults while running)")
+    hb.add_argument("--make", action="append", metavar="ORG/NAME", help="make the stand-in checkpoint first")
+    hb.add_argument("--ready-file", metavar="F", help="write {url, pid, repos} here once listening")
+    hb.set_defaults(func=cmd_hub)
 
     h = sp.add_parser("ssh", help="ssh into a twin (host-key checking on)")
     h.add_argument("--host", type=_positive, default=1, metavar="N", help="twin number (default 1)")

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shlex
 from io import StringIO
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import DeployError, FactBase, FileUploadCommand, StringCommand, deploy, operation
@@ -18,11 +16,10 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files, server, systemd
 
 from ..facts import UnitInfo
+from ..hftoken import HfTokenError, hf_token_from_env
 from ..layout import ETC
 from ..rollout import Rollout
 
-HF_TOKEN_FILE_VAR, HF_TOKEN_VAR = "DSV4_HF_TOKEN_FILE", "DSV4_HF_TOKEN"
-HF_TOKEN_RE = re.compile(r"[A-Za-z0-9_.-]{8,512}")
 LEGACY_SECRETS_ENV = f"{ETC}/secrets.env"   # before systemd credentials: adopted once, never read by the unit
 
 
@@ -76,20 +73,10 @@ def secret_file(path: str, content: str):
 
 def hf_token_from_control_node(env=os.environ) -> str | None:
     """The operator's HF token: DSV4_HF_TOKEN_FILE (a file) or DSV4_HF_TOKEN. Never a profile key."""
-    path = env.get(HF_TOKEN_FILE_VAR)
-    if path:
-        try:
-            token = Path(path).expanduser().read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DeployError(f"{HF_TOKEN_FILE_VAR}={path}: cannot read the HF token ({exc})") from None
-    else:
-        token = env.get(HF_TOKEN_VAR, "").strip()
-    if not token:
-        return None
-    if not HF_TOKEN_RE.fullmatch(token):
-        raise DeployError(f"the HF token from {HF_TOKEN_FILE_VAR if path else HF_TOKEN_VAR} is not one line of "
-                          "token characters (letters, digits, '_', '-', '.')")
-    return token
+    try:
+        return hf_token_from_env(env)
+    except HfTokenError as exc:
+        raise DeployError(str(exc)) from None
 
 
 @deploy("Secrets")
