@@ -24,6 +24,7 @@ class VersionFacts:
     nvfp4_dsv4_moe: bool
     moe_runner_backends: tuple[str, ...]
     secrets_mask_patch: str | None = None   # sha256 of the patch that masks api_key in logs
+    nvfp4_dsv4_moe_patch: str | None = None  # sha256 of the PR #25820 backport (releases without it)
     min_driver_branch: int = 0
     arity: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
@@ -40,9 +41,15 @@ def _table() -> dict:
     return yaml.safe_load((_DIR / "versions.yaml").read_text()) or {}
 
 
+def version_key(version: str) -> tuple[int, ...]:
+    """`0.5.13.post1` -> (0, 5, 13, 1), `0.5.14` -> (0, 5, 14, 0): release order."""
+    parts = version.split(".")
+    post = int(parts[3][4:]) if len(parts) > 3 and parts[3].startswith("post") else 0
+    return (*(int(x) for x in parts[:3]), post)
+
+
 def known_versions() -> list[str]:
-    return sorted((v for v in _table() if (_DIR / f"{v}.flags").is_file()),
-                  key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
+    return sorted((v for v in _table() if (_DIR / f"{v}.flags").is_file()), key=version_key)
 
 
 @cache
@@ -63,6 +70,7 @@ def facts(version: str) -> VersionFacts | None:
         nvfp4_dsv4_moe=bool(entry["nvfp4_dsv4_moe"]),
         moe_runner_backends=tuple(entry.get("moe_runner_backends") or ()),
         secrets_mask_patch=entry.get("secrets_mask_patch"),
+        nvfp4_dsv4_moe_patch=entry.get("nvfp4_dsv4_moe_patch"),
         min_driver_branch=int(entry.get("min_driver_branch") or 0),
         arity=arity,
     )

@@ -13,7 +13,7 @@ from . import catalog
 from .boundary import shown
 from .errors import Problem
 from .memory import Budget, BudgetInputError, budget
-from .patches import MASK_SECRETS_PATCH, profile_entry
+from .patches import MASK_SECRETS_PATCH, PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM, profile_entry
 from .profiles import Profile
 from .render import MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
 from .sglang_versions import facts, known_versions
@@ -177,11 +177,36 @@ def _kernels(profile, server, gpu, version, add) -> None:
     if version and version.moe_runner_backends and backend not in version.moe_runner_backends:
         add(profile.problem(("server", "moe_runner_backend"),
                             f"SGLang {version.version} does not offer {backend!r}"))
-    repo = profile.data["model"]["repo"]
-    if version and "NVFP4" in repo and not version.nvfp4_dsv4_moe and not profile.data["sglang"]["patches"]:
-        add(profile.problem(("sglang", "patches"),
-                            f"SGLang {version.version} predates PR #25820 (NVFP4 MoE for DeepSeek-V4): "
-                            "add the patch or pin a newer version"))
+    if version:
+        _pr25820(profile, version, add)
+
+
+def _pr25820(profile, version, add) -> None:
+    """PR #25820 (NVFP4 MoE for DeepSeek-V4) is in every wheel from PR25820_SINCE on; an older
+    release serves an NVFP4 checkpoint only with the backport made for it, and a release that has
+    the PR must not get it again (its diff no longer applies there)."""
+    listed = {p.get("sha256") for p in profile.data["sglang"].get("patches") or []}
+    ours = {PR25820_UPSTREAM["sha256"], PR25820_PATCH["sha256"]}
+    if version.nvfp4_dsv4_moe:
+        if listed & ours:
+            add(profile.problem(("sglang", "patches"), f"SGLang {version.version} already includes PR #25820 "
+                                f"(every release from {PR25820_SINCE} on): remove its patch"))
+        return
+    if "NVFP4" not in profile.data["model"]["repo"].upper():
+        return
+    backport = version.nvfp4_dsv4_moe_patch
+    if backport is None:
+        add(profile.problem(("sglang", "version"), f"SGLang {version.version} predates PR #25820 (NVFP4 MoE for "
+                            f"DeepSeek-V4, in every release from {PR25820_SINCE} on) and dsv4deploy ships no "
+                            f"backport for it: pin {PR25820_SINCE} or newer, or {PR25820_PATCH['sglang_version']} "
+                            "with its backport"))
+    elif backport not in listed:
+        entry = profile_entry(PR25820_PATCH) if backport == PR25820_PATCH["sha256"] else None
+        hint = (f"; add to sglang.patches: {{name: {entry['name']}, file: {entry['file']}, "
+                f"sha256: {entry['sha256']}, strip: {entry['strip']}}}" if entry else "")
+        add(profile.problem(("sglang", "patches"), f"SGLang {version.version} predates PR #25820 (NVFP4 MoE for "
+                            f"DeepSeek-V4): it needs the backport with sha256 {backport}{hint}, or pin "
+                            f"{PR25820_SINCE} or newer"))
 
 
 def _api_key_masked(profile, version, add) -> None:

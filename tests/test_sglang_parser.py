@@ -19,6 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 import sglang_parser  # noqa: E402
 
+from dsv4deploy.sglang_versions import facts  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,6 +161,13 @@ def test_namespace_matches_profile(parsed):
     for name, (profile, argv, _) in rendered.items():
         ns = _ok(results[name], f"profile {name}")
         server, model = profile.data["server"], profile.data["model"]
+        # Older releases store some flags under other dests: 0.5.13.post1's --tp-size goes to
+        # tensor_parallel_size (ServerArgs.from_cli_args copies it to tp_size), and its only
+        # graph-size flag is --cuda-graph-max-bs (versions.yaml: cuda_graph_max_bs_flag).
+        version = facts(profile.data["sglang"]["version"])
+        graph_dest = version.cuda_graph_max_bs_flag.removeprefix("--").replace("-", "_")
+        tp_dest = "tp_size" if "tp_size" in ns else "tensor_parallel_size"
+        ns = {**ns, "tp_size": ns[tp_dest], "cuda_graph_max_bs_decode": ns[graph_dest]}
         want = {
             "tp_size": server["tp_size"],
             "context_length": server.get("context_length"),

@@ -144,10 +144,61 @@ def test_extra_args_take_what_each_flag_takes(profile_dir, args):
     assert report.ok, errors(report)
 
 
-@pytest.mark.parametrize("version", ["0.5.17", "0.5.20", "0.5.22", "0.5.23"])
+@pytest.mark.parametrize("version", ["0.5.13.post1", "0.5.17", "0.5.20", "0.5.22", "0.5.23"])
 def test_arity_data_covers_exactly_the_flags(version):
     from dsv4deploy.sglang_versions import facts
     f = facts(version)
     assert set(f.arity) == set(f.flags) and set(f.arity.values()) <= {"0", "1", "?", "*", "+"}
     assert f.takes("--tp-size") == "1" and f.takes("--enable-metrics") == "0" and f.takes("-h") == "0"
     assert f.min_driver_branch == 580
+
+
+# --- PR #25820 (NVFP4 MoE for DeepSeek-V4): in every wheel from 0.5.14 on ----------------------
+
+PR_OLD = "extends: nvfp4-ctx8k-sglang0513post1\n"
+
+
+def test_pr25820_floor_is_0_5_14_for_every_known_release():
+    """versions.yaml's nvfp4_dsv4_moe is the floor, release by release; a release below it names
+    the backport made for it, one at or above it names none."""
+    from dsv4deploy.patches import PR25820_PATCH, PR25820_SINCE
+    from dsv4deploy.sglang_versions import facts, known_versions, version_key
+    assert PR25820_SINCE == "0.5.14"
+    assert "0.5.13.post1" in known_versions()
+    for version in known_versions():
+        f = facts(version)
+        assert f.nvfp4_dsv4_moe == (version_key(version) >= version_key(PR25820_SINCE)), version
+        assert (f.nvfp4_dsv4_moe_patch is None) == f.nvfp4_dsv4_moe, version
+    assert facts("0.5.13.post1").nvfp4_dsv4_moe_patch == PR25820_PATCH["sha256"]
+    assert version_key("0.5.13.post1") > version_key("0.5.13") and version_key("0.5.13.post1") < version_key("0.5.14")
+
+
+def test_pre_pr25820_release_needs_its_backport(profile_dir):
+    profile_dir.write("case", PR_OLD + "sglang:\n  patches: []\n")
+    msg = errors(validate(load_profile("case")))
+    assert "sglang.patches: SGLang 0.5.13.post1 predates PR #25820" in msg
+    assert "sha256: d0a053912d877c43f9ed23af89b9429a095ba11adcd28b6bf9a8d915381b0fd2, strip: 2" in msg
+
+
+def test_the_upstream_diff_is_not_the_backport(profile_dir):
+    """Any patch used to satisfy the check; now only the backport made for that release does
+    (the upstream diff itself does not apply to 0.5.13.post1)."""
+    from dsv4deploy.patches import PR25820_UPSTREAM
+    profile_dir.write("case", PR_OLD + "sglang:\n  patches:\n    - {name: up, file: " + PR25820_UPSTREAM["file"]
+                      + ", sha256: " + PR25820_UPSTREAM["sha256"] + ", strip: 2}\n")
+    assert "predates PR #25820" in errors(validate(load_profile("case")))
+
+
+def test_a_release_with_pr25820_refuses_the_backport(profile_dir):
+    from dsv4deploy.patches import PR25820_PATCH, profile_entry
+    e = profile_entry(PR25820_PATCH)
+    msg = errors(report_for(profile_dir, "server:\n  api_key: false\nsglang:\n  patches:\n"
+                                         f"    - {{name: {e['name']}, file: {e['file']}, sha256: {e['sha256']}, strip: 2}}\n"))
+    assert "sglang.patches: SGLang 0.5.23 already includes PR #25820 (every release from 0.5.14 on)" in msg
+
+
+def test_pre_pr25820_profile_with_an_api_key_is_refused(profile_dir):
+    """No mask patch exists for 0.5.13.post1, so its profile runs without a key."""
+    profile_dir.write("case", PR_OLD + "server:\n  api_key: true\n")
+    assert "server.api_key: SGLang 0.5.13.post1 writes the API key into the journal" in errors(
+        validate(load_profile("case")))

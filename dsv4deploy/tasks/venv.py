@@ -16,6 +16,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.files import Directory
 from pyinfra.operations import files, pip, server
 
+from .. import patching
 from ..facts import HostBasics
 from ..profiles import REPO_ROOT
 from ..render import SGLANG_CONFIG_CREDENTIAL
@@ -27,25 +28,25 @@ SGLANG_PARSE = ("import argparse, sys; from sglang.srt.server_args import Server
 
 
 class PatchApplied(FactBase):
-    """True when `patch -R --dry-run` says the patch is already in `directory`."""
+    """True when the patch file is on the host and its reverse dry-run succeeds in `directory`
+    (dsv4deploy.patching.state_command)."""
 
     def command(self, directory: str, patch_file: str, strip: int):
-        return (f"cd {shlex.quote(directory)} && if [ -f {shlex.quote(patch_file)} ] && "
-                f"patch -p{int(strip)} -R -s -f --dry-run < {shlex.quote(patch_file)} >/dev/null 2>&1; "
-                f"then echo applied; else echo missing; fi")
+        return patching.state_command(directory, patch_file, strip)
 
     def process(self, output):
-        return bool(output) and output[0].strip() == "applied"
+        return patching.parse_state(output)
 
 
 @operation()
-def patch_applied(directory: str, patch_file: str, strip: int = 1):
-    """Apply a patch once: a reverse dry-run that succeeds means it is already there."""
+def patch_applied(directory: str, patch_file: str, strip: int = 1, sha256: str | None = None):
+    """Apply a patch once, all or nothing (dsv4deploy.patching.apply_command): sha256 check,
+    forward dry-run, apply, reverse dry-run. Already in (reverse dry-run succeeds): no change.
+    A patch that does not apply fails the operation before any file is written."""
     if host.get_fact(PatchApplied, directory=directory, patch_file=patch_file, strip=strip):
         host.noop(f"{patch_file} already applied")
         return
-    yield StringCommand(f"cd {shlex.quote(directory)} && patch -p{int(strip)} -s -f --no-backup-if-mismatch "
-                        f"< {shlex.quote(patch_file)}")
+    yield StringCommand(patching.apply_command(directory, patch_file, strip, sha256=sha256))
 
 
 def _site_packages(r: Rollout) -> str:
@@ -113,7 +114,7 @@ def sglang_venv(r: Rollout) -> list[OperationMeta]:
                                       f"{patch['sha256']}")
                 files.put(name=f"patch {patch['name']} (sha256 verified)", src=str(local), dest=dest, mode="644")
             changed.append(patch_applied(name=f"apply {patch['name']}", directory=site, patch_file=dest,
-                                         strip=int(patch.get("strip", 1))))
+                                         strip=int(patch.get("strip", 1)), sha256=patch["sha256"]))
     return changed
 
 
