@@ -35,7 +35,7 @@ def profile_dir(tmp_path, monkeypatch):
 # order; while the fast ones run, the twin's Debian root (debootstrap, ~2-3 min on a fresh machine)
 # and the parser venv are built in the background, so a fresh `make test` waits for neither.
 
-PREBUILD_PARSER_VERSIONS = ("0.5.23",)
+PREBUILD_PARSER_VERSIONS = ("0.5.23", "0.5.13.post1")   # test_sglang_parser, test_pr25820_patch
 _prebuild: list = []
 _threads: list = []
 
