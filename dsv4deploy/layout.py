@@ -5,7 +5,10 @@ release store agree, and two releases never share a half-upgraded venv or checkp
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
+
+from .sglang_versions import lock_sha256
 
 OPT = "/opt/dsv4deploy"
 ETC = "/etc/dsv4deploy"
@@ -20,6 +23,21 @@ def patchset_id(patches: list[dict]) -> str:
         return "nopatch"
     joined = ",".join(sorted(p["sha256"] for p in patches))
     return hashlib.sha256(joined.encode()).hexdigest()[:12]
+
+
+def venv_id(sglang: dict, lock_sha256: str | None = None) -> str:
+    """Names what a venv holds: the patch set alone ('nopatch' or its hash, as before) when the
+    package comes plainly from PyPI; otherwise 12 hex over the patches, extras, index URLs and
+    the version's lock file, so two different venvs never share a path."""
+    patches = sglang.get("patches") or []
+    extras = sorted(sglang.get("extras") or [])
+    index = sglang.get("index_url")
+    extra_index = list(sglang.get("extra_index_urls") or [])
+    if not (extras or index or extra_index or lock_sha256):
+        return patchset_id(patches)
+    doc = {"patches": sorted(p["sha256"] for p in patches), "extras": extras, "index_url": index,
+           "extra_index_urls": extra_index, "lock": lock_sha256}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -37,7 +55,7 @@ class Layout:
         return cls(
             service=data["service"]["name"],
             sglang_version=data["sglang"]["version"],
-            patchset=patchset_id(data["sglang"].get("patches") or []),
+            patchset=venv_id(data["sglang"], lock_sha256(data["sglang"]["version"])),
             model_repo=data["model"]["repo"],
             model_revision=data["model"]["revision"],
         )

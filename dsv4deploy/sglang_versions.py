@@ -74,3 +74,19 @@ def facts(version: str) -> VersionFacts | None:
         min_driver_branch=int(entry.get("min_driver_branch") or 0),
         arity=arity,
     )
+
+
+def lock_file(version: str):
+    """The release's lock file (data/sglang/<version>.lock: every package its venv holds, pinned),
+    or None when none is shipped (pip then resolves SGLang's own requirements)."""
+    path = _DIR / f"{version}.lock"
+    return path if path.is_file() else None
+
+
+@cache
+def lock_sha256(version: str) -> str | None:
+    path = lock_file(version)
+    if path is None:
+        return None
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -104,11 +104,13 @@ def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int
     files = _files_of(expected)
     trusted_files = (marker or {}).get("files", {}) if isinstance(marker, dict) else {}
     problems: dict[str, str] = {}
+    bad: set[str] = set()          # present but wrong: a new download must replace them
     to_hash: list[tuple[str, Path, dict]] = []
     record: dict[str, dict] = {}
     trusted = 0
     if not root.is_dir():
-        return {"complete": False, "problems": [f"{root}: not a folder"], "hashed": 0, "trusted": 0, "marker": None}
+        return {"complete": False, "problems": [f"{root}: not a folder"], "bad": [], "hashed": 0, "trusted": 0,
+                "marker": None}
     for rel, meta in sorted(files.items()):
         if _unsafe(rel):
             problems[rel] = f"{rel!r}: not a relative path inside the checkpoint"
@@ -124,6 +126,7 @@ def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int
             continue
         if st.st_size != meta["size"]:
             problems[rel] = f"{rel}: {st.st_size} bytes, expected {meta['size']}"
+            bad.add(rel)
             continue
         algo, want = _want(meta)
         seen = trusted_files.get(rel)
@@ -148,10 +151,11 @@ def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int
             algo, want = _want(files[rel])
             if got[1] != want:
                 problems[rel] = f"{rel}: {algo} {got[1]}, expected {want} (corrupt or a different revision)"
+                bad.add(rel)
                 continue
             record[rel] = {"stat": _stat_key(p.stat()), algo: want}
     complete = not problems
-    return {"complete": complete, "problems": [problems[k] for k in sorted(problems)],
+    return {"complete": complete, "problems": [problems[k] for k in sorted(problems)], "bad": sorted(bad),
             "hashed": len(to_hash), "trusted": trusted,
             "marker": {"commit": expected.get("commit") if "files" in expected else None, "files": record}
             if complete else None}
@@ -170,6 +174,8 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("expected", help="JSON file (or - for stdin): {commit, files: {path: {size, sha256, blob_id}}}")
     parser.add_argument("--marker", help=f"marker file (default LOCAL_DIR/{MARKER})")
     parser.add_argument("--write-marker", action="store_true", help="write the marker when complete")
+    parser.add_argument("--remove-bad", action="store_true",
+                        help="delete files whose size or digest is wrong (a download then fetches them again)")
     parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args(argv)
     try:
@@ -189,6 +195,9 @@ def _main(argv: list[str]) -> int:
         tmp = marker_path.with_name(marker_path.name + ".tmp")
         tmp.write_text(json.dumps(result["marker"], indent=1, sort_keys=True) + "\n")
         os.replace(tmp, marker_path)
+    if args.remove_bad:
+        for rel in result["bad"]:
+            (Path(args.local_dir) / rel).unlink(missing_ok=True)    # _unsafe paths never reach "bad"
     print(json.dumps({k: v for k, v in result.items() if k != "marker"}))
     return 0 if result["complete"] else 1
 

@@ -10,6 +10,7 @@ connects. The twin holds a weights stand-in, so a placeholder revision is allowe
 Host-key checking stays on: the twins' keys are in .sim/ssh/known_hosts.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,15 +29,21 @@ STAND_INS = {
     # SGLang with CUDA torch -> this project's twin server (same argv, same HTTP API).
     "server_module": "dsv4deploy.twin.server",
     "launch_check_module": "dsv4deploy.twin.args",
-    "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.3"]},
+    # (and huggingface_hub for `hf download`, which SGLang's own requirements bring on a real host)
+    "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.3", "huggingface_hub==2.4.0"]},
     # NVIDIA's apt repository and kernel modules -> the twin's nvidia-smi at the profile's branch.
     "driver": True,
     # GPUs for an NCCL all-reduce -> none: the probe is skipped with a note (it ran on real GPUs,
     # see docs/preflight.md).
     "skip_nccl_probe": "the twin has no GPUs (the probe is proven on real GPUs: docs/preflight.md)",
 }
-# 149 GiB of weights -> a small checkpoint of the same layout, made once under .sim/checkpoints.
+# 149 GiB of weights -> a small checkpoint of the same layout, made once under .sim/checkpoints,
+# pushed over SSH; or, with DSV4_SIM_HUB=http://127.0.0.1:PORT (`dsv4deploy sim hub` serving
+# .sim/checkpoints), downloaded by the real `hf download` from that local hub (source: hf; pin
+# the profile against it first: HF_ENDPOINT=... dsv4deploy pin PROFILE).
 WEIGHTS = {"type": "rsync", "path": ".sim/checkpoints/{repo}", "size_gib": 0.01}
+if os.environ.get("DSV4_SIM_HUB"):
+    WEIGHTS = {"type": "hf", "endpoint": os.environ["DSV4_SIM_HUB"], "size_gib": 0.01}
 
 # The profile first: a bad one is refused even when no twin runs.
 _profile = profile_data(_INVENTORY, env_names=("PROFILE",), default="nvfp4-ctx8k", weights_stand_in=True)

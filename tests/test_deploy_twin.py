@@ -135,8 +135,10 @@ def test_make_deploy_serves_the_profile_passes_the_gate_and_records_it(twin):
     assert 480 < rec["gate"]["output_throughput"] < 580, "near the measured 531.7 tok/s"
     assert served_context(twin) == 8192
     listing = twin.run("ls /var/lib/dsv4deploy/releases/0001 /var/lib/dsv4deploy/releases/0001/gate").stdout
-    for name in ("profile.json", "status.json", "files", "gate.json", "gate.md", "gate.png"):
+    for name in ("profile.json", "status.json", "files", "pip-freeze.txt", "gate.json", "gate.md", "gate.png"):
         assert name in listing
+    freeze = twin.run("cat /var/lib/dsv4deploy/releases/0001/pip-freeze.txt").stdout.splitlines()
+    assert "sglang==0.5.23" in freeze and any(line.startswith("aiohttp==") for line in freeze)
     assert (REPO / "reports/127.0.0.2/0001-nvfp4-ctx8k/gate.md").is_file()
     assert twin.run("stat -c '%a %U' /etc/dsv4deploy/secrets /etc/dsv4deploy/secrets/sglang-api-key").stdout.split(
         "\n")[:2] == ["700 root", "600 root"]

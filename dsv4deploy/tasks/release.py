@@ -144,7 +144,8 @@ def needs_release(r: Rollout) -> bool:
 
 @deploy("Release")
 def begin_release(r: Rollout, when) -> None:
-    """Write release NNNN as pending, with the resolved profile and the rendered files."""
+    """Write release NNNN as pending, with the resolved profile, the rendered files and the venv's
+    `pip freeze`."""
 
     def begin(state, host):  # noqa: pyinfra passes (state, host) by these names
         rec = releases.new_record(records(host, r.layout.releases_dir), profile=r.profile.name,
@@ -152,7 +153,9 @@ def begin_release(r: Rollout, when) -> None:
                                   sglang_version=r.data["sglang"]["version"])
         folder = releases.release_dir(r.layout.releases_dir, rec["release"])
         dirs = " ".join(shlex.quote(f"{folder}/files{os.path.dirname(p)}") for p in r.rendered.files)
-        sh(host, f"mkdir -p {dirs}")
+        # what the venv really holds (torch, sgl-kernel, flashinfer, ...), kept with the release
+        sh(host, f"mkdir -p {dirs} && {shlex.quote(r.layout.venv)}/bin/python -m pip freeze --all "
+                 f"--disable-pip-version-check > {shlex.quote(folder)}/pip-freeze.txt 2>&1")
         write_json(host, f"{folder}/profile.json", {"name": r.profile.name, "files": list(r.profile.files),
                                                     "data": r.profile.data})
         for path, text in r.rendered.files.items():

@@ -20,6 +20,7 @@ from .. import patching
 from ..facts import HostBasics
 from ..profiles import REPO_ROOT
 from ..render import SGLANG_CONFIG_CREDENTIAL
+from ..sglang_versions import lock_file
 from ..rollout import Rollout
 
 SGLANG_PARSE = ("import argparse, sys; from sglang.srt.server_args import ServerArgs; "
@@ -90,6 +91,12 @@ def sglang_venv(r: Rollout) -> list[OperationMeta]:
         spec = f"sglang[{','.join(extras)}]=={data['sglang']['version']}" if extras else \
             f"sglang=={data['sglang']['version']}"
         args = []
+        lock = lock_file(data["sglang"]["version"])
+        if lock:
+            # every package the venv holds, pinned for this release (torch for CUDA 13, sgl-kernel,
+            # flashinfer, ...): the venv's name hashes it, so a new lock is a new venv
+            files.put(name=f"lock file {lock.name}", src=str(lock), dest=f"{venv}/dsv4deploy.lock", mode="644")
+            args += ["-c", f"{venv}/dsv4deploy.lock"]
         if data["sglang"].get("index_url"):
             args += ["--index-url", data["sglang"]["index_url"]]
         for url in data["sglang"].get("extra_index_urls") or []:

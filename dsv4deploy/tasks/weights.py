@@ -3,13 +3,15 @@
 Complete means every shard named in `model.safetensors.index.json` is present with the
 expected size (from the source's listing). A marker with those sizes is written after the
 check; a later run re-checks sizes against the marker and downloads nothing.
-Sources: `hf` (hf download with the token from the host's 0600 token file, resumable), `local` (a
-folder already on the host), `rsync` (a folder on the control node, pushed over SSH).
+Sources: `hf` (hf download with the token from the host's 0600 token file; every file checked
+by size and sha256 against the hub's metadata), `local` (a folder already on the host), `rsync`
+(a folder on the control node, pushed over SSH).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import StateStage
 from pyinfra.operations import files, server
 
+from .. import weights_check
+from ..layout import STATE
 from ..profiles import REPO_ROOT
 from ..rollout import Rollout
 
@@ -92,6 +96,11 @@ def weights(r: Rollout) -> list[OperationMeta]:
     src = r.weights_source
     dest = r.layout.model_dir
     repo, rev = r.data["model"]["repo"], r.data["model"]["revision"]
+    if src["type"] == "hf":
+        return [hf_checkpoint(name=f"{repo}@{rev[:12]} from the hub, verified by size and sha256", path=dest,
+                              repo=repo, revision=rev, expected=json.dumps(hub_expectation(src, repo, rev)),
+                              hf=f"{r.layout.venv}/bin/hf", token_file=r.layout.hf_token_file,
+                              endpoint=src.get("endpoint") or os.environ.get("HF_ENDPOINT"))]
     done = host.get_fact(Checkpoint, path=dest)
     changed: list[OperationMeta] = []
     expected = ""
@@ -103,18 +112,91 @@ def weights(r: Rollout) -> list[OperationMeta]:
         expected = json.dumps(_local_sizes(folder))
         files.directory(name="model dir", path=dest)
         changed.append(files.sync(name=f"push {folder} (rsync source)", src=str(folder), dest=dest))
-    elif src["type"] == "local":
+    else:  # local
         files.directory(name="model dir", path=dest)
         changed.append(_copy_local(src["path"], dest))
-    else:
-        hf = f"{r.layout.venv}/bin/hf"
-        # huggingface_hub reads the token from the file HF_TOKEN_PATH names: never in argv or environment.
-        token = shlex.quote(r.layout.hf_token_file)
-        cmd = (f"if [ -s {token} ]; then export HF_TOKEN_PATH={token}; fi; "
-               f"{hf} download {shlex.quote(repo)} --revision {shlex.quote(rev)} --local-dir {shlex.quote(dest)}")
-        changed.append(server.shell(name=f"hf download {repo}@{rev[:12]} (resumable)", commands=[cmd]))
     checkpoint_marker(name="verify every shard is present with its size", path=dest, expected=expected)
     return changed
+
+
+# --- source: hf ---------------------------------------------------------------------------------
+# The hub's metadata for the pinned commit (every file's size, sha256 for LFS shards, git blob id
+# for the rest) is fetched once on the control node and kept under .cache/hub-metadata/: it never
+# changes for a commit, so a re-deploy needs no hub. weights_check.py (stdlib only) runs on the host
+# with its system python3 and checks every byte; hf download fetches what is missing or wrong.
+
+CHECKER = Path(weights_check.__file__).read_text()
+HF_ENV = ("HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 "
+          f"HF_HUB_DISABLE_XET=1 HF_HOME={STATE}/hf-home")   # plain HTTP + Range: the route the twin proves
+
+
+def hub_expectation(src: dict, repo: str, revision: str) -> dict:
+    """{"commit", "files"} for repo@revision, from the cache or the hub (DeployError when it cannot)."""
+    cache = REPO_ROOT / ".cache" / "hub-metadata" / f"{repo.replace('/', '--')}--{revision}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    from ..hftoken import HfTokenError, hf_token_from_env
+
+    endpoint = src.get("endpoint") or os.environ.get("HF_ENDPOINT")
+    try:
+        info = HfApi(endpoint=endpoint, token=hf_token_from_env() or False).model_info(
+            repo, revision=revision, files_metadata=True)
+    except HfTokenError as exc:
+        raise DeployError(str(exc)) from None
+    except RevisionNotFoundError:
+        raise DeployError(f"{repo} has no revision {revision} on {endpoint or 'huggingface.co'}: "
+                          "pin one that exists (make pin PROFILE=...)") from None
+    except RepositoryNotFoundError:
+        raise DeployError(f"{repo} not found on {endpoint or 'huggingface.co'} (or the token cannot see it)") from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise DeployError(f"cannot read {repo}@{revision[:12]}'s file list from {endpoint or 'huggingface.co'}: "
+                          f"{str(exc).splitlines()[0]}") from None
+    doc = weights_check.expected_from_model_info(info)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(doc, sort_keys=True))
+    return doc
+
+
+def _checker(path: str, expected: str, *flags: str) -> str:
+    q = shlex.quote
+    return f"printf '%s' {q(expected)} | python3 -c {q(CHECKER)} {q(path)} - {' '.join(flags)}".rstrip()
+
+
+class VerifiedCheckpoint(FactBase):
+    """weights_check.py's verdict on the host's folder (a marker makes a re-check cheap)."""
+
+    def command(self, path: str, expected: str):
+        return f"{_checker(path, expected)} 2>&1 || true"
+
+    def process(self, output):
+        try:
+            return json.loads(output[-1])
+        except (IndexError, ValueError):
+            return {"complete": False, "problems": list(output)[-3:]}
+
+
+@operation()
+def hf_checkpoint(path: str, repo: str, revision: str, expected: str, hf: str, token_file: str,
+                  endpoint: str | None = None):
+    """Download what is missing or wrong, then prove every file by size and sha256. A run killed
+    mid-download leaves partial files: they are removed first (hf download starts them again; the
+    files it finished are kept), as are files whose bytes do not match the hub."""
+    state = host.get_fact(VerifiedCheckpoint, path=path, expected=expected)
+    if state.get("complete"):
+        host.noop(f"{repo}@{revision[:12]} complete and verified at {path}")
+        return
+    q = shlex.quote
+    yield (f"mkdir -p {q(path)} && find {q(path)}/.cache/huggingface/download -name '*.incomplete' -delete "
+           f"2>/dev/null; {_checker(path, expected, '--remove-bad')} >/dev/null; true")
+    env = HF_ENV + (f" HF_ENDPOINT={q(endpoint)}" if endpoint else "")
+    # huggingface_hub reads the token from the file HF_TOKEN_PATH names: never in argv or environment
+    yield (f"if [ -s {q(token_file)} ]; then export HF_TOKEN_PATH={q(token_file)}; fi; env {env} {q(hf)} download "
+           f"{q(repo)} --revision {q(revision)} --local-dir {q(path)} --quiet")
+    yield (f"{_checker(path, expected, '--write-marker')} || {{ echo {q(f'{repo}@{revision[:12]}: the download does not match the hub (size or sha256): the files named above were removed; deploy again to fetch them')} >&2; "
+           f"{_checker(path, expected, '--remove-bad')} >/dev/null; exit 1; }}")
 
 
 def _copy_local(path: str, dest: str) -> OperationMeta:

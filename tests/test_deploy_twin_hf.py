@@ -1,0 +1,113 @@
+"""`source: hf` on the CT200 twin, through the real huggingface_hub download code: a local hub
+(dsv4deploy.sim.hub) serves the stand-in checkpoint, the profile is pinned against it with
+`dsv4deploy pin`, and the deploy downloads, verifies every file by size and sha256, and never
+downloads a complete checkpoint again. A corrupted byte from the hub fails the deploy before any
+restart; a connection cut mid-file is retried within the run.
+
+Runs after tests/test_deploy_twin.py on the same twin (as the `deploy` user, through sudo).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from dsv4deploy.sim.checkpoint import CHECKPOINTS, make_checkpoint
+from dsv4deploy.sim.hub import HubFaults, serve_hub
+from sim_fixtures import sim_twin  # noqa: F401
+from test_deploy_twin import FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, changed_ops, main_pid, run
+
+pytestmark = pytest.mark.slow
+MODEL = "nvidia/DeepSeek-V4-Flash-NVFP4"
+SHARD = "model-00002-of-00003.safetensors"
+
+
+@pytest.fixture(scope="module")
+def hub(sim_twin):  # noqa: F811
+    make_checkpoint(MODEL)
+    with serve_hub(CHECKPOINTS) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def pinned(hub, tmp_path_factory, sim_twin):  # noqa: F811
+    """A quick-gate profile pinned to the hub's commit by `dsv4deploy pin` (as an operator does)."""
+    folder = tmp_path_factory.mktemp("profiles")
+    for src in (REPO / "profiles").glob("*.yaml"):
+        (folder / src.name).write_text(src.read_text())
+    (folder / "hfq.yaml").write_text("extends: nvfp4-ctx8k\nserver:\n  context_length: 12288\n" + QUICK_GATE)
+    env = {**os.environ, "DSV4_PROFILES_DIR": str(folder), "HF_ENDPOINT": hub.url}
+    out = subprocess.run([str(REPO / ".venv/bin/dsv4deploy"), "pin", "hfq"], cwd=REPO, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    sim_twin.write_file(FAULTS, json.dumps(FAST_START))
+    return folder
+
+
+def deploy_hf(hub, profiles) -> subprocess.CompletedProcess:
+    return run([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=hfq",
+                "--data", "health_poll_s=0.5"], env={"DSV4_PROFILES_DIR": str(profiles), "DSV4_SIM_HUB": hub.url})
+
+
+def model_dir(twin, profiles) -> str:
+    rev = next(line.split(":", 1)[1].strip().strip('"') for line in (profiles / "hfq.yaml").read_text().splitlines()
+               if line.strip().startswith("revision:"))
+    return f"/srv/dsv4deploy/models/{MODEL.replace('/', '--')}/{rev}"
+
+
+def downloads(hub) -> list[str]:
+    return [r["path"].rsplit("/", 1)[-1] for r in hub.request_log() if r["method"] == "GET" and "/resolve/" in r["path"]]
+
+
+def test_hf_download_is_verified_and_never_repeated(sim_twin, hub, pinned):  # noqa: F811
+    hub.clear_log()
+    out = deploy_hf(hub, pinned)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    fetched = downloads(hub)
+    assert SHARD in fetched and "model.safetensors.index.json" in fetched
+    folder = model_dir(sim_twin, pinned)
+    marker = json.loads(sim_twin.run(f"cat {folder}/.dsv4deploy-verified.json").stdout)
+    assert SHARD in marker["files"] and marker["files"][SHARD]["sha256"]
+    hub.clear_log()
+    again = deploy_hf(hub, pinned)
+    assert again.returncode == 0 and changed_ops(again.stdout + again.stderr) == []
+    assert downloads(hub) == []                          # a complete checkpoint is never fetched again
+
+
+def test_a_corrupted_shard_is_caught_by_sha256_before_any_restart(sim_twin, hub, pinned):  # noqa: F811
+    folder = model_dir(sim_twin, pinned)
+    pid = main_pid(sim_twin)
+    sim_twin.run(f"rm -f {folder}/{SHARD}")
+    hub.set_faults(HubFaults(corrupt={SHARD: 100}))
+    try:
+        out = deploy_hf(hub, pinned)
+    finally:
+        hub.set_faults(HubFaults())
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert f"{SHARD}: sha256 " in text and "does not match the hub" in text
+    assert main_pid(sim_twin) == pid                     # the serving release was not touched
+    assert sim_twin.run(f"test -e {folder}/{SHARD}", check=False).returncode != 0   # the bad copy is gone
+    fixed = deploy_hf(hub, pinned)
+    assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
+    assert downloads(hub).count(SHARD) >= 1
+
+
+def test_a_cut_connection_is_retried_within_the_run(sim_twin, hub, pinned):  # noqa: F811
+    folder = model_dir(sim_twin, pinned)
+    sim_twin.run(f"rm -f {folder}/{SHARD}")
+    hub.clear_log()
+    hub.set_faults(HubFaults(cut={SHARD: 4096}))
+    try:
+        t0 = time.monotonic()
+        out = deploy_hf(hub, pinned)
+    finally:
+        hub.set_faults(HubFaults())
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    served = [r for r in hub.request_log() if r["method"] == "GET" and r["path"].endswith(SHARD)]
+    assert len(served) >= 2 and served[0].get("cut")     # cut once, fetched again in the same run
+    assert time.monotonic() - t0 < 120
