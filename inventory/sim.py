@@ -44,6 +44,7 @@ STAND_INS = {
 WEIGHTS = {"type": "rsync", "path": ".sim/checkpoints/{repo}", "size_gib": 0.01}
 if os.environ.get("DSV4_SIM_HUB"):
     WEIGHTS = {"type": "hf", "endpoint": os.environ["DSV4_SIM_HUB"], "size_gib": 0.01}
+    os.environ.setdefault("HF_ENDPOINT", os.environ["DSV4_SIM_HUB"])   # huggingface_hub's own calls too
 
 # The profile first: a bad one is refused even when no twin runs.
 _profile = profile_data(_INVENTORY, env_names=("PROFILE",), default="nvfp4-ctx8k", weights_stand_in=True)

@@ -17,24 +17,13 @@ from dsv4deploy.pin import PinError, insert_value, pin, replace_value  # noqa: E
 from dsv4deploy.profiles import load_profile  # noqa: E402
 from dsv4deploy.sim.checkpoint import make_checkpoint  # noqa: E402
 from dsv4deploy.sim.hub import scan_repo, serve_hub  # noqa: E402
+from hub_fixtures import no_agent_registry_fetch  # noqa: F401,E402
 
 NVFP4 = "nvidia/DeepSeek-V4-Flash-NVFP4"
 FP8 = "deepseek-ai/DeepSeek-V4-Flash"
 ZERO = "0" * 40
 TOKEN = "hf_pin_token_0123456789"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(autouse=True, scope="module")
-def no_agent_registry_fetch():
-    """huggingface_hub 2.4 fetches {HF_ENDPOINT}/api/agent-harnesses once per process for its user
-    agent (huggingface.co here, where HF_ENDPOINT was not set at import): give it the empty registry."""
-    from huggingface_hub.utils import _detect_agent
-
-    saved = getattr(_detect_agent, "_registry", None)
-    _detect_agent._registry = {"standardEnvVars": [], "harnesses": {}}
-    yield
-    _detect_agent._registry = saved
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from huggingface_hub.errors import (  # noqa: E402
 from dsv4deploy import weights_check  # noqa: E402
 from dsv4deploy.sim.checkpoint import make_checkpoint  # noqa: E402
 from dsv4deploy.sim.hub import HubFaults, scan_repo, serve_hub  # noqa: E402
+from hub_fixtures import no_agent_registry_fetch  # noqa: F401,E402
 
 REPO = "nvidia/DeepSeek-V4-Flash-NVFP4"
 BIG = "sim/big-shard"
@@ -42,18 +43,6 @@ VENV_BIN = Path(sys.executable).parent
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def no_agent_registry_fetch():
-    """huggingface_hub 2.4 fetches {HF_ENDPOINT}/api/agent-harnesses once per process for its user
-    agent (huggingface.co here, where HF_ENDPOINT was not set at import): give it the empty registry."""
-    from huggingface_hub.utils import _detect_agent
-
-    saved = getattr(_detect_agent, "_registry", None)
-    _detect_agent._registry = {"standardEnvVars": [], "harnesses": {}}
-    yield
-    _detect_agent._registry = saved
 
 
 @pytest.fixture(scope="module")
@@ -355,7 +344,7 @@ def test_hf_cli_download_token_file_and_the_host_check(root, tmp_path):
     check = [sys.executable, "-S", str(script), str(local), str(tmp_path / "expected.json"), "--write-marker"]
     first = subprocess.run(check, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert json.loads(first.stdout) == {"complete": True, "problems": [], "hashed": 6, "trusted": 0}
+    assert json.loads(first.stdout) == {"complete": True, "problems": [], "bad": [], "hashed": 6, "trusted": 0}
     second = json.loads(subprocess.run(check, capture_output=True, text=True, timeout=60).stdout)
     assert second["hashed"] == 0 and second["trusted"] == 6
     with open(local / SHARD2, "r+b") as f:
