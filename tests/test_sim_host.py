@@ -177,10 +177,24 @@ def test_write_file_and_registries(sim_twin):
     sim_twin.write_file("/tmp/dsv4/hello.txt", "hi\n", mode=0o600)
     assert sim_twin.read_file("/tmp/dsv4/hello.txt") == "hi\n"
     assert sim_twin.run("stat -c %a /tmp/dsv4/hello.txt").stdout.strip() == "600"
-    # apt and pip reach their registries (CA bundle, resolv.conf, mirrors carried in)
+    # apt and PyPI are reachable (CA bundle, resolv.conf, mirrors carried in); pip itself is the
+    # deploy's business (the root has none: it installs python3-venv)
     sim_twin.run("apt-get update -q", timeout=300)
-    sim_twin.run("rm -rf /tmp/pipdl && python3 -m pip download -q --no-deps -d /tmp/pipdl six", timeout=300)
-    assert "six-" in sim_twin.run("ls /tmp/pipdl").stdout
+    sim_twin.run("python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/six/', "
+                 "timeout=60).read(64)\"", timeout=120)
+
+
+@pytest.mark.slow
+def test_the_twin_root_is_a_bare_server_install(sim_twin):
+    """What a fresh server has (systemd, sshd, python3, sudo) and nothing the deploy installs
+    itself: no venv module, no pip, no curl, no patch in the cached root."""
+    root = simhost.rootfs_dir()
+    for present in ("usr/bin/python3", "usr/sbin/sshd", "usr/bin/sudo", "usr/bin/systemctl", "usr/bin/ss"):
+        assert (root / present).exists(), present
+    for absent in ("usr/bin/curl", "usr/bin/patch", "usr/bin/pip3"):
+        assert not (root / absent).exists(), absent
+    assert not list(root.glob("usr/lib/python3*/ensurepip/_bundled/*.whl")), "python3-venv is the deploy's to install"
+    assert sim_twin.run("sudo -n -u deploy sudo -n true", check=False).returncode == 0   # the operator's sudo
 
 
 @pytest.mark.slow

@@ -969,7 +969,11 @@ def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False) -> li
                     if "exited during boot" not in str(exc):
                         raise
                     log.warning("%s: nspawn exited during boot; booting once more", h.name)
-                    time.sleep(3)
+                    # the container that went down may still hold its address while it halts
+                    deadline = time.monotonic() + 30
+                    while _port_in_use(h.address) and time.monotonic() < deadline:
+                        time.sleep(0.5)
+                    time.sleep(1)
                     _boot(h)
                     _wait_ssh(h, timeout)
                 log.info("%s: ssh root@%s ready", h.name, h.address)
