@@ -30,9 +30,9 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 600) -> subproce
 
 QUICK_GATE = """gate:
   levels:
-    - {concurrency: 1, num_prompts: 2, input_len: 256, output_len: 64, min_output_throughput: 10}
-    - {concurrency: 16, num_prompts: 16, input_len: 256, output_len: 64, min_output_throughput: 120}
-    - {concurrency: 64, num_prompts: 64, input_len: 256, output_len: 64, min_output_throughput: 300}
+    - {concurrency: 1, num_prompts: 2, input_len: 256, output_len: 32, min_output_throughput: 10}
+    - {concurrency: 16, num_prompts: 16, input_len: 256, output_len: 32, min_output_throughput: 120}
+    - {concurrency: 64, num_prompts: 64, input_len: 256, output_len: 32, min_output_throughput: 300}
 """
 # Test profiles: the shipped ones plus variants with a shorter gate (same floors' methodology,
 # fewer prompts); each fault variant has its own context length, which the twin's fault file
@@ -53,7 +53,7 @@ def profiles(tmp_path_factory):
     for src in (REPO / "profiles").glob("*.yaml"):
         (folder / src.name).write_text(src.read_text())
     for name, ctx in VARIANTS.items():
-        extra = "service:\n  health_timeout_s: 15\n" if name == "never12k" else ""
+        extra = "service:\n  health_timeout_s: 10\n" if name == "never12k" else ""
         (folder / f"{name}.yaml").write_text(f"extends: nvfp4-ctx8k\nserver:\n  context_length: {ctx}\n"
                                              + extra + QUICK_GATE)
     return folder
@@ -311,7 +311,7 @@ def test_never_healthy_fails_at_the_budget_and_rolls_back(twin, profiles):
     out, _ = with_faults(twin, {"never_healthy": True, "match_argv": "--context-length 12288"}, "never12k", profiles)
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "release 0007 (never12k) failed: not healthy after 15 s (last: 503" in text, text[-3000:]
+    assert "release 0007 (never12k) failed: not healthy after 10 s (last: 503" in text, text[-3000:]
     assert "rolled back: release 0008 (restores 0004" in text
     assert health(twin) == "200" and served_context(twin) == 16384
 

@@ -78,7 +78,9 @@ def test_hf_download_is_verified_and_never_repeated(sim_twin, hub, pinned):  # n
     assert downloads(hub) == []                          # a complete checkpoint is never fetched again
 
 
-def test_a_corrupted_shard_is_caught_by_sha256_before_any_restart(sim_twin, hub, pinned):  # noqa: F811
+def test_a_corrupted_shard_is_caught_by_sha256_and_a_cut_is_retried(sim_twin, hub, pinned):  # noqa: F811
+    """A byte corrupted by the hub fails the deploy before any restart and the bad copy is removed;
+    the next deploy fetches it again through a connection cut mid-file (retried within the run)."""
     folder = model_dir(sim_twin, pinned)
     pid = main_pid(sim_twin)
     sim_twin.run(f"rm -f {folder}/{SHARD}")
@@ -89,25 +91,18 @@ def test_a_corrupted_shard_is_caught_by_sha256_before_any_restart(sim_twin, hub,
         hub.set_faults(HubFaults())
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert f"{SHARD}: sha256 " in text and "does not match the hub" in text
+    assert f"{SHARD}: sha256 " in text and "does not match the hub" in text, text[-3000:]
     assert main_pid(sim_twin) == pid                     # the serving release was not touched
     assert sim_twin.run(f"test -e {folder}/{SHARD}", check=False).returncode != 0   # the bad copy is gone
-    fixed = deploy_hf(hub, pinned)
-    assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
-    assert downloads(hub).count(SHARD) >= 1
 
-
-def test_a_cut_connection_is_retried_within_the_run(sim_twin, hub, pinned):  # noqa: F811
-    folder = model_dir(sim_twin, pinned)
-    sim_twin.run(f"rm -f {folder}/{SHARD}")
     hub.clear_log()
     hub.set_faults(HubFaults(cut={SHARD: 4096}))
     try:
         t0 = time.monotonic()
-        out = deploy_hf(hub, pinned)
+        fixed = deploy_hf(hub, pinned)
     finally:
         hub.set_faults(HubFaults())
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
     served = [r for r in hub.request_log() if r["method"] == "GET" and r["path"].endswith(SHARD)]
     assert len(served) >= 2 and served[0].get("cut")     # cut once, fetched again in the same run
-    assert time.monotonic() - t0 < 120
+    assert time.monotonic() - t0 < 180
