@@ -128,8 +128,16 @@ history: venv
 bench: venv
 	$(BIN)/dsv4deploy bench $(PROFILE) --inventory $(INVENTORY) $(ARGS)
 
+# Two pytest processes side by side: the tests that use the CT200 twin (they mostly wait on it)
+# and all the others (they mostly compute). The twin's log is printed when both are done.
 test: twin-debs venv
-	$(BIN)/pytest $(PYTEST_ARGS)
+	@mkdir -p .cache; \
+	$(BIN)/pytest -m twin -p no:cacheprovider $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
+	$(BIN)/pytest -m "not twin" $(PYTEST_ARGS); rest=$$?; \
+	wait $$twin; twin_rc=$$?; \
+	echo; echo "=============== tests on the CT200 twin (.cache/test-twin.log) ==============="; \
+	cat .cache/test-twin.log; \
+	for rc in $$rest $$twin_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # The edit-test loop: everything that needs neither the twin nor SGLang's parser venv.
 test-fast: venv

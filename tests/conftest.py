@@ -34,6 +34,8 @@ def profile_dir(tmp_path, monkeypatch):
 # Tests that need the CT200 twin or SGLang's parser venv (marked `slow`) run last, in their own
 # order; while the fast ones run, the twin's Debian root (debootstrap, ~2-3 min on a fresh machine)
 # and the parser venv are built in the background, so a fresh `make test` waits for neither.
+# Tests that use the twin are also marked `twin`: `make test` runs them in a second pytest process
+# beside the rest (they mostly wait on the twin; the rest mostly computes).
 
 PREBUILD_PARSER_VERSIONS = ("0.5.23", "0.5.13.post1")   # test_sglang_parser, test_pr25820_patch
 _prebuild: list = []
@@ -47,6 +49,9 @@ def _group(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:                        # `make test` runs these in a process of their own
+        if "sim_twin" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.twin)
     items.sort(key=_group)   # stable: each group keeps its order
 
 
@@ -63,8 +68,11 @@ def pytest_collection_finish(session):
     import os
     import threading
 
-    if not any(item.get_closest_marker("slow") for item in session.items):
+    slow = [item for item in session.items if item.get_closest_marker("slow")]
+    if not slow:
         return
+    twin = any(item.get_closest_marker("twin") for item in slow)
+    parser = any(not item.get_closest_marker("twin") for item in slow)
 
     def build_root():
         from dsv4deploy.sim import host as simhost
@@ -78,8 +86,8 @@ def pytest_collection_finish(session):
         for version in PREBUILD_PARSER_VERSIONS:
             sglang_parser.ensure(version)
 
-    jobs = [build_parser]
-    if os.geteuid() == 0:
+    jobs = [build_parser] if parser else []
+    if twin and os.geteuid() == 0:
         jobs.append(build_root)
     for job in jobs:
         def run(job=job):
