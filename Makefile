@@ -128,10 +128,13 @@ history: venv
 bench: venv
 	$(BIN)/dsv4deploy bench $(PROFILE) --inventory $(INVENTORY) $(ARGS)
 
-# Two pytest processes side by side: the tests that use the CT200 twin (they mostly wait on it)
-# and all the others (they mostly compute). The twin's log is printed when both are done.
-test: twin-debs venv
+# The twin's Debian root starts building (bare python3, in the background) before the venv installs;
+# then two pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
+# it) and all the others (they mostly compute). The twin's log is printed when both are done.
+test: twin-debs
 	@mkdir -p .cache; \
+	python3 -c 'from dsv4deploy.sim.host import prebuild_root; prebuild_root()' > .cache/rootfs-build.log 2>&1 & \
+	$(MAKE) --no-print-directory venv || exit $$?; \
 	$(BIN)/pytest -m twin -p no:cacheprovider $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
 	$(BIN)/pytest -m "not twin" $(PYTEST_ARGS); rest=$$?; \
 	wait $$twin; twin_rc=$$?; \

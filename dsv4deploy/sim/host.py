@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 log = logging.getLogger("dsv4deploy.sim")
 
@@ -363,6 +362,15 @@ def ensure_rootfs(rebuild: bool = False) -> Path:
     os.rename(build, final)
     log.info("twin root built in %.0f s", time.monotonic() - t0)
     return final
+
+
+def prebuild_root() -> None:
+    """Build the cached root now if it is missing (as root; under the sim lock, so `up` waits for
+    it). Stdlib only: `make test` runs it with a bare python3 while the venv installs."""
+    if os.geteuid() != 0:
+        return
+    with _locked():
+        ensure_rootfs()
 
 
 def _prepare_rootfs(root: Path) -> None:
@@ -910,6 +918,9 @@ def _wait_ssh(host: SimHost, timeout: float) -> None:
                            f"{_tail(host.console_log)}")
         if not host.ssh_ok(timeout=6):
             raise _NotYet()
+
+    # imported here, not at the top: the root can be built with a bare python3 (prebuild_root)
+    from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
     try:
         for att in Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.5),
