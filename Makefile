@@ -132,10 +132,10 @@ bench: venv
 # then two pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
 # it) and all the others (they mostly compute). The twin's log is printed when both are done.
 test: twin-debs
-	@mkdir -p .cache; \
-	python3 -c 'from dsv4deploy.sim.host import prebuild_root; prebuild_root()' > .cache/rootfs-build.log 2>&1 & \
-	$(MAKE) --no-print-directory venv || exit $$?; \
-	$(BIN)/pytest -m twin -p no:cacheprovider $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
+	@mkdir -p .cache; python3 -c 'from dsv4deploy.sim.host import prebuild_root; prebuild_root()' \
+	  > .cache/rootfs-build.log 2>&1 &
+	@$(MAKE) --no-print-directory venv
+	@$(BIN)/pytest -m twin -p no:cacheprovider $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
 	$(BIN)/pytest -m "not twin" $(PYTEST_ARGS); rest=$$?; \
 	wait $$twin; twin_rc=$$?; \
 	echo; echo "=============== tests on the CT200 twin (.cache/test-twin.log) ==============="; \

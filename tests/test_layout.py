@@ -19,3 +19,19 @@ def test_extras_index_urls_and_the_lock_change_the_name():
              venv_id(base, lock_sha256="b" * 64), venv_id(base, lock_sha256="c" * 64)}
     assert len(names) == 6
     assert venv_id({**base, "extras": ["x", "y"]}) == venv_id({**base, "extras": ["y", "x"]})
+
+
+def test_the_0523_lock_pins_what_sglang_pins():
+    """The lock holds the venv's whole closure, each `name==version`, agreeing with the wheel's
+    own pins (torch and flashinfer for CUDA 13); it names the venv."""
+    from dsv4deploy.profiles import load_profile
+    from dsv4deploy.layout import Layout
+    from dsv4deploy.sglang_versions import lock_file, lock_sha256
+
+    lines = [line for line in lock_file("0.5.23").read_text().splitlines() if line and not line.startswith("#")]
+    pins = dict(line.split("==", 1) for line in lines)
+    assert len(pins) == len(lines) > 100 and "sglang" not in pins
+    assert pins["torch"] == "2.14.1" and pins["flashinfer-python"] == "0.7.2" and "sglang-kernel" in pins
+    assert pins["cuda-toolkit"].startswith("13.")
+    data = load_profile("nvfp4-ctx8k").data
+    assert Layout.of(data).patchset == venv_id(data["sglang"], lock_sha256("0.5.23"))

@@ -31,8 +31,10 @@ def resolve(version: str, extras: list[str], python: str | None) -> list[tuple[s
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                "--disable-pip-version-check", "--only-binary=:all:", "--report", str(report)]
         if python:
-            cmd += ["--python-version", python, "--platform", "manylinux_2_28_x86_64",
-                    "--platform", "manylinux_2_17_x86_64", "--target", str(Path(tmp) / "t")]
+            cmd += ["--python-version", python, "--target", str(Path(tmp) / "t")]
+            for glibc in range(39, 16, -1):          # manylinux_2_39 (Ubuntu 24.04) down to 2_17
+                cmd += ["--platform", f"manylinux_2_{glibc}_x86_64"]
+            cmd += ["--platform", "manylinux2014_x86_64", "--platform", "linux_x86_64"]
         cmd.append(spec)
         env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
         subprocess.run(cmd, check=True, env=env)
