@@ -4,6 +4,7 @@ the floor time limit; end to end through run_gate with a stand-in `python -m sgl
 (or the older `sglang.bench_serving` where the new module is absent)."""
 
 import json
+import re
 import sys
 import time
 
@@ -232,6 +233,6 @@ def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
                    runner="bench_serving", api_key_file=str(secrets))
     assert time.monotonic() - t0 < 8
     assert out.result.levels[0].status == EARLY_STOP
-    assert out.verdict.failures == [
-        "C=4 stopped early after 2.0 s: cannot reach the floor: 32 tokens at 32 tok/s take 1 s; bench_serving "
-        "still running after 2 s (incl. 1 s start-up)"]
+    (failure,) = out.verdict.failures          # the stop lands on the limit, give or take the machine's load
+    assert re.fullmatch(r"C=4 stopped early after 2\.\d s: cannot reach the floor: 32 tokens at 32 tok/s take 1 s; "
+                        r"bench_serving still running after 2 s \(incl\. 1 s start-up\)", failure), failure
