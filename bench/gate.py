@@ -26,6 +26,7 @@ from dsv4deploy.gate import GateSpec, run_gate  # noqa: E402
 from dsv4deploy.gate.runner import local_execute, local_upload  # noqa: E402
 from dsv4deploy.profiles import load_profile  # noqa: E402
 from dsv4deploy.render import server_args  # noqa: E402
+from dsv4deploy.twin.args import VERSION_ENV  # noqa: E402
 from dsv4deploy.twin.faults import Faults  # noqa: E402
 from dsv4deploy.twin.perf import PerfConfig, simulate_bench  # noqa: E402
 from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
@@ -63,7 +64,7 @@ def profile_argv(name: str, twin: LocalTwin) -> list[str]:
 
 
 def gate_on_profile(name: str, spec: GateSpec, early_pass: bool) -> tuple[float, object]:
-    twin = LocalTwin(argv=None)
+    twin = LocalTwin(argv=None, env={VERSION_ENV: load_profile(name).data["sglang"]["version"]})
     twin.argv = profile_argv(name, twin)
     with twin:
         twin.wait_ready()

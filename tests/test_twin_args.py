@@ -105,3 +105,21 @@ def test_cli_exit_codes():
                        capture_output=True, text=True, timeout=30,
                        env={"DSV4_TWIN_SGLANG_VERSION": "0.1.0", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "no flag file for SGLang 0.1.0" in r.stderr
+
+
+def test_the_twin_answers_as_the_sglang_wheel_installed_next_to_it(tmp_path):
+    """On the host the deploy's venv holds the real wheel: a profile pinned to 0.5.13.post1 is
+    parsed with that release's flags (--cuda-graph-max-bs), which 0.5.23 refuses as ambiguous."""
+    import subprocess
+    import sys
+
+    dist = tmp_path / "sglang-0.5.13.post1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.13.post1\n")
+    code = ("from dsv4deploy.twin.args import parse_args, resolve_version; print(resolve_version()); "
+            "print(parse_args(['--model-path', '/m', '--cuda-graph-max-bs', '32']).version)")
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split() == ["0.5.13.post1", "0.5.13.post1"], out.stderr[-2000:]
+    bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert bare.returncode != 0 and "ambiguous option: --cuda-graph-max-bs" in bare.stderr

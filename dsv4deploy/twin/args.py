@@ -138,7 +138,17 @@ class ParsedArgs:
 
 
 def resolve_version(version: str | None = None) -> str:
-    return version or os.environ.get(VERSION_ENV) or DEFAULT_SGLANG_VERSION
+    """The SGLang release the twin answers as: the one asked for, else DSV4_TWIN_SGLANG_VERSION,
+    else the sglang wheel installed next to it (the deploy's venv holds the real one), else the
+    default. So a profile pinned to an older release is parsed by that release's flags."""
+    if version or os.environ.get(VERSION_ENV):
+        return version or os.environ[VERSION_ENV]
+    try:
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+        installed = dist_version("sglang")
+    except (ImportError, PackageNotFoundError):
+        return DEFAULT_SGLANG_VERSION
+    return installed if flag_file(installed).is_file() else DEFAULT_SGLANG_VERSION
 
 
 def flag_file(version: str) -> Path:
