@@ -123,3 +123,9 @@ def test_the_twin_answers_as_the_sglang_wheel_installed_next_to_it(tmp_path):
     assert out.stdout.split() == ["0.5.13.post1", "0.5.13.post1"], out.stderr[-2000:]
     bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert bare.returncode != 0 and "ambiguous option: --cuda-graph-max-bs" in bare.stderr
+
+
+def test_an_older_release_keeps_the_settings_it_has_no_flag_for():
+    ns = targs.parse_args(["--model-path", "/m", "--cuda-graph-max-bs", "32", "--tp-size", "4"], version="0.5.13.post1").ns
+    assert (ns.cuda_graph_max_bs_decode, ns.tp_size) == (32, 4)
+    assert ns.disable_decode_cuda_graph is False and ns.cuda_graph_backend_decode is None

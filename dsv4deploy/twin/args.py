@@ -238,6 +238,11 @@ def parse_args(argv: list[str], version: str | None = None) -> ParsedArgs:
         v = getattr(ns, dest)
         if isinstance(v, list):
             setattr(ns, dest, True if not v else (v[0] if len(v) == 1 else v))
+    # a release without some flag still has the setting (ServerArgs' default): e.g. 0.5.13.post1
+    # has no --disable-decode-cuda-graph or --cuda-graph-backend-decode
+    for dest, _opts, kw in _TYPED:
+        if not hasattr(ns, dest):
+            setattr(ns, dest, kw.get("default", False if kw.get("action") == "store_true" else None))
     if ns.model_path is None:
         parser.error("the following arguments are required: --model-path")
     return ParsedArgs(ns=ns, argv=list(argv), merged_argv=merged, version=version, generic_dests=generic)
