@@ -1411,7 +1411,9 @@ class LocalTwin:
         raise TimeoutError(f"{path} did not answer {want} within {timeout}s:\n{self.output()[-3000:]}")
 
     def wait_ready(self, timeout: float = 30) -> float:
-        return self.wait_status("/ready", 200, timeout)
+        """/ready where the emulated release has it (0.5.20+), else /health (its 1-token generation)."""
+        version = targs.resolve_version(self.env.get(targs.VERSION_ENV))
+        return self.wait_status("/ready" if targs.has_ready_endpoint(version) else "/health", 200, timeout)
 
     def stop(self, timeout: float = 10) -> int | None:
         if self.proc is None:
