@@ -105,7 +105,7 @@ def _value(raw: str) -> str | None:
 
 
 def _mib(text: str, fname: str, line: str) -> int:
-    m = re.match(r"^(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)?$", text, re.I)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)?", text, re.I)
     if not m:
         raise NvidiaSmiError(f"{fname}: expected a size in MiB, got {text!r} in line {line!r}")
     number, unit = float(m.group(1)), (m.group(2) or "MiB").lower()
@@ -171,14 +171,14 @@ def parse_query(csv_text: str, fields: tuple[str, ...] | None = None) -> list[Gp
 
 def driver_branch(version_str: str | None) -> int:
     """'580.159.04' -> 580, '570.86.10' -> 570, '580' -> 580. ValueError if unreadable."""
-    m = re.match(r"^\s*(\d+)(?:\.\d+)*\s*$", version_str or "")
+    m = re.fullmatch(r"\s*(\d+)(?:\.\d+)*\s*", version_str or "")
     if not m:
         raise ValueError(f"not a driver version: {version_str!r}")
     return int(m.group(1))
 
 
 def _cap(value: str | float | None) -> tuple[int, ...] | None:
-    m = re.match(r"^\s*(\d+)(?:\.(\d+))?\s*$", str(value) if value is not None else "")
+    m = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*", str(value) if value is not None else "")
     return (int(m.group(1)), int(m.group(2) or 0)) if m else None
 
 

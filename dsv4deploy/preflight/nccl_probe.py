@@ -64,7 +64,7 @@ PHASES = ("spawned", "python", "import-torch", "init", "warmup", "sizes", "done"
 
 def parse_size(text: str) -> int:
     """'8K', '8KiB', '64M', '1G', '4096' -> bytes (binary units)."""
-    m = re.match(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", str(text), re.I)
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.I)
     if not m:
         raise ValueError(f"not a size: {text!r} (use e.g. 8K, 64M, 1048576)")
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
@@ -97,7 +97,7 @@ def read_env_file(text: str) -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         key = key.strip()
-        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ValueError(f"not an environment assignment: {raw!r}")
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
