@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -254,3 +255,30 @@ def test_second_twin_is_separate_and_down_stops_it_by_pid(sim_twin):
         if twin2.running():
             simhost.down([2])
         twin2.set_gpus(reset=True)
+
+
+@pytest.mark.slow
+def test_a_container_whose_nspawn_was_killed_is_cleared_by_up_and_by_down(sim_twin):
+    """nspawn SIGKILLed: its container goes on holding the twin's address. `up` boots anew
+    anyway, and `down` ends an orphan too, so no twin process outlives the state that owns it."""
+    twin2 = simhost.up(2)[1]
+    try:
+        for again in ("up", "down"):
+            os.kill(twin2.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while twin2.running() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not twin2.running()
+            inits = simhost._container_inits(twin2.root)
+            assert len(inits) == 1 and simhost._port_in_use("127.0.0.3")    # the orphan holds it
+            if again == "up":
+                assert simhost.up(2)[1].ssh_ok()
+                assert not Path(f"/proc/{inits[0]}").exists() or simhost._proc_stat(inits[0])[0] == "Z"
+            else:
+                assert simhost.down([2]) == ["twin-2"]
+                assert simhost._container_inits(twin2.root) == []
+                assert not simhost._port_in_use("127.0.0.3")
+        assert sim_twin.running() and sim_twin.ssh_ok()
+    finally:
+        if twin2.running():
+            simhost.down([2])

@@ -170,7 +170,9 @@ def group_members(groups: set[int]) -> list[dict]:
 def kill_groups(procs: list[subprocess.Popen], groups: set[int]) -> list[dict]:
     """SIGTERM every group, SIGKILL what is left after TERM_GRACE_S, reap; return leftovers."""
     def signal_all(sig):
-        for g in groups:
+        # only groups that still have a member: the number of a group that is gone can belong to
+        # an unrelated process by now (a new session leader gets its own PID as group id)
+        for g in {m["pgrp"] for m in group_members(groups)}:
             try:
                 os.killpg(g, sig)
             except (ProcessLookupError, PermissionError):

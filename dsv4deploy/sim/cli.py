@@ -37,10 +37,18 @@ _positive = _at_least(1, "at least 1")
 _non_negative = _at_least(0, "0 or more")
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (a test's captured stream can be closed)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def _setup_logging() -> None:
     logger = logging.getLogger("dsv4deploy.sim")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("sim: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)

@@ -11,7 +11,7 @@ State layout (``sim_dir()``, by default ``<repo>/.sim``, env ``DSV4_SIM_DIR``)::
       hosts/twin-N/root/         twin N's own copy of the root
       hosts/twin-N/console.log   nspawn + boot console
       hosts/twin-N/nspawn.pid    PID of the systemd-nspawn process (only while running)
-      hosts/twin-N/host.json     name, address, PID start time, container leader PID
+      hosts/twin-N/host.json     name, address, PID start time of the nspawn
 
 Twin N listens on 127.0.0.(N+1):22 (twin-1 -> 127.0.0.2).  The container shares
 this machine's network namespace, so sshd is pinned with ListenAddress.
@@ -170,19 +170,49 @@ def _is_nspawn_of(pid: int, name: str, starttime: int | None = None) -> bool:
     return any(a == b"-M" and b == name.encode() for a, b in zip(argv, argv[1:]))
 
 
-def _children_of(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            out += [int(x) for x in (task / "children").read_text().split()]
-    return out
-
-
 def _pidns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
+
+
+def _container_inits(root: Path) -> list[int]:
+    """PIDs of the init processes (PID 1 of another PID namespace) whose root directory is ROOT.
+
+    A container is found by what it runs in, not by a name: an nspawn that died (SIGKILL) leaves
+    its init and everything under it running, holding the twin's address.
+    """
+    try:
+        want = os.stat(root)
+    except OSError:
+        return []
+    mine = _pidns(os.getpid())
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            st = os.stat(f"/proc/{pid}/root")
+            if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino) or _pidns(pid) in (None, mine):
+                continue
+            nspid = next((ln.split()[1:] for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ln.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if nspid and nspid[-1] == "1":
+            found.append(pid)
+    return found
+
+
+def _nspawn_exit(pid: int) -> str:
+    """How our nspawn child PID ended, for an error message ("" if unknown or still running)."""
+    child = _CHILDREN.get(pid)
+    rc = child.poll() if child is not None else None
+    if rc is None:
+        return ""
+    return f" (killed by {signal.Signals(-rc).name})" if rc < 0 else f" (exit status {rc})"
 
 
 # ----------------------------------------------------------------- locking
@@ -884,6 +914,30 @@ def _configure_twin(host: SimHost) -> None:
     _record_host_key(host.address, (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text())
 
 
+def _kill_orphans(host: SimHost) -> bool:
+    """SIGKILL the init of a container of HOST whose nspawn is gone (nothing else would ever stop
+    it, and it holds the twin's address); the kernel then ends everything in it. True if any."""
+    if host.running():
+        return False
+    inits = _container_inits(host.root)
+    for pid in inits:
+        log.warning("%s: container init pid %d outlived its nspawn; SIGKILL", host.name, pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while inits and _container_inits(host.root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return bool(inits)
+
+
+def _clear_address(host: SimHost, wait_s: float = 30) -> None:
+    """Before a boot: orphaned containers of HOST are killed, a halting one gets WAIT_S to let go
+    of the twin's address."""
+    deadline = time.monotonic() + wait_s
+    while (_kill_orphans(host) or _port_in_use(host.address)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def _boot(host: SimHost) -> int:
     if _port_in_use(host.address):
         raise SimError(f"{host.address}:22 is already in use on this machine; "
@@ -914,7 +968,8 @@ class _NotYet(Exception):
 def _wait_ssh(host: SimHost, timeout: float) -> None:
     def attempt() -> None:
         if not host.running():
-            raise SimError(f"{host.name}: systemd-nspawn exited during boot; see {host.console_log}:\n"
+            raise SimError(f"{host.name}: systemd-nspawn exited during boot"
+                           f"{_nspawn_exit(host.pid) if host.pid else ''}; see {host.console_log}:\n"
                            f"{_tail(host.console_log)}")
         if not host.ssh_ok(timeout=6):
             raise _NotYet()
@@ -932,16 +987,6 @@ def _wait_ssh(host: SimHost, timeout: float) -> None:
         raise SimError(f"{host.name}: ssh root@{host.address} did not answer within {timeout:.0f} s"
                        f"{' (' + detail + ')' if detail else ''}; see {host.console_log}:\n"
                        f"{_tail(host.console_log)}") from None
-    # record the container's init (PID 1 inside) for cleanup after a SIGKILL
-    pid = host.pid
-    if pid:
-        mine = _pidns(os.getpid())
-        leaders = [c for c in _children_of(pid) if _pidns(c) not in (None, mine)]
-        if leaders:
-            state = host._state()
-            st = _proc_stat(leaders[0])
-            state.update(leader_pid=leaders[0], leader_starttime=st[1] if st else None)
-            _write(host.state_file, json.dumps(state, indent=1))
 
 
 def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False) -> list[SimHost]:
@@ -967,6 +1012,7 @@ def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False) -> li
             if not h.exists():
                 _create_twin(h, cache or ensure_rootfs())
             _configure_twin(h)
+            _clear_address(h, wait_s=10)
             log.info("%s: booting at %s", h.name, h.address)
             _boot(h)
             booted.append(h)
@@ -979,12 +1025,8 @@ def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False) -> li
                     # runtime state for a moment: boot once more before giving up.
                     if "exited during boot" not in str(exc):
                         raise
-                    log.warning("%s: nspawn exited during boot; booting once more", h.name)
-                    # the container that went down may still hold its address while it halts
-                    deadline = time.monotonic() + 30
-                    while _port_in_use(h.address) and time.monotonic() < deadline:
-                        time.sleep(0.5)
-                    time.sleep(1)
+                    log.warning("%s: %s; booting once more", h.name, str(exc).splitlines()[0])
+                    _clear_address(h)
                     _boot(h)
                     _wait_ssh(h, timeout)
                 log.info("%s: ssh root@%s ready", h.name, h.address)
@@ -1018,13 +1060,7 @@ def _stop(host: SimHost, timeout: float) -> bool:
                 if not _is_nspawn_of(pid, host.name, state.get("starttime")):
                     break
                 time.sleep(0.1)
-    # the container's init, if it outlived a killed nspawn (identified by recorded PID + start time)
-    leader, lstart = state.get("leader_pid"), state.get("leader_starttime")
-    if leader and lstart:
-        st = _proc_stat(leader)
-        if st and st[1] == lstart and st[0] not in ("Z", "X"):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(leader, signal.SIGKILL)
+    was_running = _kill_orphans(host) or was_running     # an init that outlived a killed nspawn
     host.pid_file.unlink(missing_ok=True)
     return was_running
 
