@@ -107,11 +107,12 @@ sim-down: venv
 sim-status: venv
 	$(BIN)/dsv4deploy sim status
 
+# `make plan` reads the host (one command) and changes nothing; it boots no twin: plan against a
+# running one (make sim-up), or a real host (INVENTORY=...).
 # The profile is validated before pyinfra connects (here, and again by the inventory while it
 # loads, which also refuses a placeholder revision on a real host): a bad profile changes nothing.
-plan: $(TWIN) venv
+plan: venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
-	$(if $(SIM),$(BIN)/dsv4deploy sim up --hosts $(HOSTS))
 	$(BIN)/pyinfra --dry --diff $(INVENTORY) deploy/serve.py --data profile=$(PROFILE) $(ARGS)
 
 deploy: $(TWIN) venv

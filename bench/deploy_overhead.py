@@ -1,19 +1,24 @@
-"""Deploy overhead on the CT200 twin:
+"""Deploy overhead on the CT200 twin, in one paired run:
 
-1. wall time of a no-op re-deploy of a profile, next to a bare pyinfra deploy of one no-op
-   operation to the same twin, as a ratio measured in the same run;
-2. time from `systemctl restart` to healthy-and-identified (the deploy's own wait and checks),
-   minus the twin's simulated weight-load and warm-up time.
+1. a no-op re-deploy of a profile next to a bare pyinfra deploy of two `files.directory`
+   operations on the same twin (runs alternate, medians compared), and the remote commands a
+   no-op sends, counted from pyinfra's own command log (`--debug`: "Running command on");
+2. a deploy that changes only the unit: its wall time minus the server's own start (the twin's
+   simulated load + warm-up) and minus the gate's own duration (from the release record);
+3. an automatic rollback (a release whose server crashes at start): wall time minus the restored
+   server's own start, the crashing server's start and the bare deploy.
 
     make sim-up && make deploy PROFILE=nvfp4-ctx8k
-    .venv/bin/python bench/deploy_overhead.py [--profile nvfp4-ctx8k] [--runs 3]
+    .venv/bin/python bench/deploy_overhead.py [--profile nvfp4-ctx8k] [--runs 5]
 
-Prints figures; asserts nothing.
+Prints figures; asserts nothing. The last line: `no-op: ratio=R commands=N`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,57 +29,92 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dsv4deploy.profiles import load_profile  # noqa: E402
-from dsv4deploy.remote import connected, on  # noqa: E402
-from dsv4deploy.rollout import Target  # noqa: E402
-from dsv4deploy.tasks.verify import confirm  # noqa: E402
+from dsv4deploy.sim.host import SimHost  # noqa: E402
 from dsv4deploy.twin.faults import Faults  # noqa: E402
 
 PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
+FAULTS = "/etc/dsv4deploy-twin/faults.json"
 
 
-def wall(cmd: list[str]) -> float:
+def timed(cmd: list[str], env: dict | None = None, ok: bool = True) -> tuple[float, str]:
     start = time.monotonic()
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})})
     took = time.monotonic() - start
-    if out.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{out.stderr[-2000:]}")
-    return took
+    if ok and out.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return took, out.stdout + out.stderr
+
+
+def commands_in(log: str) -> int:
+    return sum("Running command on" in line for line in log.splitlines())
+
+
+def last_record(twin: SimHost) -> dict:
+    out = twin.run("cat $(ls -d /var/lib/dsv4deploy/releases/[0-9]* | tail -n1)/status.json").stdout
+    return json.loads(out)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="nvfp4-ctx8k")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
+    twin = SimHost(1)
+    if not twin.running():
+        sys.exit("twin-1 is not running: make sim-up && make deploy PROFILE=" + args.profile)
 
     deploy = [PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", f"profile={args.profile}"]
-    wall(deploy)  # settle: make sure the profile is deployed, so the runs below are no-ops
+    timed(deploy)  # settle: the profile is deployed, so the runs below are no-ops
     with tempfile.TemporaryDirectory() as tmp:
         bare_file = Path(tmp) / "bare.py"
-        bare_file.write_text("from pyinfra.operations import files\nfiles.directory(name='noop', path='/tmp')\n")
+        bare_file.write_text("from pyinfra.operations import files\n"
+                             "files.directory(name='one', path='/var/lib/dsv4deploy')\n"
+                             "files.directory(name='two', path='/etc/dsv4deploy')\n")
         bare = [PYINFRA, "-y", "inventory/sim.py", str(bare_file)]
-        noop_times = [wall(deploy) for _ in range(args.runs)]
-        bare_times = [wall(bare) for _ in range(args.runs)]
+        noop_times, bare_times = [], []
+        for _ in range(args.runs):                       # paired: alternate, same conditions
+            noop_times.append(timed(deploy)[0])
+            bare_times.append(timed(bare)[0])
+        _, log = timed([*deploy, "--debug"])
+        _, bare_log = timed([*bare, "--debug"])
     noop, base = statistics.median(noop_times), statistics.median(bare_times)
-    print(f"no-op re-deploy of {args.profile}: median {noop:.2f} s  ({', '.join(f'{t:.2f}' for t in noop_times)})")
-    print(f"bare one-operation pyinfra deploy: median {base:.2f} s  ({', '.join(f'{t:.2f}' for t in bare_times)})")
-    print(f"ratio: {noop / base:.2f}x")
+    commands, bare_commands = commands_in(log), commands_in(bare_log)
+    print(f"no-op re-deploy of {args.profile}: median {noop:.2f} s ({', '.join(f'{t:.2f}' for t in noop_times)}); "
+          f"{commands} remote commands")
+    print(f"bare two-operation pyinfra deploy: median {base:.2f} s ({', '.join(f'{t:.2f}' for t in bare_times)}); "
+          f"{bare_commands} remote commands")
 
-    target = Target.of(load_profile(args.profile).data)
-    simulated = Faults().load_seconds + Faults().warmup_seconds
-    detections = []
-    with connected("inventory/sim.py") as hosts:
-        h = hosts[0]
-        with on(h):
-            for _ in range(args.runs):
-                h.run_shell_command(f"systemctl reset-failed {target.unit}; systemctl restart {target.unit}")
-                start = time.monotonic()
-                confirm(h, target, budget_s=600, poll_s=0.5)
-                detections.append(time.monotonic() - start - simulated)
-    print(f"restart -> healthy + identified, minus the twin's simulated load + warm-up ({simulated:.1f} s): "
-          f"median {statistics.median(detections):.2f} s ({', '.join(f'{d:.2f}' for d in detections)}); "
-          "this includes SGLang's own ~1 s /health generation and the 0.5 s poll")
+    # 2. only the unit changes: a profile that differs from the deployed one in the unit alone
+    start_s = Faults().load_seconds + Faults().warmup_seconds
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"DSV4_PROFILES_DIR": tmp}
+        for name in os.listdir(REPO / "profiles"):
+            (Path(tmp) / name).write_text((REPO / "profiles" / name).read_text())
+        (Path(tmp) / "unit-only.yaml").write_text(
+            f"extends: {args.profile}\ndescription: unit-only change for bench/deploy_overhead.py\n"
+            "service:\n  timeout_stop_s: 119\n")
+        changed = [PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=unit-only"]
+        took, _ = timed(changed, env)
+        gate_s = float((last_record(twin).get("gate") or {}).get("duration_s") or 0)
+        print(f"unit-only change: {took:.2f} s = server start {start_s:.1f} s + gate {gate_s:.1f} s + "
+              f"overhead {took - start_s - gate_s:.2f} s (of which a bare pyinfra run: {base:.2f} s)")
+
+        # 3. automatic rollback: the next release crashes at start; the tool restores unit-only
+        (Path(tmp) / "crashes.yaml").write_text(
+            f"extends: {args.profile}\ndescription: crashes at start (bench)\nserver:\n  context_length: 20480\n")
+        twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error",
+                                            "match_argv": "--context-length 20480"}))
+        try:
+            took, out = timed([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=crashes"],
+                              env, ok=False)
+        finally:
+            twin.run(f"rm -f {FAULTS}")
+        restored = "rolled back" in out or "restored" in out
+        print(f"automatic rollback ({'restored' if restored else 'NOT restored'}): {took:.2f} s = "
+              f"two server starts {2 * start_s:.1f} s + overhead {took - 2 * start_s:.2f} s "
+              f"(of which a bare pyinfra run: {base:.2f} s)")
+    timed(deploy)   # leave the profile deployed
+    print(f"no-op: ratio={noop / base:.2f} commands={commands}")
     return 0
 
 

@@ -166,10 +166,10 @@ def cmd_list(args) -> int:
 
 
 def cmd_history(args) -> int:
-    from .facts import Releases
+    from .host.facts import Releases
     from .history import print_history
     from .layout import STATE
-    from .remote import RemoteError, connected, on
+    from .host.connect import RemoteError, connected, on
 
     try:
         with connected(args.inventory) as hosts:
@@ -186,9 +186,9 @@ def cmd_history(args) -> int:
 
 def cmd_bench(args) -> int:
     """The smoke gate alone, against the server a host runs now (no restart, no record)."""
-    from .remote import RemoteError, connected, on
+    from .host.connect import RemoteError, connected, on
     from .rollout import Target
-    from .tasks.gate import run_release_gate
+    from .host.gate import run_release_gate
 
     target = Target.of(checked_profile(args.profile).profile.data)
     try:

@@ -1,5 +1,5 @@
 """The shell commands that put a patch into an installed tree (a venv's site-packages), as pure
-functions: the deploy's venv step (dsv4deploy/tasks/venv.py: the PatchApplied fact and the
+functions: the deploy's venv step (dsv4deploy/host/: the PatchesApplied fact and the
 patch_applied operation) sends exactly these strings to the host, and the tests run the same
 strings locally against real SGLang wheels.
 

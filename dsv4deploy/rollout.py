@@ -60,6 +60,7 @@ class Rollout:
     stand_ins: dict = field(default_factory=dict)   # inventory data `stand_ins`
     weights_source: dict = field(default_factory=dict)
     allow_reboot: bool = False
+    expect_compute_cap: str | None = None            # inventory data: the GPUs' compute capability
     run: dict = field(default_factory=dict)          # execution-time state of this run
 
     @property
@@ -104,4 +105,5 @@ def rollout_for(host_data) -> Rollout:
         make_checkpoint(profile.data["model"]["repo"])
     return Rollout(profile=profile, report=report, rendered=render(profile, module=module),
                    layout=Layout.of(profile.data), module=module, stand_ins=stand_ins,
-                   weights_source=weights_source, allow_reboot=bool(host_data.get("allow_reboot", False)))
+                   weights_source=weights_source, allow_reboot=bool(host_data.get("allow_reboot", False)),
+                   expect_compute_cap=host_data.get("expect_compute_cap"))

@@ -25,7 +25,7 @@ import pytest
 
 from dsv4deploy import inventories
 from dsv4deploy.errors import rerun_with
-from dsv4deploy.remote import describe
+from dsv4deploy.host.connect import describe
 from dsv4deploy.validate import PLACEHOLDER_REVISION
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsv4deploy import patching
-from dsv4deploy.tasks.venv import PatchApplied
+from dsv4deploy.host.facts import PatchApplied
 
 A = "line 1\nline 2\nline 3\nline 4\nline 5\n"
 B = "alpha\nbeta\ngamma\ndelta\nepsilon\n"
@@ -124,13 +124,14 @@ class _Host:
 
 
 def test_the_operation_yields_the_apply_command_then_nothing(site, tmp_path, monkeypatch):
-    """patch_applied (pyinfra operation body, host stand-in): the command, then a no-op."""
-    from dsv4deploy.tasks import venv as venv_task
+    """patch_applied (pyinfra operation body, host stand-in): the command, then a no-op once the
+    host's state (the PatchApplied fact, run here) says it is in."""
+    from dsv4deploy.host import ops
     patch, sha = _patch(tmp_path)
     host = _Host()
-    monkeypatch.setattr(venv_task, "host", host)
+    monkeypatch.setattr(ops, "host", host)
     kw = dict(directory=str(site), patch_file=str(patch), strip=2, sha256=sha)
-    first = [c.get_raw_value() for c in venv_task.patch_applied._inner(**kw)]
+    first = [c.get_raw_value() for c in ops.patch_applied._inner(applied=_state(site, patch), **kw)]
     assert first == [patching.apply_command(str(site), str(patch), 2, sha256=sha)]
     assert _sh(first[0]).returncode == 0
-    assert list(venv_task.patch_applied._inner(**kw)) == [] and host.noops
+    assert list(ops.patch_applied._inner(applied=_state(site, patch), **kw)) == [] and host.noops

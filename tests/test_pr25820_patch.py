@@ -44,7 +44,8 @@ import sglang_parser  # noqa: E402
 
 from dsv4deploy import patching  # noqa: E402
 from dsv4deploy.patches import PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM  # noqa: E402
-from dsv4deploy.tasks import venv as venv_task  # noqa: E402
+from dsv4deploy.host import ops  # noqa: E402
+from dsv4deploy.host.facts import PatchApplied  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -108,10 +109,11 @@ def deploy_patch(site: Path, patch_file: Path, strip: int = 2, sha256: str | Non
     command it yields runs in `site`. Returns {"noop": bool, "commands": [...], "runs": [...]}."""
     sha256 = sha256 or hashlib.sha256(patch_file.read_bytes()).hexdigest()
     fake = _LocalHost()
+    applied = fake.get_fact(PatchApplied, directory=str(site), patch_file=str(patch_file), strip=strip)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(venv_task, "host", fake)
-        commands = [c.get_raw_value() for c in venv_task.patch_applied._inner(
-            directory=str(site), patch_file=str(patch_file), strip=strip, sha256=sha256)]
+        mp.setattr(ops, "host", fake)
+        commands = [c.get_raw_value() for c in ops.patch_applied._inner(
+            directory=str(site), patch_file=str(patch_file), applied=applied, strip=strip, sha256=sha256)]
     runs = [_sh(c) for c in commands]
     return {"noop": bool(fake.noops), "commands": commands, "runs": runs,
             "ok": all(r.returncode == 0 for r in runs),

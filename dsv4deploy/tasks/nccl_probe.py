@@ -19,7 +19,7 @@ from ..rollout import Rollout
 
 
 @deploy("NCCL probe")
-def nccl_probe(r: Rollout, when) -> None:
+def nccl_probe(r: Rollout) -> None:
     if r.stand_ins.get("skip_nccl_probe"):
         logger.warning(f"[{host.name}] NCCL probe skipped: {r.stand_ins['skip_nccl_probe']}")
         return
@@ -30,4 +30,4 @@ def nccl_probe(r: Rollout, when) -> None:
     argv = probe_argv(r.data, script=script, env_file=env_file,
                       timeout_s=float(host.data.get("nccl_probe_timeout_s", 60)))
     server.shell(name=f"all-reduce 8 KiB..64 MiB on {argv[argv.index('--nranks') + 1]} GPUs (hard timeout)",
-                 commands=[" ".join(shlex.quote(a) for a in argv)], _if=when)
+                 commands=[" ".join(shlex.quote(a) for a in argv)])

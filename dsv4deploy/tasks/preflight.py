@@ -1,15 +1,13 @@
-"""Preflight: read the host before changing it, and refuse clearly.
-
-Runs in pyinfra's prepare stage, so a refusal (DeployError) leaves the host untouched.
+"""Preflight: judge the host's state (read once, host/state.py) before changing it, and refuse
+clearly. Runs in pyinfra's prepare stage, so a refusal (DeployError) leaves the host untouched.
 """
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import DeployError, deploy
 
 from .. import catalog
-from ..facts import FreeDiskMib, HostBasics, JsonFile, NvidiaSmi, PortOwners, UnitInfo
+from ..host.state import HostState
 from ..layout import MODELS
 from ..preflight.gpus import NvidiaSmiError, check_gpus, driver_branch, parse_query, profile_expectations
 from ..rollout import Rollout
@@ -18,11 +16,11 @@ SUPPORTED_OS = ("debian", "ubuntu")
 
 
 @deploy("Preflight")
-def preflight(r: Rollout) -> dict:
+def preflight(r: Rollout, state: HostState) -> dict:
     """Returns what later steps need to know: {'driver_needed': bool, 'gpus': [...]}."""
     problems: list[str] = []
     data = r.data
-    basics = host.get_fact(HostBasics)
+    basics = state["basics"] or {}
     os_id = basics.get("os", "").split(" ")[0]
     if os_id not in SUPPORTED_OS:
         problems.append(f"unsupported OS {basics.get('os')!r} (supported: Debian, Ubuntu)")
@@ -31,7 +29,7 @@ def preflight(r: Rollout) -> dict:
         problems.append(f"python3 >= 3.10 is needed on the host (found {py or 'none'})")
 
     branch = data["driver"]["branch"]
-    smi = host.get_fact(NvidiaSmi)
+    smi = state["gpus"]
     driver_needed = smi is None
     gpus = []
     if smi is not None:
@@ -41,24 +39,23 @@ def preflight(r: Rollout) -> dict:
             problems.append(str(exc))
         if gpus and driver_branch(gpus[0].driver_version) < branch:
             driver_needed = True
-        expect = profile_expectations(data, compute_cap=host.data.get("expect_compute_cap"))
-        if host.get_fact(UnitInfo, service=r.layout.service).get("ActiveState") == "active":
+        expect = profile_expectations(data, compute_cap=r.expect_compute_cap)
+        if state.unit_active:
             expect["min_free_mib"] = None  # our running server holds that memory until the restart
         if driver_needed:
             expect["min_driver_branch"] = None  # the driver step upgrades it
         problems += check_gpus(gpus, **expect)
 
-    marker = host.get_fact(JsonFile, path=f"{r.layout.model_dir}/.dsv4deploy-complete.json")
-    if marker is None:
+    if not state.checkpoint_complete:
         need_gib = float(r.weights_source.get("size_gib") or catalog.model(data["model"]["repo"]).size_gib)
-        free = host.get_fact(FreeDiskMib, path=MODELS)
+        free = state["disk_mib"] or 0
         if free < need_gib * 1024 * 1.05:
             problems.append(f"not enough disk for the weights under {MODELS}: {free / 1024:.1f} GiB free, "
                             f"{need_gib * 1.05:.1f} GiB needed")
 
     port = data["server"]["port"]
-    owners = host.get_fact(PortOwners, port=port)
-    unit = host.get_fact(UnitInfo, service=r.layout.service)
+    owners = state["port"] or []
+    unit = state["unit"] or {}
     ours = unit.get("MainPID") or 0
     strangers = sorted({pid for _, pid in owners if pid != ours}, key=lambda p: p or 0)
     if owners and (strangers or not ours):

@@ -9,6 +9,7 @@ operation ends or one fails, so a run that changes nothing reports no changed op
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shlex
 import socket
@@ -23,16 +24,15 @@ from pyinfra.operations import python
 
 from .. import releases
 from ..errors import rerun_with
-from ..facts import JsonFile, Releases
+from ..host.state import LOCK, HostState
 from ..health import HealthError
-from ..hostio import put, read_json, records, save_record, sh, write_json
+from ..host.io import put, read_json, records, save_record, sh, write_json
 from ..layout import MODELS, OPT, STATE, Layout
 from ..rollout import Rollout
-from .gate import gate_record, run_release_gate
+from ..host.gate import gate_record, run_release_gate
 from .rollback import after_failure
-from .verify import confirm, journal_tail, observer
+from ..host.checks import confirm, journal_tail, observer
 
-LOCK = f"{STATE}/deploy.lock"
 
 
 # --- the lock ---------------------------------------------------------------------------------
@@ -81,19 +81,19 @@ def _make_target(label: str) -> str:
 
 
 def deploy_lock(label: str) -> None:
-    """Take the host's deploy lock now (prepare stage); refuse with the holder's PID and start.
-
-    A dry run (`--dry`, `make plan`) changes nothing, so it takes no lock."""
+    """Take the host's deploy lock now (prepare stage), in one command; refuse with the holder's
+    PID and start. A dry run (`--dry`, `make plan`) changes nothing, so it takes no lock."""
     if "--dry" in sys.argv:
         return
     me = {"controller": socket.gethostname(), "pid": os.getpid(), "started": releases.now(), "what": label}
+    owner = json.dumps(me, sort_keys=True)
     for attempt in range(2):
-        ok, _ = sh(host, f"mkdir -p {STATE} && mkdir {LOCK} 2>/dev/null")
+        ok, _ = sh(host, f"mkdir -p {STATE} && mkdir {LOCK} 2>/dev/null && "
+                         f"printf '%s\\n' {shlex.quote(owner)} > {LOCK}/owner.json")
         if ok:
-            write_json(host, f"{LOCK}/owner.json", me)
             ctx_state.get().add_callback_handler(_ReleaseLock(ctx_host.get()))  # the real Host, not the proxy
             return
-        holder = host.get_fact(JsonFile, path=f"{LOCK}/owner.json") or {}
+        holder = read_json(host, f"{LOCK}/owner.json") or {}
         stale = holder.get("controller") == me["controller"] and not _pid_alive(int(holder.get("pid", 0)))
         if (stale or host.data.get("break_lock")) and attempt == 0:
             sh(host, f"rm -rf {LOCK}")
@@ -121,9 +121,9 @@ def reported(callback):
     return wrapper
 
 
-def settle_interrupted(r: Rollout) -> None:
+def settle_interrupted(r: Rollout, state: HostState) -> None:
     """A `pending` release left by a cut-off run is settled before anything else happens."""
-    if not any(rec["status"] == releases.PENDING for rec in host.get_fact(Releases, releases_dir=r.layout.releases_dir)):
+    if not any(rec["status"] == releases.PENDING for rec in state["releases"] or []):
         return
 
     def settle(state, host):  # noqa: pyinfra passes (state, host) by these names
@@ -136,14 +136,18 @@ def settle_interrupted(r: Rollout) -> None:
     python.call(name="settle releases left pending by an interrupted run", function=reported(settle))
 
 
-def needs_release(r: Rollout) -> bool:
-    """Prepare-time part of the decision: is the deployed release's manifest the one we render?"""
-    live = releases.current(host.get_fact(Releases, releases_dir=r.layout.releases_dir))
-    return live is None or live["manifest_sha256"] != r.manifest_sha256
+def needs_release(r: Rollout, state: HostState) -> str | None:
+    """Why the deployed release is not this one (None: it is): its manifest differs, or none is."""
+    live = releases.current(state["releases"] or [])
+    if live is None:
+        return "no release is deployed"
+    if live["manifest_sha256"] != r.manifest_sha256:
+        return f"release {live['release']:04d} renders differently"
+    return None
 
 
 @deploy("Release")
-def begin_release(r: Rollout, when) -> None:
+def begin_release(r: Rollout) -> None:
     """Write release NNNN as pending, with the resolved profile, the rendered files and the venv's
     `pip freeze`."""
 
@@ -165,11 +169,11 @@ def begin_release(r: Rollout, when) -> None:
         r.run["release"] = rec
         print(f"[{host.name}] release {rec['release']:04d} pending ({r.profile.name})")
 
-    python.call(name="record release (pending, before the switch)", function=reported(begin), _if=when)
+    python.call(name="record release (pending, before the switch)", function=reported(begin))
 
 
 @deploy("Verify")
-def verify_and_record(r: Rollout, when) -> None:
+def verify_and_record(r: Rollout) -> None:
     """Health within the profile's budget, identity, the smoke gate; then deployed, or failed
     and rolled back to the last release that passed."""
 
@@ -200,7 +204,7 @@ def verify_and_record(r: Rollout, when) -> None:
                   f"{r.target.base_url} ({gate.summary})")
             prune(host, r.layout.releases_dir)
 
-    python.call(name="health, identity, smoke gate, record", function=reported(verify), _if=when)
+    python.call(name="health, identity, smoke gate, record", function=reported(verify))
 
 
 def prune(h, releases_dir: str) -> None:

@@ -13,11 +13,11 @@ from pyinfra.operations import python
 
 from .. import releases
 from ..health import HealthError
-from ..hostio import read_json, records, save_record, sh
-from ..facts import Releases
+from ..host.io import read_json, records, save_record, sh
+from ..host.facts import Releases
 from ..layout import STATE
 from ..rollout import Target
-from .verify import confirm, journal_tail, probe
+from ..host.checks import confirm, journal_tail, probe
 
 RELEASES = f"{STATE}/releases"
 

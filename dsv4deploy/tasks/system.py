@@ -1,39 +1,28 @@
 """The host's packages, the service user, the gate client's user, and the directories every
-release uses."""
+release uses: each compared with the host's state, changed only where it differs."""
 
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server
 
-from ..layout import ETC, GATE_USER, MODELS, OPT, STATE
+from ..host import ops
+from ..host.state import HOST_PACKAGES, HostState, directories
+from ..layout import GATE_USER
 from ..rollout import Rollout
 
 
-# What the deploy runs on the host beyond a fresh server install (systemd, sshd, python3, sudo,
-# iproute2, procps): the venv (python3-venv: not in a default Ubuntu server), health and identity
-# checks (curl), patches (patch), pip over TLS (ca-certificates). Same names on Debian and Ubuntu.
-HOST_PACKAGES = ["python3-venv", "curl", "patch", "ca-certificates"]
-
-
 @deploy("Host packages")
-def host_packages(r: Rollout) -> None:
-    apt.packages(name=f"packages the deploy uses ({', '.join(HOST_PACKAGES)})", packages=HOST_PACKAGES,
-                 update=True, cache_time=24 * 3600)
+def host_packages(r: Rollout, state: HostState) -> None:
+    ops.packages(name=f"packages the deploy uses ({', '.join(HOST_PACKAGES)})", names=HOST_PACKAGES,
+                 installed=state["packages"] or {})
 
 
 @deploy("Service user and directories")
-def service_user(r: Rollout) -> None:
-    user = r.data["service"]["user"]
-    server.group(name=f"group {user}", group=user, system=True)
-    server.user(name=f"user {user} (no login)", user=user, group=user, system=True,
-                shell="/usr/sbin/nologin", home=r.layout.state_dir, create_home=False)
-    server.group(name=f"group {GATE_USER}", group=GATE_USER, system=True)
-    server.user(name=f"user {GATE_USER} (runs the gate's load client)", user=GATE_USER, group=GATE_USER,
-                system=True, shell="/usr/sbin/nologin", home="/nonexistent", create_home=False)
-    for path, owner, mode in ((OPT, "root", "755"), (f"{OPT}/venvs", "root", "755"),
-                              (ETC, "root", "755"), (r.layout.config_dir, "root", "755"),
-                              (STATE, "root", "755"), (r.layout.releases_dir, "root", "755"),
-                              (r.layout.state_dir, user, "750"), (MODELS, "root", "755")):
-        files.directory(name=f"dir {path}", path=path, user=owner, group=owner if owner == "root" else user,
-                        mode=mode)
+def service_user(r: Rollout, state: HostState) -> None:
+    accounts = state["accounts"] or {}
+    ops.system_account(name=f"user {r.data['service']['user']} (no login)", user=r.data["service"]["user"],
+                       home=r.layout.state_dir, accounts=accounts)
+    ops.system_account(name=f"user {GATE_USER} (runs the gate's load client)", user=GATE_USER,
+                       home="/nonexistent", accounts=accounts)
+    for path, user, group, mode in directories(r):
+        ops.directory(name=f"dir {path}", path=path, state=state.file(path), user=user, group=group, mode=mode)

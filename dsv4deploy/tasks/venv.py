@@ -1,23 +1,25 @@
 """The SGLang venv: a path that names version and patch set, the pinned package, the
 sha256-pinned patches, and a launch check (the host's own SGLang parses the rendered argv).
+Everything is compared with the host's state (host/state.py): a venv whose marker says it holds
+exactly these installs is left alone, so a re-deploy runs no pip at all.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import shlex
+import tarfile
 from importlib.resources import files as package_files
-from io import StringIO
 from pathlib import Path
 
-from pyinfra import host
-from pyinfra.api import DeployError, FactBase, StringCommand, deploy, operation
+from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
-from pyinfra.facts.files import Directory
-from pyinfra.operations import files, pip, server
+from pyinfra.operations import files, server
 
-from .. import patching
-from ..facts import HostBasics
+from ..host import ops
+from ..host.state import STAND_IN_PTH, VENV_MARKER, HostState
 from ..profiles import REPO_ROOT
 from ..render import SGLANG_CONFIG_CREDENTIAL
 from ..sglang_versions import lock_file
@@ -26,107 +28,102 @@ from ..rollout import Rollout
 SGLANG_PARSE = ("import argparse, sys; from sglang.srt.server_args import ServerArgs; "
                 "p = argparse.ArgumentParser(prog='sglang serve'); ServerArgs.add_cli_args(p); "
                 "p.parse_args(sys.argv[1:])")
+PIP = "--disable-pip-version-check -q"
 
 
-class PatchApplied(FactBase):
-    """True when the patch file is on the host and its reverse dry-run succeeds in `directory`
-    (dsv4deploy.patching.state_command)."""
-
-    def command(self, directory: str, patch_file: str, strip: int):
-        return patching.state_command(directory, patch_file, strip)
-
-    def process(self, output):
-        return patching.parse_state(output)
-
-
-@operation()
-def patch_applied(directory: str, patch_file: str, strip: int = 1, sha256: str | None = None):
-    """Apply a patch once, all or nothing (dsv4deploy.patching.apply_command): sha256 check,
-    forward dry-run, apply, reverse dry-run. Already in (reverse dry-run succeeds): no change.
-    A patch that does not apply fails the operation before any file is written."""
-    if host.get_fact(PatchApplied, directory=directory, patch_file=patch_file, strip=strip):
-        host.noop(f"{patch_file} already applied")
-        return
-    yield StringCommand(patching.apply_command(directory, patch_file, strip, sha256=sha256))
+def stand_in_archive() -> bytes:
+    """The twin server's stand-in as one reproducible tar.gz: only what it imports (its module
+    and the flag data), so an unrelated change in the project does not restart the twin."""
+    pkg = Path(package_files("dsv4deploy"))
+    members = [pkg / "__init__.py", pkg / "patches.py"]
+    for part in ("twin", "data"):
+        members += sorted(p for p in (pkg / part).rglob("*")
+                          if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in members:
+            info = tarfile.TarInfo(f"dsv4deploy/{path.relative_to(pkg).as_posix()}")
+            data = path.read_bytes()
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(buf.getvalue(), mtime=0)       # same files, same bytes, same hash
 
 
-def _site_packages(r: Rollout) -> str:
-    py = host.get_fact(HostBasics).get("python", "3")
-    return f"{r.layout.venv}/lib/python{py}/site-packages"
-
-
-@deploy("SGLang venv")
-def sglang_venv(r: Rollout) -> list[OperationMeta]:
-    """Returns the operations whose change means the server must restart."""
-    data, venv = r.data, r.layout.venv
-    changed: list[OperationMeta] = [pip.venv(name=f"venv {venv}", path=venv, python="python3")]
-    site = _site_packages(r)
+def installs(r: Rollout) -> list[str]:
+    """The pip commands that fill the venv, in order (they are also the venv marker's content)."""
+    data, pip = r.data, f"{r.layout.venv}/bin/pip install {PIP}"
+    version = data["sglang"]["version"]
     stand_in = r.stand_ins.get("sglang")
     if stand_in:
         # The twin cannot hold SGLang with CUDA torch: its stand-in is this project's twin server
-        # (dsv4deploy.twin.server, same argv and HTTP API), put on the venv's path.
-        # Only what the twin server needs (its module and the flag data), so an unrelated change
-        # in the project does not restart the twin.
-        pkg = Path(package_files("dsv4deploy"))
-        dest = f"{venv}/stand-in/dsv4deploy"
-        files.directory(name="stand-in: package dir", path=dest)
-        for module in ("__init__.py", "patches.py"):
-            changed.append(files.put(name=f"stand-in: dsv4deploy/{module}", src=str(pkg / module),
-                                     dest=f"{dest}/{module}", mode="644"))
-        for part in ("twin", "data"):
-            changed.append(files.sync(name=f"stand-in: dsv4deploy/{part} (the twin server)", src=str(pkg / part),
-                                      dest=f"{dest}/{part}", delete=True, exclude=["*.pyc"],
-                                      exclude_dir=["__pycache__", "*/__pycache__"]))
-        changed.append(files.put(name="stand-in: put it on the venv's path", src=StringIO(f"{venv}/stand-in\n"),
-                                 dest=f"{site}/dsv4deploy-stand-in.pth", mode="644"))
-        changed.append(pip.packages(name="stand-in: its requirements", packages=list(stand_in["requirements"]),
-                                    pip=f"{venv}/bin/pip"))
-        # The real SGLang wheel without its dependencies: its files are what the profile's patches
-        # apply to (the twin server shows secrets masked only when the mask patch is really in).
-        changed.append(pip.packages(name=f"sglang=={data['sglang']['version']} (files only, --no-deps)",
-                                    packages=[f"sglang=={data['sglang']['version']}"], pip=f"{venv}/bin/pip",
-                                    extra_install_args="--no-deps"))
-    else:
-        extras = data["sglang"].get("extras") or []
-        spec = f"sglang[{','.join(extras)}]=={data['sglang']['version']}" if extras else \
-            f"sglang=={data['sglang']['version']}"
-        args = []
-        lock = lock_file(data["sglang"]["version"])
-        if lock:
-            # every package the venv holds, pinned for this release (torch for CUDA 13, sgl-kernel,
-            # flashinfer, ...): the venv's name hashes it, so a new lock is a new venv
-            files.put(name=f"lock file {lock.name}", src=str(lock), dest=f"{venv}/dsv4deploy.lock", mode="644")
-            args += ["-c", f"{venv}/dsv4deploy.lock"]
-        if data["sglang"].get("index_url"):
-            args += ["--index-url", data["sglang"]["index_url"]]
-        for url in data["sglang"].get("extra_index_urls") or []:
-            args += ["--extra-index-url", url]
-        changed.append(pip.packages(name=f"{spec}", packages=[spec], pip=f"{venv}/bin/pip",
-                                    extra_install_args=" ".join(shlex.quote(a) for a in args) or None))
+        # (dsv4deploy.twin.server, same argv and HTTP API), plus the real SGLang wheel without its
+        # dependencies: its files are what the profile's patches apply to.
+        return [f"{pip} {' '.join(shlex.quote(x) for x in stand_in['requirements'])}",
+                f"{pip} --no-deps {shlex.quote(f'sglang=={version}')}"]
+    extras = data["sglang"].get("extras") or []
+    spec = f"sglang[{','.join(extras)}]=={version}" if extras else f"sglang=={version}"
+    args = []
+    if lock_file(version):
+        # every package the venv holds, pinned for this release (torch for CUDA 13, sgl-kernel,
+        # flashinfer, ...): the venv's name hashes it, so a new lock is a new venv
+        args += ["-c", f"{r.layout.venv}/dsv4deploy.lock"]
+    if data["sglang"].get("index_url"):
+        args += ["--index-url", data["sglang"]["index_url"]]
+    for url in data["sglang"].get("extra_index_urls") or []:
+        args += ["--extra-index-url", url]
+    return [f"{pip} {' '.join(shlex.quote(a) for a in [*args, spec])}"]
 
-    patches = data["sglang"].get("patches") or []
+
+@deploy("SGLang venv")
+def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
+    """Returns the operations whose change means the server must restart."""
+    venv = r.layout.venv
+    lock = lock_file(r.data["sglang"]["version"])
+    changed: list[OperationMeta] = []
+    if lock and not r.stand_ins.get("sglang"):
+        changed.append(ops.file(name=f"lock file {lock.name}", dest=f"{venv}/dsv4deploy.lock",
+                                content=lock.read_bytes(), state=state.file(f"{venv}/dsv4deploy.lock")))
+    marker = {"installs": installs(r), "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock else None}
+    changed.append(ops.venv(name=f"venv {venv}: {', '.join(c.rsplit(' ', 1)[-1] for c in marker['installs'])}",
+                            path=venv, marker=marker, marker_file=f"{venv}/{VENV_MARKER}",
+                            marker_state=state["venv"], exists=bool(state.file(f"{venv}/bin/python"))))
+    site = f"{venv}/lib/python{(state['basics'] or {}).get('python') or '3'}/site-packages"
+    if r.stand_ins.get("sglang"):
+        changed.append(ops.bundle(name="stand-in: the twin server (one archive)", archive=stand_in_archive(),
+                                  dest=f"{venv}/stand-in", marker_state=state.file(f"{venv}/stand-in/.bundle-sha256")))
+        pth = f"{site}/{STAND_IN_PTH}"
+        changed.append(ops.file(name="stand-in: put it on the venv's path", dest=pth,
+                                content=f"{venv}/stand-in\n".encode(), state=state.file(pth)))
+
+    patches = r.data["sglang"].get("patches") or []
     if patches:
         pdir = f"{venv}/patches"
-        files.directory(name="patch dir", path=pdir)
+        ops.directory(name="patch dir", path=pdir, state=state.file(pdir))
         for patch in patches:
             dest = f"{pdir}/{patch['name']}.patch"
+            have = state.file(dest)
+            same_file = bool(have) and have["sha256"] == patch["sha256"]
             if patch.get("url"):
-                files.download(name=f"patch {patch['name']} (sha256-pinned)", src=patch["url"], dest=dest,
-                               sha256sum=patch["sha256"])
+                if not same_file:
+                    files.download(name=f"patch {patch['name']} (sha256-pinned)", src=patch["url"], dest=dest,
+                                   sha256sum=patch["sha256"])
             else:
                 local = REPO_ROOT / patch["file"]
-                digest = hashlib.sha256(local.read_bytes()).hexdigest() if local.is_file() else None
+                content = local.read_bytes() if local.is_file() else b""
+                digest = hashlib.sha256(content).hexdigest() if local.is_file() else None
                 if digest != patch["sha256"]:
                     raise DeployError(f"patch {patch['name']}: {local} has sha256 {digest}, the profile pins "
                                       f"{patch['sha256']}")
-                files.put(name=f"patch {patch['name']} (sha256 verified)", src=str(local), dest=dest, mode="644")
-            changed.append(patch_applied(name=f"apply {patch['name']}", directory=site, patch_file=dest,
-                                         strip=int(patch.get("strip", 1)), sha256=patch["sha256"]))
+                ops.file(name=f"patch {patch['name']} (sha256 verified)", dest=dest, content=content, state=have)
+            # the host's verdict is about the patch file it holds: a new file is not in yet
+            applied = same_file and state.patch_applied(dest)
+            changed.append(ops.patch_applied(name=f"apply {patch['name']}", directory=site, patch_file=dest,
+                                             applied=applied, strip=int(patch.get("strip", 1)), sha256=patch["sha256"]))
     return changed
 
 
 @deploy("Launch check")
-def launch_check(r: Rollout, when) -> None:
+def launch_check(r: Rollout) -> None:
     """The host's own server module parses the rendered argv before anything restarts. The API
     key's credential exists only while the unit runs: the check reads its source file (as root)."""
     credential = r.layout.credential_path(SGLANG_CONFIG_CREDENTIAL)
@@ -135,4 +132,4 @@ def launch_check(r: Rollout, when) -> None:
     check = r.stand_ins.get("launch_check_module")
     cmd = (f"{r.layout.python} -m {check} {args}" if check
            else f"{r.layout.python} -c {shlex.quote(SGLANG_PARSE)} {args}")
-    server.shell(name=f"{r.module} parses the rendered argv", commands=[cmd], _if=when)
+    server.shell(name=f"{r.module} parses the rendered argv", commands=[cmd])

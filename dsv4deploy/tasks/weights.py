@@ -22,49 +22,14 @@ from pyinfra.api.state import StateStage
 from pyinfra.operations import files, server
 
 from .. import weights_check
+from ..host import ops
+from ..host.facts import Checkpoint, checker_command
+from ..host.state import HostState
 from ..layout import STATE
 from ..profiles import REPO_ROOT
 from ..rollout import Rollout
 
 MARKER = ".dsv4deploy-complete.json"
-
-# Runs on the host with its system python3: prints {"complete": bool, "problems": [...]}.
-CHECK = r'''
-import json, os, sys
-d, expected = sys.argv[1], json.loads(sys.argv[2] or "{}")
-out = {"complete": False, "problems": []}
-index = os.path.join(d, "model.safetensors.index.json")
-marker = os.path.join(d, ".dsv4deploy-complete.json")
-if not os.path.isfile(index):
-    out["problems"].append("model.safetensors.index.json missing")
-else:
-    shards = sorted(set(json.load(open(index))["weight_map"].values()))
-    want = dict(expected)
-    if not want and os.path.isfile(marker):
-        want = json.load(open(marker)).get("sizes", {})
-    for s in shards:
-        p = os.path.join(d, s)
-        if not os.path.isfile(p):
-            out["problems"].append(f"{s} missing")
-        elif s in want and os.path.getsize(p) != want[s]:
-            out["problems"].append(f"{s} has {os.path.getsize(p)} bytes, expected {want[s]}")
-        elif os.path.getsize(p) == 0:
-            out["problems"].append(f"{s} is empty")
-    out["shards"] = {s: os.path.getsize(os.path.join(d, s)) for s in shards if os.path.isfile(os.path.join(d, s))}
-    out["complete"] = not out["problems"]
-    out["marker"] = os.path.isfile(marker)
-print(json.dumps(out))
-'''
-
-
-class Checkpoint(FactBase):
-    """Completeness of a checkpoint folder on the host."""
-
-    def command(self, path: str, expected: str = ""):
-        return StringCommand("python3", "-c", shlex.quote(CHECK), shlex.quote(path), shlex.quote(expected or "{}"))
-
-    def process(self, output):
-        return json.loads(output[-1])
 
 
 @operation()
@@ -92,28 +57,27 @@ def _local_sizes(folder: Path) -> dict[str, int]:
 
 
 @deploy("Weights")
-def weights(r: Rollout) -> list[OperationMeta]:
+def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
     src = r.weights_source
     dest = r.layout.model_dir
     repo, rev = r.data["model"]["repo"], r.data["model"]["revision"]
+    if state.checkpoint_complete:
+        host.noop(f"{repo}@{rev[:12]} complete at {dest}")
+        return []
     if src["type"] == "hf":
         return [hf_checkpoint(name=f"{repo}@{rev[:12]} from the hub, verified by size and sha256", path=dest,
                               repo=repo, revision=rev, expected=json.dumps(hub_expectation(src, repo, rev)),
                               hf=f"{r.layout.venv}/bin/hf", token_file=r.layout.hf_token_file,
                               endpoint=src.get("endpoint") or os.environ.get("HF_ENDPOINT"))]
-    done = host.get_fact(Checkpoint, path=dest)
     changed: list[OperationMeta] = []
     expected = ""
-    if done.get("marker") and done["complete"]:
-        host.noop(f"{repo}@{rev[:12]} complete at {dest}")
-    elif src["type"] == "rsync":
+    ops.directory(name="model dir", path=dest, state=state.file(dest))
+    if src["type"] == "rsync":
         folder = Path(src["path"])
         folder = folder if folder.is_absolute() else REPO_ROOT / folder
         expected = json.dumps(_local_sizes(folder))
-        files.directory(name="model dir", path=dest)
         changed.append(files.sync(name=f"push {folder} (rsync source)", src=str(folder), dest=dest))
     else:  # local
-        files.directory(name="model dir", path=dest)
         changed.append(_copy_local(src["path"], dest))
     checkpoint_marker(name="verify every shard is present with its size", path=dest, expected=expected)
     return changed
@@ -125,7 +89,6 @@ def weights(r: Rollout) -> list[OperationMeta]:
 # changes for a commit, so a re-deploy needs no hub. weights_check.py (stdlib only) runs on the host
 # with its system python3 and checks every byte; hf download fetches what is missing or wrong.
 
-CHECKER = Path(weights_check.__file__).read_text()
 HF_ENV = ("HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 "
           f"HF_HUB_DISABLE_XET=1 HF_HOME={STATE}/hf-home")   # plain HTTP + Range: the route the twin proves
 
@@ -160,43 +123,22 @@ def hub_expectation(src: dict, repo: str, revision: str) -> dict:
     return doc
 
 
-def _checker(path: str, expected: str, *flags: str) -> str:
-    q = shlex.quote
-    return f"printf '%s' {q(expected)} | python3 -c {q(CHECKER)} {q(path)} - {' '.join(flags)}".rstrip()
-
-
-class VerifiedCheckpoint(FactBase):
-    """weights_check.py's verdict on the host's folder (a marker makes a re-check cheap)."""
-
-    def command(self, path: str, expected: str):
-        return f"{_checker(path, expected)} 2>&1 || true"
-
-    def process(self, output):
-        try:
-            return json.loads(output[-1])
-        except (IndexError, ValueError):
-            return {"complete": False, "problems": list(output)[-3:]}
-
-
 @operation()
 def hf_checkpoint(path: str, repo: str, revision: str, expected: str, hf: str, token_file: str,
                   endpoint: str | None = None):
     """Download what is missing or wrong, then prove every file by size and sha256. A run killed
     mid-download leaves partial files: they are removed first (hf download starts them again; the
-    files it finished are kept), as are files whose bytes do not match the hub."""
-    state = host.get_fact(VerifiedCheckpoint, path=path, expected=expected)
-    if state.get("complete"):
-        host.noop(f"{repo}@{revision[:12]} complete and verified at {path}")
-        return
+    files it finished are kept), as are files whose bytes do not match the hub. (Only added when
+    the host's state says the checkpoint is not complete.)"""
     q = shlex.quote
     yield (f"mkdir -p {q(path)} && find {q(path)}/.cache/huggingface/download -name '*.incomplete' -delete "
-           f"2>/dev/null; {_checker(path, expected, '--remove-bad')} >/dev/null; true")
+           f"2>/dev/null; {checker_command(path, expected, '--remove-bad')} >/dev/null; true")
     env = HF_ENV + (f" HF_ENDPOINT={q(endpoint)}" if endpoint else "")
     # huggingface_hub reads the token from the file HF_TOKEN_PATH names: never in argv or environment
     yield (f"if [ -s {q(token_file)} ]; then export HF_TOKEN_PATH={q(token_file)}; fi; env {env} {q(hf)} download "
            f"{q(repo)} --revision {q(revision)} --local-dir {q(path)} --quiet")
-    yield (f"{_checker(path, expected, '--write-marker')} || {{ echo {q(f'{repo}@{revision[:12]}: the download does not match the hub (size or sha256): the files named above were removed; deploy again to fetch them')} >&2; "
-           f"{_checker(path, expected, '--remove-bad')} >/dev/null; exit 1; }}")
+    yield (f"{checker_command(path, expected, '--write-marker')} || {{ echo {q(f'{repo}@{revision[:12]}: the download does not match the hub (size or sha256): the files named above were removed; deploy again to fetch them')} >&2; "
+           f"{checker_command(path, expected, '--remove-bad')} >/dev/null; exit 1; }}")
 
 
 def _copy_local(path: str, dest: str) -> OperationMeta:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
-from ..hostio import put, read_json, run, sh
+from .io import put, read_json, run, sh
 from ..layout import GATE_USER
 from ..profiles import REPO_ROOT
 from .. import releases

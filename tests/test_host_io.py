@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from pyinfra.api import DeployError
 
-from dsv4deploy import hostio
+from dsv4deploy.host import io as hostio
 
 
 class Out:

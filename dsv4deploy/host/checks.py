@@ -8,7 +8,7 @@ import json
 import shlex
 
 from ..health import HealthError, Observation, identity_problems, wait_healthy
-from ..hostio import sh
+from .io import sh
 from ..rollout import Target
 
 

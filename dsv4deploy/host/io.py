@@ -13,7 +13,7 @@ from io import StringIO
 
 from pyinfra.api import DeployError
 
-from . import releases
+from .. import releases
 from .facts import Releases
 
 

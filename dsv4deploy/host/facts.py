@@ -1,0 +1,295 @@
+"""pyinfra facts the rollout reads from the GPU host before it changes anything.
+
+Each fact is one cheap command whose output the pure core interprets; none of them change
+the host. A deploy reads them all in one command (host/snapshot.py); each is tested alone
+with fixtures of its output (tests/test_host_facts.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from .. import patching, weights_check
+from ..preflight.gpus import QUERY_ARGS
+
+class NvidiaSmi(FactBase):
+    """Raw `nvidia-smi --query-gpu` CSV (the preflight's query, with MIG mode), or None when
+    nvidia-smi is absent (no driver). A failing nvidia-smi returns its message for the parser."""
+
+    def command(self):
+        query = " ".join(QUERY_ARGS)
+        return (f"if command -v nvidia-smi >/dev/null 2>&1; then {query} 2>&1 || true; "
+                f"else echo NVIDIA_SMI_MISSING; fi")
+
+    def process(self, output):
+        lines = [line for line in output if line.strip()]
+        return None if lines == ["NVIDIA_SMI_MISSING"] else "\n".join(lines)
+
+
+class PortOwners(FactBase):
+    """PIDs of processes listening on a TCP port (any address): [(address, pid or None)]."""
+
+    default = list
+
+    def command(self, port: int):
+        return StringCommand("ss", "-Htlnp", QuoteString(f"sport = :{int(port)}"), "|| true")
+
+    def process(self, output):
+        owners = []
+        for line in output:
+            parts = line.split()
+            if len(parts) < 4:
+                continue
+            pid = None
+            if "pid=" in line:
+                try:
+                    pid = int(line.split("pid=", 1)[1].split(",", 1)[0])
+                except ValueError:
+                    pid = None
+            owners.append((parts[3], pid))
+        return owners
+
+
+class UnitInfo(FactBase):
+    """systemd's view of a unit: ActiveState, SubState, MainPID, NRestarts, Result, LoadState,
+    UnitFileState (enabled or not)."""
+
+    default = dict
+
+    def command(self, service: str):
+        return StringCommand("systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
+                             "-p", "NRestarts", "-p", "Result", "-p", "LoadState", "-p", "ExecMainStatus",
+                             "-p", "UnitFileState", QuoteString(f"{service}.service"))
+
+    def process(self, output):
+        info = dict(line.split("=", 1) for line in output if "=" in line)
+        for key in ("MainPID", "NRestarts", "ExecMainStatus"):
+            if key in info and info[key].isdigit():
+                info[key] = int(info[key])
+        return info
+
+
+class JsonFile(FactBase):
+    """A JSON document on the host, or None when the file is missing."""
+
+    def command(self, path: str):
+        return StringCommand("cat", QuoteString(path), "2>/dev/null", "||", "true")
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        return json.loads(text) if text else None
+
+
+class Releases(FactBase):
+    """Every release record under the store: a list of status documents, oldest first."""
+
+    default = list
+
+    def command(self, releases_dir: str):
+        return (f"for f in {releases_dir}/[0-9]*/status.json; do "
+                f"[ -f \"$f\" ] && {{ tr -d '\\n' < \"$f\"; echo; }}; done; true")
+
+    def process(self, output):
+        docs = [json.loads(line) for line in output if line.strip()]
+        return sorted(docs, key=lambda d: d["release"])
+
+
+class FreeDiskMib(FactBase):
+    """Free MiB on the filesystem that holds `path` (or its nearest existing parent)."""
+
+    def command(self, path: str):
+        return (f"p={path}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+                f"df -Pm \"$p\" | awk 'NR==2 {{print $4}}'")
+
+    def process(self, output):
+        return int(output[0]) if output and output[0].strip().isdigit() else 0
+
+
+class HostBasics(FactBase):
+    """OS id/version and the system python's version."""
+
+    def command(self):
+        return (". /etc/os-release; echo \"os=$ID $VERSION_ID\"; "
+                "echo \"python=$(python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null)\"")
+
+    def process(self, output):
+        return dict(line.split("=", 1) for line in output if "=" in line)
+
+
+class FileStates(FactBase):
+    """Mode, owner, group, type and sha256 (regular files) of paths that exist:
+    {path: {"mode": "644", "user": "root", "group": "root", "type": "file"|"dir"|..., "sha256": hex|None}}."""
+
+    default = dict
+
+    def command(self, paths: list[str]):
+        # a `*` in a path is a glob (e.g. the venv's lib/python3*/site-packages): the shell
+        # expands it, and the entry is keyed by the path it found
+        quoted = " ".join("*".join(shlex.quote(part) if part else "" for part in p.split("*")) for p in paths)
+        return (f"for p in {quoted}; do [ -e \"$p\" ] || [ -L \"$p\" ] || continue; "
+                "if [ -L \"$p\" ]; then t=link; elif [ -d \"$p\" ]; then t=dir; elif [ -f \"$p\" ]; then t=file; "
+                "else t=other; fi; h=-; [ $t = file ] && h=$(sha256sum < \"$p\" | cut -d' ' -f1); "
+                "printf '%s\\t%s\\t%s\\t%s\\n' \"$t\" \"$(stat -c '%a %U %G' \"$p\")\" \"$h\" \"$p\"; done")
+
+    def process(self, output):
+        found = {}
+        for line in output:
+            kind, stat, digest, path = line.split("\t", 3)
+            mode, user, group = stat.split(" ")
+            found[path] = {"type": kind, "mode": mode, "user": user, "group": group,
+                           "sha256": None if digest == "-" else digest}
+        return found
+
+
+class DebPackages(FactBase):
+    """Which of the named Debian packages are installed: {name: True|False}."""
+
+    default = dict
+
+    def command(self, names: list[str]):
+        return ("dpkg-query -W -f='${Package}\\t${db:Status-Abbrev}\\n' "
+                + " ".join(shlex.quote(n) for n in names) + " 2>/dev/null; true")
+
+    def process(self, output):
+        found = {}
+        for line in output:
+            name, _, status = line.partition("\t")
+            found[name.split(":")[0]] = status.startswith("ii")
+        return found
+
+
+class Accounts(FactBase):
+    """System users and groups that exist: {"users": {name: {"group_id", "home", "shell"}}, "groups": {name: gid}}."""
+
+    default = dict
+
+    def command(self, users: list[str], groups: list[str]):
+        u = " ".join(shlex.quote(n) for n in users)
+        g = " ".join(shlex.quote(n) for n in groups)
+        return f"getent passwd {u} | sed 's/^/user:/'; getent group {g} | sed 's/^/group:/'; true"
+
+    def process(self, output):
+        users, groups = {}, {}
+        for line in output:
+            kind, _, entry = line.partition(":")
+            fields = entry.split(":")
+            if kind == "user" and len(fields) >= 7:
+                users[fields[0]] = {"gid": int(fields[3]), "home": fields[5], "shell": fields[6]}
+            elif kind == "group" and len(fields) >= 3:
+                groups[fields[0]] = int(fields[2])
+        return {"users": users, "groups": groups}
+
+
+class ApiKeyState(FactBase):
+    """Whether the API key file exists, and whether SGLang's --config credential holds it.
+    Prints only yes/no: the key itself never leaves the host."""
+
+    default = dict
+
+    def command(self, key_file: str, config_file: str):
+        k, c = shlex.quote(key_file), shlex.quote(config_file)
+        return (f"k=$(cat {k} 2>/dev/null); "
+                f"[ -n \"$k\" ] && echo key=yes || echo key=no; "
+                f"[ -n \"$k\" ] && [ \"$(cat {c} 2>/dev/null)\" = \"api-key: \\\"$k\\\"\" ] "
+                f"&& echo config=yes || echo config=no")
+
+    def process(self, output):
+        found = dict(line.split("=", 1) for line in output if "=" in line)
+        return {"key": found.get("key") == "yes", "config": found.get("config") == "yes"}
+
+
+class PatchApplied(FactBase):
+    """True when the patch file is on the host and its reverse dry-run succeeds in `directory`
+    (dsv4deploy.patching.state_command)."""
+
+    def command(self, directory: str, patch_file: str, strip: int):
+        return patching.state_command(directory, patch_file, strip)
+
+    def process(self, output):
+        return patching.parse_state(output)
+
+
+class PatchesApplied(FactBase):
+    """For each patch file: is it on the host and does its reverse dry-run succeed in the venv's
+    site-packages? {patch_file: True|False}. (dsv4deploy.patching.state_command)"""
+
+    default = dict
+
+    def command(self, venv: str, patches: list[tuple[str, int]]):
+        checks = "; ".join(f"printf '%s\\t' {shlex.quote(f)}; "
+                           f"( {patching.state_command('$site', f, s)} ) || echo {patching.MISSING}"
+                           .replace(shlex.quote('$site'), '"$site"') for f, s in patches)
+        return (f"site=$(ls -d {shlex.quote(venv)}/lib/python3*/site-packages 2>/dev/null | head -n1); "
+                f"[ -n \"$site\" ] || site=/nonexistent; {checks}")
+
+    def process(self, output):
+        found = {}
+        for line in output:
+            path, _, state = line.partition("\t")
+            found[path] = patching.parse_state([state])
+        return found
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+# Runs on the host with its system python3: prints {"complete": bool, "problems": [...]}.
+CHECK = r'''
+import json, os, sys
+d, expected = sys.argv[1], json.loads(sys.argv[2] or "{}")
+out = {"complete": False, "problems": []}
+index = os.path.join(d, "model.safetensors.index.json")
+marker = os.path.join(d, ".dsv4deploy-complete.json")
+if not os.path.isfile(index):
+    out["problems"].append("model.safetensors.index.json missing")
+else:
+    shards = sorted(set(json.load(open(index))["weight_map"].values()))
+    want = dict(expected)
+    if not want and os.path.isfile(marker):
+        want = json.load(open(marker)).get("sizes", {})
+    for s in shards:
+        p = os.path.join(d, s)
+        if not os.path.isfile(p):
+            out["problems"].append(f"{s} missing")
+        elif s in want and os.path.getsize(p) != want[s]:
+            out["problems"].append(f"{s} has {os.path.getsize(p)} bytes, expected {want[s]}")
+        elif os.path.getsize(p) == 0:
+            out["problems"].append(f"{s} is empty")
+    out["shards"] = {s: os.path.getsize(os.path.join(d, s)) for s in shards if os.path.isfile(os.path.join(d, s))}
+    out["complete"] = not out["problems"]
+    out["marker"] = os.path.isfile(marker)
+print(json.dumps(out))
+'''
+
+
+class Checkpoint(FactBase):
+    """Completeness of a checkpoint folder on the host."""
+
+    def command(self, path: str, expected: str = ""):
+        return StringCommand("python3", "-c", shlex.quote(CHECK), shlex.quote(path), shlex.quote(expected or "{}"))
+
+    def process(self, output):
+        return json.loads(output[-1])
+
+
+CHECKER = Path(weights_check.__file__).read_text()
+
+
+def checker_command(path: str, expected: str, *flags: str) -> str:
+    q = shlex.quote
+    return f"printf '%s' {q(expected)} | python3 -c {q(CHECKER)} {q(path)} - {' '.join(flags)}".rstrip()
+
+
+class VerifiedCheckpoint(FactBase):
+    """weights_check.py's verdict on the host's folder (a marker makes a re-check cheap)."""
+
+    def command(self, path: str, expected: str):
+        return f"{checker_command(path, expected)} 2>&1 || true"
+
+    def process(self, output):
+        try:
+            return json.loads(output[-1])
+        except (IndexError, ValueError):
+            return {"complete": False, "problems": list(output)[-3:]}

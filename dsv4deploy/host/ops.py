@@ -1,0 +1,166 @@
+"""The rollout's operations, decided from the host's state read once (host/state.py).
+
+Each is a pyinfra operation (a generator of commands) that compares what the profile asks
+with what the snapshot says and yields nothing when they agree: a re-deploy that changes
+nothing sends no command for them. Their commands are idempotent, so a snapshot that went
+stale within the run (a directory an earlier step made) costs a repeated `mkdir -p`, never
+a wrong result. Tested with arguments and snapshots in, commands out (tests/test_host_ops.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from io import BytesIO
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, StringCommand, operation
+
+from .. import patching
+
+q = shlex.quote
+
+
+def _same(state: dict | None, mode: str, user: str, group: str) -> bool:
+    return bool(state) and (state["mode"], state["user"], state["group"]) == (mode.lstrip("0") or "0", user, group)
+
+
+@operation()
+def packages(names: list[str], installed: dict[str, bool]):
+    """Debian packages present (apt-get install of the missing ones, after one update)."""
+    missing = [n for n in names if not installed.get(n)]
+    if not missing:
+        host.noop(f"{', '.join(names)} installed")
+        return
+    yield StringCommand(f"apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+                        f"--no-install-recommends {' '.join(q(n) for n in missing)}")
+
+
+@operation()
+def system_account(user: str, home: str, accounts: dict, shell: str = "/usr/sbin/nologin"):
+    """A system group and user of the same name, no login, no home made."""
+    have_user = (accounts.get("users") or {}).get(user)
+    have_group = user in (accounts.get("groups") or {})
+    if have_user and have_group and have_user["home"] == home and have_user["shell"] == shell:
+        host.noop(f"user {user} present")
+        return
+    if not have_group:
+        yield StringCommand(f"getent group {q(user)} >/dev/null || groupadd --system {q(user)}")
+    if not have_user:
+        yield StringCommand(f"getent passwd {q(user)} >/dev/null || useradd --system --gid {q(user)} "
+                            f"--home-dir {q(home)} --no-create-home --shell {q(shell)} {q(user)}")
+    else:
+        yield StringCommand(f"usermod --home {q(home)} --shell {q(shell)} {q(user)}")
+
+
+@operation()
+def directory(path: str, state: dict | None, user: str = "root", group: str = "root", mode: str = "755"):
+    """A directory with this owner and mode."""
+    if state and state["type"] == "dir" and _same(state, mode, user, group):
+        host.noop(f"{path} present")
+        return
+    yield StringCommand(f"mkdir -p {q(path)} && chown {q(user)}:{q(group)} {q(path)} && chmod {mode} {q(path)}")
+
+
+@operation()
+def file(dest: str, content: bytes, state: dict | None, user: str = "root", group: str = "root",
+         mode: str = "644"):
+    """A file with exactly CONTENT, owner and mode: uploaded when its sha256 differs, through a
+    temp file made with umask 077 (a secret is never readable on the way), then moved into place."""
+    digest = hashlib.sha256(content).hexdigest()
+    if state and state["type"] == "file" and state["sha256"] == digest:
+        if _same(state, mode, user, group):
+            host.noop(f"{dest} up to date")
+            return
+        yield StringCommand(f"chown {q(user)}:{q(group)} {q(dest)} && chmod {mode} {q(dest)}")
+        return
+    tmp = f"{dest}.dsv4deploy-tmp"
+    yield StringCommand(f"umask 077; mkdir -p {q(dest.rsplit('/', 1)[0] or '/')} && : > {q(tmp)}")
+    yield FileUploadCommand(BytesIO(content), tmp)
+    yield StringCommand(f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}")
+
+
+@operation()
+def bundle(archive: bytes, dest: str, marker_state: dict | None):
+    """A tree of files shipped as one tar archive with one hash: unpacked afresh into DEST when
+    the hash in DEST/.bundle-sha256 differs (files the archive no longer has go with it)."""
+    digest = hashlib.sha256(archive).hexdigest()
+    marker = f"{dest}/.bundle-sha256"
+    if marker_state and marker_state.get("sha256") == hashlib.sha256(f"{digest}\n".encode()).hexdigest():
+        host.noop(f"{dest} holds bundle {digest[:12]}")
+        return
+    tmp = f"{dest}.tar.gz.dsv4deploy-tmp"
+    yield StringCommand(f"umask 022; mkdir -p {q(dest.rsplit('/', 1)[0])} && : > {q(tmp)}")
+    yield FileUploadCommand(BytesIO(archive), tmp)
+    yield StringCommand(f"umask 022; rm -rf {q(dest)}.new && mkdir -p {q(dest)}.new && "
+                        f"tar -xzf {q(tmp)} -C {q(dest)}.new --no-same-owner && "
+                        f"printf '%s\\n' {digest} > {q(dest)}.new/.bundle-sha256 && rm -rf {q(dest)} && "
+                        f"mv {q(dest)}.new {q(dest)} && rm -f {q(tmp)}")
+
+
+@operation()
+def patch_applied(directory: str, patch_file: str, applied: bool, strip: int = 1, sha256: str | None = None):
+    """Apply a patch once, all or nothing (dsv4deploy.patching.apply_command): sha256 check,
+    forward dry-run, apply, reverse dry-run. Already in: no change. A patch that does not apply
+    fails the operation before any file is written."""
+    if applied:
+        host.noop(f"{patch_file} already applied")
+        return
+    yield StringCommand(patching.apply_command(directory, patch_file, strip, sha256=sha256))
+
+
+@operation()
+def api_key(key_file: str, config_file: str, state: dict, legacy_env: str):
+    """Generate the API key on the host once (it never leaves it: not in argv, the unit, the
+    environment or any log) and write SGLang's --config YAML for it, both 0600 root; the unit
+    hands the YAML to the server as a systemd credential. A key from an older layout is kept."""
+    if state.get("key") and state.get("config"):
+        host.noop("API key present")
+        return
+    k, c, old = q(key_file), q(config_file), q(legacy_env)
+    if not state.get("key"):
+        yield StringCommand(
+            f"umask 077; k=$(sed -n 's/^SGLANG_API_KEY=//p' {old} 2>/dev/null | tail -n1); "
+            f"[ -n \"$k\" ] || k=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \\n'); "
+            f"printf '%s\\n' \"$k\" > {k}.tmp && mv {k}.tmp {k}")
+    yield StringCommand(f"umask 077; printf 'api-key: \"%s\"\\n' \"$(cat {k})\" > {c}.tmp && mv {c}.tmp {c}")
+
+
+@operation()
+def unit_running(unit: str, info: dict):
+    """The unit started and enabled (after a restart of a running unit this changes nothing)."""
+    active = info.get("ActiveState") == "active"
+    enabled = info.get("UnitFileState") == "enabled"
+    if active and enabled:
+        host.noop(f"{unit} active and enabled")
+        return
+    if not active:
+        yield StringCommand(f"systemctl reset-failed {q(unit)} || true")
+    yield StringCommand(f"systemctl enable {'--now ' if not active else ''}{q(unit)}")
+
+
+@operation()
+def restart(unit: str, reasons: list[str]):
+    """daemon-reload, a fresh start-limit counter, restart: only with a reason (the collector's)."""
+    if not reasons:
+        host.noop(f"{unit}: nothing changed")
+        return
+    yield StringCommand("systemctl daemon-reload")
+    yield StringCommand(f"systemctl reset-failed {q(unit)} || true")
+    yield StringCommand(f"systemctl restart {q(unit)}")
+
+
+@operation()
+def venv(path: str, marker: dict, marker_file: str, marker_state: dict | None, exists: bool):
+    """A venv that holds exactly MARKER's installs: made and filled by pip when its marker file
+    says otherwise; the marker is written last, so an interrupted install is redone."""
+    if exists and marker_state == marker:
+        host.noop(f"{path} holds what the profile pins")
+        return
+    if not exists:
+        yield StringCommand(f"python3 -m venv {q(path)}")
+    yield StringCommand(f"rm -f {q(marker_file)}")
+    for command in marker["installs"]:
+        yield StringCommand(command)
+    yield StringCommand(f"printf '%s\\n' {q(json.dumps(marker, sort_keys=True))} > {q(marker_file)}")

@@ -1,0 +1,118 @@
+"""What a deploy needs to know about the host, read in one command before anything changes.
+
+`queries(rollout)` names every fact the rollout decides from (pure: tested without a host);
+`read_state(host, rollout)` runs them as one command (host/snapshot.py) and returns a
+`HostState`, from which every step derives its operations. A re-deploy that changes nothing
+therefore costs this one read, the lock, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..layout import ETC, GATE_USER, MODELS, OPT, STATE
+from ..rollout import Rollout
+from . import snapshot
+from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib, HostBasics, JsonFile,
+                    NvidiaSmi, PatchesApplied, PortOwners, Releases, UnitInfo, VerifiedCheckpoint)
+
+# What the deploy runs on the host beyond a fresh server install (systemd, sshd, python3, sudo,
+# iproute2, procps): the venv (python3-venv: not in a default Ubuntu server), health and identity
+# checks (curl), patches (patch), pip over TLS (ca-certificates). Same names on Debian and Ubuntu.
+HOST_PACKAGES = ["python3-venv", "curl", "patch", "ca-certificates"]
+LOCK = f"{STATE}/deploy.lock"
+VENV_MARKER = ".dsv4deploy-venv.json"
+STAND_IN_PTH = "dsv4deploy-stand-in.pth"      # puts the twin's stand-in server on the venv's path
+
+
+def directories(r: Rollout) -> list[tuple[str, str, str, str]]:
+    """(path, user, group, mode) of every directory the releases use."""
+    user = r.data["service"]["user"]
+    return [(OPT, "root", "root", "755"), (f"{OPT}/venvs", "root", "root", "755"), (ETC, "root", "root", "755"),
+            (r.layout.config_dir, "root", "root", "755"), (STATE, "root", "root", "755"),
+            (r.layout.releases_dir, "root", "root", "755"), (r.layout.state_dir, user, user, "750"),
+            (MODELS, "root", "root", "755"), (r.layout.secrets_dir, "root", "root", "700")]
+
+
+def patch_files(r: Rollout) -> list[tuple[str, int]]:
+    return [(f"{r.layout.venv}/patches/{p['name']}.patch", int(p.get("strip", 1)))
+            for p in r.data["sglang"].get("patches") or []]
+
+
+def managed_paths(r: Rollout) -> list[str]:
+    """Every path whose content, mode or owner a step compares."""
+    L = r.layout
+    paths = [d[0] for d in directories(r)]
+    paths += [L.unit, L.nccl_env, L.manifest, L.hf_token_file, f"{L.venv}/bin/python",
+              f"{L.venv}/dsv4deploy.lock", f"{L.venv}/patches", f"{L.venv}/stand-in/.bundle-sha256",
+              f"{L.venv}/lib/python3*/site-packages/{STAND_IN_PTH}",
+              f"{L.model_dir}"]
+    paths += [f for f, _ in patch_files(r)]
+    return list(dict.fromkeys(paths))
+
+
+def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Query]:
+    """The facts one deploy decides from, by name (see HostState)."""
+    L = r.layout
+    user = r.data["service"]["user"]
+    q: dict[str, snapshot.Query] = {
+        "basics": (HostBasics, {}),
+        "gpus": (NvidiaSmi, {}),
+        "unit": (UnitInfo, {"service": L.service}),
+        "port": (PortOwners, {"port": r.data["server"]["port"]}),
+        "releases": (Releases, {"releases_dir": L.releases_dir}),
+        "lock": (JsonFile, {"path": f"{LOCK}/owner.json"}),
+        "files": (FileStates, {"paths": managed_paths(r)}),
+        "packages": (DebPackages, {"names": HOST_PACKAGES}),
+        "accounts": (Accounts, {"users": [user, GATE_USER], "groups": [user, GATE_USER]}),
+        "venv": (JsonFile, {"path": f"{L.venv}/{VENV_MARKER}"}),
+        "disk_mib": (FreeDiskMib, {"path": MODELS}),
+    }
+    if r.data["server"].get("api_key"):
+        q["api_key"] = (ApiKeyState, {"key_file": L.api_key_file, "config_file": L.sglang_config_secret})
+    if patch_files(r):
+        q["patches"] = (PatchesApplied, {"venv": L.venv, "patches": patch_files(r)})
+    if hub_expected is not None:
+        q["checkpoint"] = (VerifiedCheckpoint, {"path": L.model_dir, "expected": hub_expected})
+    else:
+        q["checkpoint"] = (Checkpoint, {"path": L.model_dir})
+    return q
+
+
+@dataclass
+class HostState:
+    """The host as one read saw it. Read-only: steps compare against it, never update it."""
+
+    values: dict[str, Any]
+    commands: int = 1
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def file(self, path: str) -> dict | None:
+        """FileStates' entry for PATH (None: it does not exist)."""
+        return (self.values.get("files") or {}).get(path)
+
+    @property
+    def unit_active(self) -> bool:
+        return (self.values.get("unit") or {}).get("ActiveState") == "active"
+
+    @property
+    def checkpoint_complete(self) -> bool:
+        c = self.values.get("checkpoint") or {}
+        return bool(c.get("complete")) and c.get("marker", True) is not False
+
+    def patch_applied(self, patch_file: str) -> bool:
+        return bool((self.values.get("patches") or {}).get(patch_file))
+
+
+def read_state(h, r: Rollout) -> HostState:
+    """Read everything with one command (the inventory's privileges apply)."""
+    hub = None
+    if r.weights_source.get("type") == "hf":
+        from ..tasks.weights import hub_expectation
+        hub = json.dumps(hub_expectation(r.weights_source, r.data["model"]["repo"], r.data["model"]["revision"]))
+    snap = snapshot.read(h, queries(r, hub))
+    return HostState(values=snap.values, commands=snap.commands)

@@ -1,0 +1,144 @@
+"""host/ops.py: arguments and the host's state in, commands out (pyinfra's own style). Where a
+command's effect matters, it runs here with `sh -c` against a temporary tree."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+
+import pytest
+from pyinfra.api import FileUploadCommand
+
+from dsv4deploy.host import ops
+
+
+class _Host:
+    def __init__(self):
+        self.noops: list[str] = []
+
+    def noop(self, message):
+        self.noops.append(message)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    h = _Host()
+    monkeypatch.setattr(ops, "host", h)
+    return h
+
+
+def _cmds(op, **kw) -> list:
+    return [c if isinstance(c, FileUploadCommand) else c.get_raw_value() for c in op._inner(**kw)]
+
+
+def _run(commands: list, uploads: dict) -> None:
+    """Run yielded commands here: uploads write their bytes, strings run with sh -c."""
+    for c in commands:
+        if isinstance(c, FileUploadCommand):
+            with open(c.dest, "wb") as f:
+                f.write(c.src.getvalue())
+        else:
+            assert subprocess.run(["sh", "-c", c]).returncode == 0, c
+
+
+def _state(content: bytes, mode="644", user="root", group="root"):
+    return {"type": "file", "mode": mode, "user": user, "group": group, "sha256": hashlib.sha256(content).hexdigest()}
+
+
+def test_file_the_same_is_a_noop(fake):
+    assert _cmds(ops.file, dest="/etc/x", content=b"a\n", state=_state(b"a\n")) == []
+    assert fake.noops
+
+
+def test_file_with_another_mode_only_gets_chmod_and_chown(fake):
+    cmds = _cmds(ops.file, dest="/etc/x", content=b"a\n", state=_state(b"a\n", mode="600"))
+    assert cmds == ["chown root:root /etc/x && chmod 644 /etc/x"]
+
+
+def test_file_that_differs_is_uploaded_through_a_private_temp_file_and_moved(fake, tmp_path):
+    dest = tmp_path / "d" / "unit.service"
+    cmds = _cmds(ops.file, dest=str(dest), content=b"new\n", state=None, mode="600")
+    assert cmds[0].startswith("umask 077;") and isinstance(cmds[1], FileUploadCommand)
+    assert cmds[1].dest.endswith(".dsv4deploy-tmp")
+    _run(cmds, {})
+    assert dest.read_bytes() == b"new\n" and oct(dest.stat().st_mode & 0o777) == "0o600"
+    assert list(dest.parent.iterdir()) == [dest]
+
+
+def test_directory(fake):
+    same = {"type": "dir", "mode": "750", "user": "svc", "group": "svc", "sha256": None}
+    assert _cmds(ops.directory, path="/var/lib/s", state=same, user="svc", group="svc", mode="750") == []
+    cmds = _cmds(ops.directory, path="/var/lib/s", state=None, user="svc", group="svc", mode="750")
+    assert cmds == ["mkdir -p /var/lib/s && chown svc:svc /var/lib/s && chmod 750 /var/lib/s"]
+
+
+def test_packages_only_the_missing_ones(fake):
+    assert _cmds(ops.packages, names=["curl", "patch"], installed={"curl": True, "patch": True}) == []
+    cmds = _cmds(ops.packages, names=["curl", "patch"], installed={"curl": True})
+    assert len(cmds) == 1 and cmds[0].endswith("--no-install-recommends patch") and "apt-get update" in cmds[0]
+
+
+def test_system_account(fake):
+    accounts = {"users": {"sglang": {"gid": 999, "home": "/var/lib/dsv4deploy/sglang", "shell": "/usr/sbin/nologin"}},
+                "groups": {"sglang": 999}}
+    assert _cmds(ops.system_account, user="sglang", home="/var/lib/dsv4deploy/sglang", accounts=accounts) == []
+    cmds = _cmds(ops.system_account, user="sglang", home="/var/lib/dsv4deploy/sglang", accounts={})
+    assert [c.split()[1] for c in cmds] == ["group", "passwd"] and "groupadd --system sglang" in cmds[0]
+    moved = _cmds(ops.system_account, user="sglang", home="/srv/x", accounts=accounts)
+    assert moved == ["usermod --home /srv/x --shell /usr/sbin/nologin sglang"]
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_bundle_unpacks_afresh_and_then_is_a_noop(fake, tmp_path):
+    dest = tmp_path / "stand-in"
+    (dest / "dsv4deploy").mkdir(parents=True)
+    (dest / "dsv4deploy" / "gone.py").write_text("old")
+    archive = _tar({"dsv4deploy/a.py": b"A"})
+    cmds = _cmds(ops.bundle, archive=archive, dest=str(dest), marker_state=None)
+    assert sum(isinstance(c, FileUploadCommand) for c in cmds) == 1       # one archive, not file by file
+    _run(cmds, {})
+    assert (dest / "dsv4deploy" / "a.py").read_text() == "A"
+    assert not (dest / "dsv4deploy" / "gone.py").exists()
+    marker = (dest / ".bundle-sha256").read_bytes()
+    assert marker.decode().strip() == hashlib.sha256(archive).hexdigest()
+    assert _cmds(ops.bundle, archive=archive, dest=str(dest), marker_state=_state(marker)) == []
+    assert _cmds(ops.bundle, archive=_tar({"dsv4deploy/a.py": b"B"}), dest=str(dest), marker_state=_state(marker))
+
+
+def test_venv_is_left_alone_when_its_marker_says_the_same_installs(fake, tmp_path):
+    marker = {"installs": ["/v/bin/pip install -q sglang==0.5.23"], "lock_sha256": None}
+    assert _cmds(ops.venv, path="/v", marker=marker, marker_file="/v/m.json", marker_state=marker, exists=True) == []
+    cmds = _cmds(ops.venv, path="/v", marker=marker, marker_file="/v/m.json",
+                 marker_state={**marker, "lock_sha256": "x"}, exists=True)
+    assert cmds[0] == "rm -f /v/m.json" and cmds[1] == marker["installs"][0]
+    assert json.loads(cmds[-1].split("'")[3]) == marker            # the marker is written last
+    fresh = _cmds(ops.venv, path="/v", marker=marker, marker_file="/v/m.json", marker_state=None, exists=False)
+    assert fresh[0] == "python3 -m venv /v"
+
+
+def test_unit_running_and_restart(fake):
+    assert _cmds(ops.unit_running, unit="s.service", info={"ActiveState": "active", "UnitFileState": "enabled"}) == []
+    assert _cmds(ops.unit_running, unit="s.service", info={"ActiveState": "failed", "UnitFileState": "enabled"}) == [
+        "systemctl reset-failed s.service || true", "systemctl enable --now s.service"]
+    assert _cmds(ops.restart, unit="s.service", reasons=[]) == []
+    assert _cmds(ops.restart, unit="s.service", reasons=["unit files changed"])[-1] == "systemctl restart s.service"
+
+
+def test_api_key_only_prints_yes_no_and_is_made_once(fake):
+    assert _cmds(ops.api_key, key_file="/k", config_file="/c", state={"key": True, "config": True},
+                 legacy_env="/e") == []
+    only_config = _cmds(ops.api_key, key_file="/k", config_file="/c", state={"key": True, "config": False},
+                        legacy_env="/e")
+    assert len(only_config) == 1 and only_config[0].startswith("umask 077;")

@@ -1,0 +1,80 @@
+"""host/snapshot.py: many facts, one command. The batch runs here with `sh -c`, as the host
+would run it, over real files, packages and accounts of this machine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+
+from dsv4deploy.host import snapshot
+from dsv4deploy.host.facts import Accounts, DebPackages, FileStates, JsonFile, UnitInfo
+
+
+def _run(queries, nonce="__dsv4_test"):
+    out = subprocess.run(["sh", "-c", snapshot.batch_command(queries, nonce)], capture_output=True, text=True)
+    assert out.returncode == 0
+    return snapshot.interpret(queries, snapshot.split_output(out.stdout.splitlines(), nonce))
+
+
+def test_one_command_answers_every_fact_with_its_own_parser(tmp_path):
+    f = tmp_path / "unit file"
+    f.write_text("[Unit]\n")
+    os.chmod(f, 0o640)
+    doc = tmp_path / "owner.json"
+    doc.write_text(json.dumps({"pid": 7}))
+    values = _run({
+        "files": (FileStates, {"paths": [str(f), str(tmp_path), str(tmp_path / "missing")]}),
+        "packages": (DebPackages, {"names": ["bash", "no-such-package-xyz"]}),
+        "accounts": (Accounts, {"users": ["root", "no-such-user-xyz"], "groups": ["root"]}),
+        "lock": (JsonFile, {"path": str(doc)}),
+        "nolock": (JsonFile, {"path": str(tmp_path / "none.json")}),
+    })
+    assert values["files"][str(f)] == {"type": "file", "mode": "640", "user": "root", "group": "root",
+                                       "sha256": hashlib.sha256(b"[Unit]\n").hexdigest()}
+    assert values["files"][str(tmp_path)]["type"] == "dir" and values["files"][str(tmp_path)]["sha256"] is None
+    assert str(tmp_path / "missing") not in values["files"]
+    assert values["packages"] == {"bash": True}
+    assert values["accounts"]["users"]["root"]["home"] == "/root" and values["accounts"]["groups"]["root"] == 0
+    assert "no-such-user-xyz" not in values["accounts"]["users"]
+    assert values["lock"] == {"pid": 7} and values["nolock"] is None
+
+
+def test_a_failing_fact_gets_its_default_and_the_others_still_answer(tmp_path):
+    class Broken(JsonFile):
+        def command(self, path):
+            return "echo 'not json'; exit 3"
+
+    values = _run({"broken": (Broken, {"path": "x"}), "files": (FileStates, {"paths": [str(tmp_path)]})})
+    assert values["broken"] is None
+    assert values["files"][str(tmp_path)]["type"] == "dir"
+
+
+def test_output_that_looks_like_a_marker_without_the_nonce_stays_data():
+    lines = ["__dsv4_abc k1", "__dsv4_other k2", "line", "", "__dsv4_abcrc k1 0"]
+    assert snapshot.split_output(lines, "__dsv4_abc") == {"k1": (["__dsv4_other k2", "line"], 0)}
+
+
+def test_stdin_of_a_fact_is_closed_so_it_cannot_eat_the_rest_of_the_batch(tmp_path):
+    class Reader(JsonFile):
+        def command(self, path):
+            return "cat"        # would block or swallow input without </dev/null
+
+    values = _run({"r": (Reader, {"path": "x"}), "f": (FileStates, {"paths": [str(tmp_path)]})})
+    assert values["r"] is None and values["f"]
+
+
+def test_unit_info_of_a_unit_systemd_does_not_know():
+    # no systemd here (or the unit is unknown): the fact's default, no exception
+    values = _run({"unit": (UnitInfo, {"service": "dsv4deploy-no-such-unit"})})
+    assert isinstance(values["unit"], dict)
+
+
+def test_a_star_in_a_managed_path_is_a_glob_keyed_by_what_it_found(tmp_path):
+    site = tmp_path / "venv dir" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "x.pth").write_text("/opt\n")
+    pattern = f"{tmp_path}/venv dir/lib/python3*/site-packages/x.pth"
+    values = _run({"files": (FileStates, {"paths": [pattern, f"{tmp_path}/none*/y"]})})
+    assert list(values["files"]) == [str(site / "x.pth")]

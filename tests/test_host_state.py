@@ -1,0 +1,85 @@
+"""host/state.py and the plan: which facts a deploy reads (pure), and what the plan says for a
+given host state. No host: the state is a fixture."""
+
+from __future__ import annotations
+
+import hashlib
+
+from dsv4deploy.changes import Changes
+from dsv4deploy.host.state import HostState, managed_paths, queries
+from dsv4deploy.rollout import rollout_for
+from dsv4deploy.tasks.plan import plan_lines
+from dsv4deploy.tasks.service import files_differ, unit_files
+
+SIM = {"profile": "nvfp4-ctx8k", "weights_source": {"type": "local", "path": "/srv/x", "size_gib": 1}}
+
+
+def _rollout():
+    return rollout_for(SIM)
+
+
+def _deployed_state(r, **over) -> HostState:
+    files = {path: {"type": "file", "mode": "644", "user": "root", "group": "root",
+                    "sha256": hashlib.sha256(content).hexdigest()} for _, path, content in unit_files(r)}
+    values = {"files": files, "unit": {"ActiveState": "active", "UnitFileState": "enabled", "MainPID": 42},
+              "releases": [{"release": 3, "status": "deployed", "profile": "nvfp4-ctx8k",
+                            "manifest_sha256": r.manifest_sha256}],
+              "checkpoint": {"complete": True, "marker": True}}
+    values.update(over)
+    return HostState(values=values)
+
+
+def test_one_read_covers_every_file_a_step_compares():
+    r = _rollout()
+    q = queries(r)
+    paths = q["files"][1]["paths"]
+    for _, path, _ in unit_files(r):
+        assert path in paths
+    assert r.layout.hf_token_file in paths and f"{r.layout.venv}/bin/python" in paths
+    assert any(p.endswith(".patch") for p in paths)          # the mask patch of the base profile
+    assert {"basics", "gpus", "unit", "port", "releases", "lock", "packages", "accounts", "venv",
+            "checkpoint", "api_key", "patches"} <= set(q)
+    assert len(managed_paths(r)) == len(set(managed_paths(r)))
+
+
+def test_a_deployed_release_on_an_unchanged_host_plans_nothing():
+    r = _rollout()
+    state = _deployed_state(r)
+    assert files_differ(r, state) == []
+    lines = plan_lines(r, state, [])
+    assert lines == ["nothing to change: release 0003 (nvfp4-ctx8k) is deployed and sglang.service is active"]
+
+
+def test_an_edited_unit_plans_the_restart_with_its_reason_the_release_the_gate_and_the_rollback():
+    r = _rollout()
+    state = _deployed_state(r)
+    state.values["files"][r.layout.unit]["sha256"] = "0" * 64
+    changes = Changes()
+    changes.notify("unit files", *files_differ(r, state))
+    assert changes.reasons == ["unit files: unit sglang.service"]
+    lines = plan_lines(r, state, changes.reasons)
+    assert lines[0] == "restart sglang.service because: unit files: unit sglang.service"
+    assert "record release 0004 (nvfp4-ctx8k) as pending" in lines[1]
+    assert "C=64 >= 400 tok/s, C=16 >= 120 tok/s, C=1 >= 10 tok/s" in lines[2]
+    assert "roll back to release 0003 (nvfp4-ctx8k)" in lines[3]
+
+
+def test_a_stopped_unit_with_nothing_changed_is_started_and_checked():
+    r = _rollout()
+    state = _deployed_state(r, unit={"ActiveState": "failed"})
+    assert "not active" in plan_lines(r, state, [])[0]
+
+
+def test_changes_collects_reasons_from_operations_bools_and_words():
+    class Op:
+        def __init__(self, change):
+            self.will_change = change
+
+    c = Changes()
+    c.notify("venv", [Op(False), Op(False)])
+    c.notify("weights", [])
+    assert not c and c.reasons == []
+    c.notify("secrets", [Op(False), Op(True)])
+    c.notify("release", "release 0003 renders differently")
+    c.notify("unit files", None)
+    assert c and c.reasons == ["secrets changed", "release: release 0003 renders differently"]
