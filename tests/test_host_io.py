@@ -20,10 +20,11 @@ class FakeHost:
         self.data = type("Data", (), data)()
         self.calls: list[tuple] = []
         self.upload_ok = True
+        self.run_ok = True
 
     def run_shell_command(self, command, **kwargs):
         self.calls.append(("run", command, kwargs))
-        return True, Out()
+        return self.run_ok, Out()
 
     def put_file(self, src, dest, **kwargs):
         self.calls.append(("put", dest, kwargs))
@@ -35,8 +36,8 @@ def test_sudo_from_host_data_reaches_every_direct_call():
     assert hostio.sh(h, "mkdir -p /var/lib/x", timeout=5) == (True, "ok\n")
     assert hostio.put(h, StringIO("{}"), "/var/lib/x/a.json")
     hostio.write_json(h, "/var/lib/x/b.json", {"a": 1})
-    assert [c[2] for c in h.calls] == [{"_sudo": True, "_timeout": 5}, {"_sudo": True}, {"_sudo": True},
-                                       {"_sudo": True}, {"_sudo": True}]
+    assert [c[2] for c in h.calls] == [{"_sudo": True, "_timeout": 5}, {"_sudo": True}, {"_sudo": True}]
+    assert h.calls[2][1].endswith("&& mv /var/lib/x/b.json.tmp /var/lib/x/b.json")  # a JSON write is one command
 
 
 def test_as_root_nothing_is_added():
@@ -45,9 +46,28 @@ def test_as_root_nothing_is_added():
     assert h.calls == [("run", "true", {})]
 
 
-def test_a_failed_upload_is_an_error_not_a_silent_skip():
+def test_a_failed_upload_or_write_is_an_error_not_a_silent_skip():
     h = FakeHost(_sudo=True)
     h.upload_ok = False
     assert hostio.put(h, StringIO("x"), "/etc/x") is False
+    h.run_ok = False
     with pytest.raises(DeployError, match="cannot write /var/lib/x/c.json"):
         hostio.write_json(h, "/var/lib/x/c.json", {})
+
+
+def test_write_json_runs_here_and_writes_exactly_the_document(tmp_path):
+    """The one command, run with sh -c: quotes, newlines and non-ASCII survive."""
+    import json
+    import subprocess
+
+    class LocalHost(FakeHost):
+        def run_shell_command(self, command, **kwargs):
+            out = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+            o = Out()
+            o.stdout = out.stdout
+            return out.returncode == 0, o
+
+    doc = {"reason": "it's \"quoted\"\nand $HOME `x` \\ é", "n": 3}
+    hostio.write_json(LocalHost(), str(tmp_path / "d" / "s.json"), doc)
+    assert json.loads((tmp_path / "d" / "s.json").read_text()) == doc
+    assert not (tmp_path / "d" / "s.json.tmp").exists()

@@ -50,10 +50,11 @@ def put(h, src, dest: str) -> bool:
 
 
 def write_json(h, path: str, doc: dict) -> None:
-    sh(h, f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}")
-    if not put(h, StringIO(json.dumps(doc, indent=2, sort_keys=True) + "\n"), f"{path}.tmp"):
-        raise DeployError(f"cannot write {path}")
-    ok, _ = sh(h, f"mv {shlex.quote(path)}.tmp {shlex.quote(path)}")
+    """Write DOC to PATH atomically, in one command (records and owner files: no secrets, small)."""
+    q = shlex.quote
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    ok, _ = sh(h, f"mkdir -p {q(path.rsplit('/', 1)[0])} && printf '%s\\n' {q(text)} > {q(path)}.tmp "
+                  f"&& mv {q(path)}.tmp {q(path)}")
     if not ok:
         raise DeployError(f"cannot write {path}")
 
