@@ -29,6 +29,16 @@ class Slo:
     max_p99_tpot_ms: float | None = None
     max_failed_requests: int = 0
 
+    def describe(self) -> str:
+        """'zero failed requests, floor 400 tok/s, no p99 TTFT limit, p99 TPOT <= 150 ms'."""
+        def limit(name, op, v, unit):
+            return f"{name} {op} {v:g} {unit}" if v is not None else f"no {name} limit"
+        failed = "zero failed requests" if not self.max_failed_requests else \
+            f"at most {self.max_failed_requests} failed requests"
+        return ", ".join([failed, limit("floor", ">=", self.min_output_throughput, "tok/s"),
+                          limit("p99 TTFT", "<=", self.max_p99_ttft_ms, "ms"),
+                          limit("p99 TPOT", "<=", self.max_p99_tpot_ms, "ms")])
+
 
 @dataclass(frozen=True)
 class Level:

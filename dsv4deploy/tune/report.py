@@ -37,7 +37,7 @@ class TuneReport:
         if c.refused:
             return "refused", "; ".join(c.reasons)
         if r.chosen is not None and c.id == r.chosen.id:
-            return "chosen", r.verdict
+            return "chosen", "the best that passed, and better than the base"
         if c.id in r.eliminated:
             return "out", r.eliminated[c.id]
         if c.id in r.skipped:
@@ -92,12 +92,10 @@ def _cell(text: str) -> str:
 def render_markdown(rep: TuneReport, png_name: str | None = "tune.png") -> str:
     r, m = rep.result, rep.method
     refused = [c for c in rep.candidates if c.refused]
-    slo = m.slo
     out = [f"# Tune report: {rep.profile}", "",
            f"**{'chosen: ' + r.chosen.id if r.chosen else 'keep the base'}**: {r.verdict}", "",
-           f"- objective: highest output tok/s at C={m.concurrency} ({m.input_len}/{m.output_len} tokens), "
-           f"zero failed requests, floor {_f(slo.min_output_throughput)} tok/s, p99 TTFT <= "
-           f"{_f(slo.max_p99_ttft_ms)} ms, p99 TPOT <= {_f(slo.max_p99_tpot_ms)} ms",
+           f"- objective: highest output tok/s at C={m.concurrency} ({m.input_len}/{m.output_len} tokens); "
+           f"{m.slo.describe()}",
            f"- successive halving: eta {m.eta}, prompts per level {list(m.rung_prompts)}",
            f"- candidates: {len(rep.candidates)} ({len(refused)} refused by the validator, never measured); "
            f"measurements: {len(r.trials)} ({sum(t.from_state for t in r.trials)} from the saved state)",
