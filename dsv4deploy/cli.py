@@ -226,7 +226,7 @@ def cmd_tune(args) -> int:
     from .tune.command import REPORTS_DIR, STATE_DIR, plan_json, plan_text, prepare, run_tune
     from .tune.state import Busy
 
-    prep = prepare(args.profile, args.set, concurrency=args.concurrency, budget_s=args.budget_s)
+    prep = prepare(args.profile, args.set, concurrency=args.concurrency, budget_s=args.budget_s, plan=args.plan)
     if args.plan:
         print(json.dumps(plan_json(prep), indent=2) if args.json else plan_text(prep))
         return 0
@@ -240,6 +240,9 @@ def cmd_tune(args) -> int:
                            reports_dir=Path(args.reports_dir) if args.reports_dir else REPORTS_DIR, fresh=args.fresh)
     except Busy as exc:
         _err(str(exc))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _err(f"interrupted: the measurements so far are kept; `dsv4deploy tune {args.profile}` again continues")
         return EXIT_FAILED
     finally:
         backend.close()

@@ -153,3 +153,25 @@ def test_a_second_run_reuses_every_measurement(profile_dir, tmp_path):
     b = run_tune(prep, second.backend(), clock=second.clock, **kw)
     assert first.measure.calls and not second.measure.calls
     assert a.result.chosen.id == b.result.chosen.id
+
+
+def test_a_hand_written_tuned_profile_is_a_note_in_the_plan_and_refused_by_a_run(profile_dir, tmp_path):
+    profile_dir.write("fp8-ctx1m-baseline-tuned", "extends: fp8-ctx1m-baseline\n")
+    plan = run("fp8-ctx1m-baseline", "--plan")
+    assert plan.returncode == 0 and "note: a run would refuse to start" in plan.stdout
+    out = run("fp8-ctx1m-baseline", "--state-dir", str(tmp_path / "s"))
+    assert out.returncode == 2 and "was not written by dsv4deploy tune" in out.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_cut_off_run_puts_the_starting_release_back_and_keeps_its_measurements(profile_dir, tmp_path):
+    prep = prepare("fp8-ctx1m-baseline")
+    stand_in = StandIn(table_for(prep, lambda o: 531.7))
+    stand_in.measure.interrupt_after = 2
+    with pytest.raises(KeyboardInterrupt):
+        run_tune(prep, stand_in.backend(), state_dir=tmp_path / "s", reports_dir=tmp_path / "r",
+                 clock=stand_in.clock, log=lambda s: None, png=False)
+    assert stand_in.settled == [(None, None)]
+    saved = json.loads((tmp_path / "s" / "fp8-ctx1m-baseline.json").read_text())
+    assert sum(len(v) for v in saved["trials"].values()) == 2
+    assert not (profile_dir.path / "fp8-ctx1m-baseline-tuned.yaml").exists()

@@ -17,8 +17,9 @@ table-driven stand-in with the same shape):
   no health) is a Measurement with `error` set, not an exception; the scheduler times the call.
 - `settle(chosen, tuned_profile) -> str`: leave the host serving `chosen` (deployed as the
   validated `tuned_profile`, with the full gate) or, when `chosen` is None or that deploy fails,
-  the release that was serving when the tune started: never a worse one. Returns one line saying
-  which release serves now.
+  the release that was serving when the tune started: never a worse one. It is also called with
+  (None, None) when the search is cut off (Ctrl-C, an exception). Returns one line saying which
+  release serves now.
 - `close()`: release whatever the backend holds (connections).
 """
 

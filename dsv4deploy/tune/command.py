@@ -38,6 +38,7 @@ class Prepared:
     candidates: list[Candidate]
     tuned_name: str
     tuned_path: Path
+    tuned_problem: str = ""    # --plan only: why the tuned profile could not be written (a run refuses)
 
     @property
     def refused(self) -> list[Candidate]:
@@ -49,16 +50,23 @@ class Prepared:
 
 
 def prepare(name: str, sets: list[str] | None = None, *, concurrency: int | None = None,
-            budget_s: int | None = None, directory: Path | None = None) -> Prepared:
-    """Everything checked, nothing written; ProfileError lists what is wrong."""
+            budget_s: int | None = None, directory: Path | None = None, plan: bool = False) -> Prepared:
+    """Everything checked, nothing written; ProfileError lists what is wrong. With `plan`, a
+    tuned profile that could not be written is a note, not an error (a run refuses it first)."""
     base = load_profile(name, directory)
     report = validate(base)
     if report.errors:
         raise ProfileError(report.errors)
     space = build_space(base, sets, concurrency=concurrency, budget_s=budget_s)
     target = tuned_name(name)
-    path = check_target(target, directory or profiles_dir())
-    return Prepared(base, space, method_for(base, space), build_candidates(base, space), target, path)
+    path, problem = (directory or profiles_dir()) / f"{target}.yaml", ""
+    try:
+        check_target(target, directory or profiles_dir())
+    except ProfileError as exc:
+        if not plan:
+            raise
+        problem = str(exc)
+    return Prepared(base, space, method_for(base, space), build_candidates(base, space), target, path, problem)
 
 
 def plan_text(p: Prepared) -> str:
@@ -70,6 +78,8 @@ def plan_text(p: Prepared) -> str:
              f"successive halving: prompts per level {list(m.rung_prompts)}, keep the best 1/{m.eta}; "
              f"budget {p.space.budget_s} s; the best found goes to {_shown_path(p.tuned_path)}"]
     lines += [f"note: {n}" for n in p.space.notes]
+    if p.tuned_problem:
+        lines.append(f"note: a run would refuse to start: {p.tuned_problem}")
     width = max(len(c.id) for c in p.candidates)
     lines += ["", f"{'id':<{width}}  {'status':<7}  overrides"]
     for c in p.candidates:
@@ -81,7 +91,8 @@ def plan_text(p: Prepared) -> str:
 
 
 def plan_json(p: Prepared) -> dict:
-    return {"profile": p.base.name, "tuned_profile": p.tuned_name, **p.space.to_dict(),
+    return {"profile": p.base.name, "tuned_profile": p.tuned_name, "tuned_problem": p.tuned_problem or None,
+            **p.space.to_dict(),
             "method": p.method.to_dict(),
             "candidates": [{**c.to_dict(), "status": "refused" if c.refused else "try"} for c in p.candidates]}
 
@@ -112,8 +123,12 @@ def run_tune(p: Prepared, backend: Backend, *, state_dir: Path = STATE_DIR, repo
         notes = [state.note] if state.note else []
         for n in notes:
             log(n)
-        result = successive_halving(p.candidates, p.method, backend.measure, state, budget_s=p.space.budget_s,
-                                    clock=clock, log=log)
+        try:
+            result = successive_halving(p.candidates, p.method, backend.measure, state, budget_s=p.space.budget_s,
+                                        clock=clock, log=log)
+        except BaseException:  # cut off (Ctrl-C, a broken backend): the starting release serves again
+            backend.settle(None, None)
+            raise
     tuned = None
     folder = report_dir(reports_dir, p.base.name, started)
     if result.chosen is not None:
