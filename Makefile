@@ -28,14 +28,14 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TWIN := $(if $(SIM),twin-debs)
 
 # A real inventory names its profile: no silent default (the twin keeps nvfp4-ctx8k).
-NEEDS_PROFILE := deploy plan validate render bench
+NEEDS_PROFILE := deploy plan validate render bench tune
 ifeq ($(PROFILE),)
 ifneq ($(filter $(NEEDS_PROFILE),$(MAKECMDGOALS)),)
 $(error PROFILE=NAME is required with INVENTORY=$(INVENTORY) (profiles: $(sort $(basename $(notdir $(filter-out profiles/_%,$(wildcard profiles/*.yaml)))))))
 endif
 endif
 
-.PHONY: help bootstrap debs twin-debs venv lock test test-fast validate render pin plan deploy rollback history bench \
+.PHONY: help bootstrap debs twin-debs venv lock test test-fast validate render pin plan deploy rollback history bench tune \
         sim-up sim-down sim-status clean
 
 help:
@@ -44,6 +44,7 @@ help:
 	@echo "make rollback [TO=NNNN]      back to the previous (or the named) release that passed"
 	@echo "make history                 the host's releases: profile, status, gate, reason"
 	@echo "make bench PROFILE=...       the smoke gate alone against the live server"
+	@echo "make tune PROFILE=... [PLAN=1] [TUNE_ARGS=\"--set server.context_length=8192,32768\"]   search the profile's tune: space"
 	@echo "make test                    the whole test suite (needs root for the twin)"
 	@echo "make test-fast               the tests that need neither the twin nor SGLang's parser (about 1.5 min)"
 	@echo "make validate PROFILE=...    check a profile, print its GPU-memory budget"
@@ -128,6 +129,11 @@ history: venv
 
 bench: venv
 	$(BIN)/dsv4deploy bench $(PROFILE) --inventory $(INVENTORY) $(ARGS)
+
+# PLAN=1 lists the candidates (to try / refused by the validator and memory budget) and touches no
+# host; without it the search measures on the inventory's host (docs/tune.md).
+tune: venv
+	$(BIN)/dsv4deploy tune $(PROFILE) --inventory $(INVENTORY) $(if $(PLAN),--plan) $(TUNE_ARGS)
 
 # The twin's Debian root starts building (bare python3, in the background) before the venv installs;
 # then two pytest processes side by side: the tests that use the CT200 twin (they mostly wait on

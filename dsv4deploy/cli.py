@@ -220,6 +220,38 @@ def cmd_pin(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    """Plan (no host) or run a tune; the work is in dsv4deploy/tune/."""
+    from .tune.backend import NoBackend, open_backend
+    from .tune.command import REPORTS_DIR, STATE_DIR, plan_json, plan_text, prepare, run_tune
+    from .tune.state import Busy
+
+    prep = prepare(args.profile, args.set, concurrency=args.concurrency, budget_s=args.budget_s, plan=args.plan)
+    if args.plan:
+        print(json.dumps(plan_json(prep), indent=2) if args.json else plan_text(prep))
+        return 0
+    try:
+        backend = open_backend(args.inventory, prep.base, prep.method)
+    except NoBackend as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    try:
+        outcome = run_tune(prep, backend, state_dir=Path(args.state_dir) if args.state_dir else STATE_DIR,
+                           reports_dir=Path(args.reports_dir) if args.reports_dir else REPORTS_DIR, fresh=args.fresh)
+    except Busy as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _err(f"interrupted: the measurements so far are kept; `dsv4deploy tune {args.profile}` again continues")
+        return EXIT_FAILED
+    finally:
+        backend.close()
+    print(outcome.result.verdict)
+    for path in outcome.report_files + ([outcome.tuned_profile] if outcome.tuned_profile else []):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsv4deploy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -257,6 +289,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", help="hub URL (default $HF_ENDPOINT or https://huggingface.co)")
     p.add_argument("--dry-run", action="store_true", help="resolve and check, print, write nothing")
     p.set_defaults(func=cmd_pin)
+
+    p = sub.add_parser("tune", help="search a profile's tune space for the best configuration that passes",
+                       description="Every candidate (the profile plus one combination of the tune.space / --set "
+                                   "values) goes through the validator and the memory budget first; refused ones "
+                                   "are listed with the reason and never measured. --plan stops there and touches "
+                                   "no host. See docs/tune.md.")
+    p.add_argument("profile")
+    p.add_argument("--set", action="append", metavar="KNOB=V1,V2,...",
+                   help="values to try for one knob (repeatable; replaces the profile's tune.space entry), "
+                        "e.g. --set server.context_length=8192,32768")
+    p.add_argument("--plan", action="store_true", help="print the candidates (to try / refused and why), measure nothing")
+    p.add_argument("--json", action="store_true", help="with --plan: machine-readable")
+    p.add_argument("--budget-s", type=int, help="wall-clock budget in seconds (default: tune.budget_s, else 1800)")
+    p.add_argument("--concurrency", type=int, help="target concurrency (default: tune.concurrency, else the "
+                                                    "highest gate level)")
+    p.add_argument("--inventory", default="inventory/sim.py")
+    p.add_argument("--fresh", action="store_true", help="set the saved state aside and measure everything again")
+    p.add_argument("--state-dir", help="where the resumable state lives (default .cache/tune)")
+    p.add_argument("--reports-dir", help="where the report folder goes (default reports)")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("list", help="list deployable profiles")
     p.set_defaults(func=cmd_list)

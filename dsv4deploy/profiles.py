@@ -26,6 +26,7 @@ from .yamlpos import Origins, format_path, load_yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(NAME_PATTERN + r"\Z")  # use with .match: \Z, never $ (it matches before a final newline)
 DEFAULTS_FILE = "dsv4deploy/data/defaults.yaml"
+NOT_DEPLOYED = ("tune",)  # top-level keys that are not part of what a release deploys
 
 
 def profiles_dir() -> Path:
@@ -63,8 +64,11 @@ class Profile:
 
     @property
     def content_hash(self) -> str:
-        """sha256 of the canonical merged data: two profiles that mean the same hash the same."""
-        canon = json.dumps(self.data, sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical merged data: two profiles that mean the same hash the same.
+        The `tune:` block (what `dsv4deploy tune` searches) is left out: it changes nothing that is
+        deployed, so adding one must not make the next deploy restart the server."""
+        deployed = {k: v for k, v in self.data.items() if k not in NOT_DEPLOYED}
+        canon = json.dumps(deployed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()
 
     @property

@@ -1,0 +1,54 @@
+"""Where the host plugs in: `open_backend` is the one function the on-host measurement replaces.
+
+Everything else in dsv4deploy/tune is pure and runs without a host; only this module talks to
+one. Until the rollout-backed implementation lands, `open_backend` raises NoBackend and
+`dsv4deploy tune` without --plan stops with that message (exit 1) before writing anything.
+
+The contract the implementation must keep (tests/test_tune_scheduler.py runs the core against a
+table-driven stand-in with the same shape):
+
+- `measure(candidate, level) -> Measurement`: serve `candidate.profile` through the rollout's
+  release machinery (a release record per candidate, so `make history` shows the run; restart
+  only when the rendered files changed; wait for health; confirm the process is ours), then run
+  the gate's methodology and client at `level.concurrency` with `level.num_prompts` requests of
+  `level.input_len`/`level.output_len` tokens, stopping early as "cannot reach" against
+  `level.floor`. Fill output_throughput, p99_ttft_ms, p99_tpot_ms, completed, failed,
+  cannot_reach, gate_passed and release. A candidate that does not start (OOM at graph capture,
+  no health) is a Measurement with `error` set, not an exception; the scheduler times the call.
+- `settle(chosen, tuned_profile) -> str`: leave the host serving `chosen` (deployed as the
+  validated `tuned_profile`, with the full gate) or, when `chosen` is None or that deploy fails,
+  the release that was serving when the tune started: never a worse one. It is also called with
+  (None, None) when the search is cut off (Ctrl-C, an exception). Returns one line saying which
+  release serves now.
+- `close()`: release whatever the backend holds (connections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..profiles import Profile
+from .candidates import Candidate
+from .objective import Method
+from .scheduler import Measure
+
+
+class NoBackend(Exception):
+    """No measuring backend is available: only --plan can run."""
+
+
+@dataclass
+class Backend:
+    measure: Measure
+    settle: Callable[[Candidate | None, str | None], str]
+    close: Callable[[], None] = lambda: None
+
+
+def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
+    """The measuring backend for the hosts of `inventory`, starting from `base` (the profile the
+    host is expected to serve now). THE plug-in point: see the module docstring."""
+    raise NoBackend(
+        f"no measuring backend yet: `dsv4deploy tune` can plan ({base.name} --plan lists the candidates and "
+        f"the refused ones) but cannot measure on {inventory}: the host backend "
+        "(dsv4deploy/tune/backend.py: open_backend) is not wired to the rollout yet; see docs/tune.md")
