@@ -58,9 +58,24 @@ def test_file_with_another_mode_only_gets_chmod_and_chown(fake):
     assert cmds == ["chown root:root /etc/x && chmod 644 /etc/x"]
 
 
+def test_a_small_text_file_is_written_in_one_command(fake, tmp_path):
+    dest = tmp_path / "d" / "unit.service"
+    text = "[Service]\nExecStart=/x 'a b' \"$c\" `d` \\\n-e\n"
+    cmds = _cmds(ops.file, dest=str(dest), content=text.encode(), state=None, mode="640")
+    assert len(cmds) == 1 and not any(isinstance(c, FileUploadCommand) for c in cmds)
+    _run(cmds, {})
+    assert dest.read_text() == text and oct(dest.stat().st_mode & 0o777) == "0o640"
+    assert list(dest.parent.iterdir()) == [dest]
+
+
+def test_a_secret_never_goes_on_a_command_line(fake, tmp_path):
+    cmds = _cmds(ops.file, dest=str(tmp_path / "token"), content=b"hf_SECRET", state=None, mode="600", secret=True)
+    assert not any("hf_SECRET" in c for c in cmds if isinstance(c, str))
+
+
 def test_file_that_differs_is_uploaded_through_a_private_temp_file_and_moved(fake, tmp_path):
     dest = tmp_path / "d" / "unit.service"
-    cmds = _cmds(ops.file, dest=str(dest), content=b"new\n", state=None, mode="600")
+    cmds = _cmds(ops.file, dest=str(dest), content=b"new\n", state=None, mode="600", secret=True)
     assert cmds[0].startswith("umask 077;") and isinstance(cmds[1], FileUploadCommand)
     assert cmds[1].dest.endswith(".dsv4deploy-tmp")
     _run(cmds, {})
@@ -133,7 +148,8 @@ def test_unit_running_and_restart(fake):
     assert _cmds(ops.unit_running, unit="s.service", info={"ActiveState": "failed", "UnitFileState": "enabled"}) == [
         "systemctl reset-failed s.service || true", "systemctl enable --now s.service"]
     assert _cmds(ops.restart, unit="s.service", reasons=[]) == []
-    assert _cmds(ops.restart, unit="s.service", reasons=["unit files changed"])[-1] == "systemctl restart s.service"
+    assert _cmds(ops.restart, unit="s.service", reasons=["unit files changed"]) == [
+        "systemctl daemon-reload && { systemctl reset-failed s.service || true; } && systemctl restart s.service"]
 
 
 def test_api_key_only_prints_yes_no_and_is_made_once(fake):

@@ -5,6 +5,9 @@ Markdown, PNG) go next to the release on the host and into reports/ here.
 
 from __future__ import annotations
 
+import io
+import shlex
+import tarfile
 from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
@@ -43,15 +46,26 @@ def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile
         prev_doc = read_json(h, f"{releases.release_dir(target.layout.releases_dir, previous['release'])}/gate/gate.json")
     files = write_report(outcome, local, previous=prev_doc, title=f"{profile_name} release {number} on {h.name}")
     if rec:
-        remote = f"{releases.release_dir(target.layout.releases_dir, rec['release'])}/gate"
-        sh(h, f"mkdir -p {remote}")
-        for path in (files.json, files.markdown, files.png):
-            if path:
-                put(h, str(path), f"{remote}/{Path(path).name}")
+        keep_reports(h, f"{releases.release_dir(target.layout.releases_dir, rec['release'])}/gate",
+                     [Path(p) for p in (files.json, files.markdown, files.png) if p])
     for line in outcome.verdict.lines():
         print(f"[{h.name}] {line}")
     print(f"[{h.name}] gate report: {local.relative_to(REPO_ROOT)}")
     return outcome
+
+
+def keep_reports(h, remote: str, paths: list[Path]) -> None:
+    """The gate's reports next to the release on the host: one archive, one upload."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path in paths:
+            tar.add(str(path), arcname=path.name)
+    buf.seek(0)
+    tmp = f"{remote}.tar.gz.dsv4deploy-tmp"
+    q = shlex.quote
+    if not (put(h, buf, tmp) and sh(h, f"mkdir -p {q(remote)} && tar -xzf {q(tmp)} -C {q(remote)} --no-same-owner "
+                                       f"&& rm -f {q(tmp)}")[0]):
+        print(f"[{h.name}] warning: could not keep the gate's reports under {remote}")
 
 
 def gate_record(outcome) -> dict:

@@ -63,11 +63,23 @@ def directory(path: str, state: dict | None, user: str = "root", group: str = "r
     yield StringCommand(f"mkdir -p {q(path)} && chown {q(user)}:{q(group)} {q(path)} && chmod {mode} {q(path)}")
 
 
+INLINE_MAX = 32 << 10   # a text file this small travels inside its one command (not a secret)
+
+
+def inline_write(dest: str, text: str, user: str = "root", group: str = "root", mode: str = "644") -> str:
+    """One command that writes TEXT to DEST atomically (temp file, owner, mode, rename). For files
+    that hold no secret: the content is in the command line, which `ps` on the host can show."""
+    tmp = f"{dest}.dsv4deploy-tmp"
+    return (f"umask 077; mkdir -p {q(dest.rsplit('/', 1)[0] or '/')} && printf '%s' {q(text)} > {q(tmp)} && "
+            f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}")
+
+
 @operation()
 def file(dest: str, content: bytes, state: dict | None, user: str = "root", group: str = "root",
-         mode: str = "644"):
-    """A file with exactly CONTENT, owner and mode: uploaded when its sha256 differs, through a
-    temp file made with umask 077 (a secret is never readable on the way), then moved into place."""
+         mode: str = "644", secret: bool = False):
+    """A file with exactly CONTENT, owner and mode, written when its sha256 differs through a temp
+    file made with umask 077, then moved into place. A small text file that is not SECRET goes in
+    one command; anything else is uploaded (never on a command line)."""
     digest = hashlib.sha256(content).hexdigest()
     if state and state["type"] == "file" and state["sha256"] == digest:
         if _same(state, mode, user, group):
@@ -75,6 +87,12 @@ def file(dest: str, content: bytes, state: dict | None, user: str = "root", grou
             return
         yield StringCommand(f"chown {q(user)}:{q(group)} {q(dest)} && chmod {mode} {q(dest)}")
         return
+    if not secret and len(content) <= INLINE_MAX and b"\0" not in content:
+        try:
+            yield StringCommand(inline_write(dest, content.decode(), user, group, mode))
+            return
+        except UnicodeDecodeError:
+            pass
     tmp = f"{dest}.dsv4deploy-tmp"
     yield StringCommand(f"umask 077; mkdir -p {q(dest.rsplit('/', 1)[0] or '/')} && : > {q(tmp)}")
     yield FileUploadCommand(BytesIO(content), tmp)
@@ -146,21 +164,24 @@ def restart(unit: str, reasons: list[str]):
     if not reasons:
         host.noop(f"{unit}: nothing changed")
         return
-    yield StringCommand("systemctl daemon-reload")
-    yield StringCommand(f"systemctl reset-failed {q(unit)} || true")
-    yield StringCommand(f"systemctl restart {q(unit)}")
+    yield StringCommand(f"systemctl daemon-reload && {{ systemctl reset-failed {q(unit)} || true; }} && "
+                        f"systemctl restart {q(unit)}")
 
 
 @operation()
-def venv(path: str, marker: dict, marker_file: str, marker_state: dict | None, exists: bool):
+def venv(path: str, marker: dict, marker_file: str, marker_state: dict | None, exists: bool,
+         freeze_file: str | None = None):
     """A venv that holds exactly MARKER's installs: made and filled by pip when its marker file
-    says otherwise; the marker is written last, so an interrupted install is redone."""
+    says otherwise; then its `pip freeze` (each release keeps a copy) and, last, the marker, so
+    an interrupted install is redone."""
     if exists and marker_state == marker:
         host.noop(f"{path} holds what the profile pins")
         return
     if not exists:
         yield StringCommand(f"python3 -m venv {q(path)}")
-    yield StringCommand(f"rm -f {q(marker_file)}")
+    yield StringCommand(f"rm -f {q(marker_file)}" + (f" {q(freeze_file)}" if freeze_file else ""))
     for command in marker["installs"]:
         yield StringCommand(command)
+    if freeze_file:
+        yield StringCommand(f"{q(path)}/bin/python -m pip freeze --all --disable-pip-version-check > {q(freeze_file)}")
     yield StringCommand(f"printf '%s\\n' {q(json.dumps(marker, sort_keys=True))} > {q(marker_file)}")

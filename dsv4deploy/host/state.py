@@ -24,6 +24,7 @@ from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, 
 HOST_PACKAGES = ["python3-venv", "curl", "patch", "ca-certificates"]
 LOCK = f"{STATE}/deploy.lock"
 VENV_MARKER = ".dsv4deploy-venv.json"
+PIP_FREEZE = "pip-freeze.txt"                 # what the venv holds, frozen once per fill
 STAND_IN_PTH = "dsv4deploy-stand-in.pth"      # puts the twin's stand-in server on the venv's path
 
 

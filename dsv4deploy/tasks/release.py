@@ -14,7 +14,6 @@ import os
 import shlex
 import socket
 import sys
-from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import BaseStateCallback, DeployError, deploy
@@ -24,9 +23,9 @@ from pyinfra.operations import python
 
 from .. import releases
 from ..errors import rerun_with
-from ..host.state import LOCK, HostState
+from ..host.state import LOCK, PIP_FREEZE, HostState
 from ..health import HealthError
-from ..host.io import put, read_json, records, save_record, sh, write_json
+from ..host.io import read_json, records, save_record, sh
 from ..layout import MODELS, OPT, STATE, Layout
 from ..rollout import Rollout
 from ..host.gate import gate_record, run_release_gate
@@ -146,6 +145,24 @@ def needs_release(r: Rollout, state: HostState) -> str | None:
     return None
 
 
+def release_write_command(folder: str, venv: str, files: dict[str, str], profile_doc: dict, rec: dict) -> str:
+    """One command that writes a release's folder: the rendered files, the resolved profile, the
+    venv's `pip freeze` (made once per venv fill, host/ops.py venv) and, last, its status record.
+    None of it is secret (the API key and HF token never enter a profile or a rendered file)."""
+    q = shlex.quote
+    freeze = f"{venv}/{PIP_FREEZE}"
+    parts = [f"mkdir -p {' '.join(q(f'{folder}/files{os.path.dirname(p)}') for p in files)}",
+             # what the venv really holds (torch, sgl-kernel, flashinfer, ...), kept with the release
+             f"{{ [ -s {q(freeze)} ] || {q(venv)}/bin/python -m pip freeze --all --disable-pip-version-check "
+             f"> {q(freeze)} 2>&1; }}", f"cp {q(freeze)} {q(folder)}/pip-freeze.txt"]
+    parts += [f"printf '%s' {q(text)} > {q(f'{folder}/files{path}')}" for path, text in files.items()]
+    parts.append(f"printf '%s\\n' {q(json.dumps(profile_doc, indent=2, sort_keys=True))} > {q(folder)}/profile.json")
+    status = f"{folder}/status.json"
+    parts.append(f"printf '%s\\n' {q(json.dumps(rec, indent=2, sort_keys=True))} > {q(status)}.tmp && "
+                 f"mv {q(status)}.tmp {q(status)}")
+    return " && ".join(parts)
+
+
 @deploy("Release")
 def begin_release(r: Rollout) -> None:
     """Write release NNNN as pending, with the resolved profile, the rendered files and the venv's
@@ -156,16 +173,10 @@ def begin_release(r: Rollout) -> None:
                                   content_hash=r.profile.content_hash, manifest_sha256=r.manifest_sha256,
                                   sglang_version=r.data["sglang"]["version"])
         folder = releases.release_dir(r.layout.releases_dir, rec["release"])
-        dirs = " ".join(shlex.quote(f"{folder}/files{os.path.dirname(p)}") for p in r.rendered.files)
-        # what the venv really holds (torch, sgl-kernel, flashinfer, ...), kept with the release
-        sh(host, f"mkdir -p {dirs} && {shlex.quote(r.layout.venv)}/bin/python -m pip freeze --all "
-                 f"--disable-pip-version-check > {shlex.quote(folder)}/pip-freeze.txt 2>&1")
-        write_json(host, f"{folder}/profile.json", {"name": r.profile.name, "files": list(r.profile.files),
-                                                    "data": r.profile.data})
-        for path, text in r.rendered.files.items():
-            if not put(host, StringIO(text), f"{folder}/files{path}"):
-                raise DeployError(f"cannot write {folder}/files{path}")
-        save_record(host, r.layout.releases_dir, rec)
+        profile_doc = {"name": r.profile.name, "files": list(r.profile.files), "data": r.profile.data}
+        ok, out = sh(host, release_write_command(folder, r.layout.venv, r.rendered.files, profile_doc, rec))
+        if not ok:
+            raise DeployError(f"cannot write release {rec['release']:04d} under {folder}: {out.strip()[-300:]}")
         r.run["release"] = rec
         print(f"[{host.name}] release {rec['release']:04d} pending ({r.profile.name})")
 
@@ -208,21 +219,25 @@ def verify_and_record(r: Rollout) -> None:
 
 
 def prune(h, releases_dir: str) -> None:
-    """Keep the last releases' files; remove venvs and checkpoints no kept release uses."""
+    """Keep the last releases' files; remove venvs and checkpoints no kept release uses. Two
+    commands: one reads every kept release's profile and what is on disk, one removes."""
     recs = records(h, releases_dir)
     dropped = releases.to_prune(recs)
-    for number in dropped:
-        sh(h, f"rm -rf {releases.release_dir(releases_dir, number)}/files "
-              f"{releases.release_dir(releases_dir, number)}/profile.json")
+    q = shlex.quote
+    kept = " ".join(q(f"{releases.release_dir(releases_dir, rec['release'])}/profile.json")
+                    for rec in recs if rec["release"] not in dropped)
+    _, out = sh(h, f"for f in {kept}; do [ -f \"$f\" ] && {{ tr -d '\\n' < \"$f\"; echo; }}; done; "
+                   f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* 2>/dev/null; true")
+    docs, _, on_disk = out.partition("---\n")
     used: set[str] = set()
-    for rec in recs:
-        if rec["release"] in dropped:
-            continue
-        doc = read_json(h, f"{releases.release_dir(releases_dir, rec['release'])}/profile.json")
-        if doc:
-            layout = Layout.of(doc["data"])
+    for line in docs.splitlines():        # one JSON document per line
+        if line.strip():
+            layout = Layout.of(json.loads(line)["data"])
             used |= {layout.venv, layout.model_dir}
-    _, out = sh(h, f"ls -d {OPT}/venvs/* {MODELS}/*/* 2>/dev/null || true")
-    for path in releases.unused(out.split(), used):
-        sh(h, f"rm -rf {shlex.quote(path)}")
+    gone = [f"{releases.release_dir(releases_dir, n)}/files {releases.release_dir(releases_dir, n)}/profile.json"
+            for n in dropped]
+    unused = releases.unused(on_disk.split(), used)
+    if gone or unused:
+        sh(h, f"rm -rf {' '.join(gone)} {' '.join(q(p) for p in unused)}")
+    for path in unused:
         print(f"[{h.name}] pruned {path} (no kept release uses it)")

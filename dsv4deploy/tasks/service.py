@@ -41,7 +41,7 @@ def secrets(r: Rollout, state: HostState) -> list[OperationMeta]:
     token = hf_token_from_control_node()
     if token:
         ops.file(name="HF token from the control node (0600, root)", dest=layout.hf_token_file,
-                 content=token.encode(), state=state.file(layout.hf_token_file), mode="600")
+                 content=token.encode(), state=state.file(layout.hf_token_file), mode="600", secret=True)
     if not r.data["server"].get("api_key"):
         return []
     return [ops.api_key(name="API key (generated on the host, 0600) and its SGLang credential",

@@ -19,7 +19,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, server
 
 from ..host import ops
-from ..host.state import STAND_IN_PTH, VENV_MARKER, HostState
+from ..host.state import PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from ..profiles import REPO_ROOT
 from ..render import SGLANG_CONFIG_CREDENTIAL
 from ..sglang_versions import lock_file
@@ -86,7 +86,8 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
     marker = {"installs": installs(r), "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock else None}
     changed.append(ops.venv(name=f"venv {venv}: {', '.join(c.rsplit(' ', 1)[-1] for c in marker['installs'])}",
                             path=venv, marker=marker, marker_file=f"{venv}/{VENV_MARKER}",
-                            marker_state=state["venv"], exists=bool(state.file(f"{venv}/bin/python"))))
+                            marker_state=state["venv"], exists=bool(state.file(f"{venv}/bin/python")),
+                            freeze_file=f"{venv}/{PIP_FREEZE}"))
     site = f"{venv}/lib/python{(state['basics'] or {}).get('python') or '3'}/site-packages"
     if r.stand_ins.get("sglang"):
         changed.append(ops.bundle(name="stand-in: the twin server (one archive)", archive=stand_in_archive(),
