@@ -117,7 +117,7 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
                                             quote=systemd_word)
         problems += [(("nccl",) + loc[1:], msg) for loc, msg in unitcheck.check_env_file(nccl_text, nccl_vars)]
         problems += [(("replicas",), msg) for _, msg in unitcheck.check_env_file(env_text, own)]
-        found += [(loc, argv, f"{instance}: {msg}") for loc, msg in problems]
+        found += [(loc, argv, f"{instance}.service: {msg}") for loc, msg in problems]
         files[env_path], files[nccl_path] = env_text, nccl_text
         rendered_replicas.append(RenderedReplica(index=r.index, instance=instance, gpus=r.gpus, port=r.port,
                                                  url=r.url, argv=argv, env_file=env_path, nccl_env_file=nccl_path))

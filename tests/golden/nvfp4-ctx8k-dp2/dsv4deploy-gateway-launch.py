@@ -7,6 +7,7 @@ into a `RouterArgs` dataclass and hands it to the Rust core; this file does the 
 (stdlib plus smg; nothing from dsv4deploy), copied there by the deploy as a rendered file:
 
     python dsv4deploy-gateway-launch.py --key-credential gateway-api-key -- <smg launch flags>
+    python dsv4deploy-gateway-launch.py -- <smg launch flags>          # a profile without a key
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-USAGE = "usage: dsv4deploy-gateway-launch.py --key-credential NAME -- SMG_LAUNCH_FLAGS..."
+USAGE = "usage: dsv4deploy-gateway-launch.py [--key-credential NAME] -- SMG_LAUNCH_FLAGS..."
 REFUSED = ("--api-key", "--control-plane-api-keys", "--tenant-api-key")
 
 
@@ -23,13 +24,16 @@ def _fail(message: str) -> int:
     return 2
 
 
-def split_argv(argv: list[str]) -> tuple[str, list[str]]:
-    """('credential name', smg flags); ValueError on any other shape."""
-    if len(argv) < 3 or argv[0] != "--key-credential" or argv[2] != "--":
+def split_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(credential name or None, smg flags); ValueError on any other shape."""
+    if argv[:1] == ["--"]:
+        name, flags = None, argv[1:]
+    elif len(argv) >= 3 and argv[0] == "--key-credential" and argv[2] == "--":
+        name, flags = argv[1], argv[3:]
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"--key-credential takes a credential name, got {name!r}")
+    else:
         raise ValueError(USAGE)
-    name, flags = argv[1], argv[3:]
-    if not name or "/" in name or name in (".", ".."):
-        raise ValueError(f"--key-credential takes a credential name, got {name!r}")
     for flag in flags:
         if flag.split("=", 1)[0] in REFUSED:
             raise ValueError(f"{flag.split('=', 1)[0]} on the command line would show the key in "
@@ -55,13 +59,14 @@ def read_key(name: str, environ=os.environ) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         name, flags = split_argv(sys.argv[1:] if argv is None else argv)
-        key = read_key(name)
+        key = read_key(name) if name else None
     except ValueError as exc:
         return _fail(str(exc))
     from smg.launch_router import launch_router, parse_router_args
 
     args = parse_router_args(flags)
-    args.api_key = key  # data plane, control plane (/workers) and the gateway's calls to the workers
+    if key:
+        args.api_key = key  # data plane, control plane (/workers) and the gateway's calls to the workers
     launch_router(args)
     return 0
 
