@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import jinja2
 
@@ -23,6 +24,9 @@ from .layout import Layout
 from .nccl import nccl_environment, render_env_file
 from .profiles import Profile
 from .sglang_versions import facts
+
+if TYPE_CHECKING:
+    from .render_replicas import RenderedGateway, RenderedReplica
 
 SGLANG_MODULE = "sglang.launch_server"
 # The API key reaches SGLang as a systemd credential: a --config file under $CREDENTIALS_DIRECTORY.
@@ -172,8 +176,8 @@ class Rendered:
     files: dict[str, str]
     # With `replicas:` (render_replicas.py): `unit` is the template <service>@.service, `argv` and
     # `nccl_env` are replica 0's, and each replica and the gateway are described here.
-    replicas: tuple = ()
-    gateway: object = None
+    replicas: tuple["RenderedReplica", ...] = ()
+    gateway: "RenderedGateway | None" = None
 
 
 @cache

@@ -149,3 +149,14 @@ def test_a_bigger_host_takes_more_replicas(profile_dir):
                                        ("0.0.0.0", False), ("::", False), ("10.0.0.1", False), ("ct200", False)])
 def test_loopback(host, loop):
     assert replicas.is_loopback(host) is loop
+
+
+def test_the_deploy_refuses_replicas_until_the_on_host_rollout_exists():
+    """deploy/serve.py would otherwise install the template unit as the single server's unit."""
+    from pyinfra.api import DeployError
+
+    from dsv4deploy.rollout import rollout_for
+
+    with pytest.raises(DeployError, match="declares replicas"):
+        rollout_for({"profile": "nvfp4-ctx8k-dp2", "weights_source": {"type": "hf"}})
+    assert rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}}).rendered.replicas == ()
