@@ -301,10 +301,25 @@ def drain(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s
 def readmit(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s: float,
             poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
             sleep: Callable[[float], None] = time.sleep) -> Worker:
-    """Add a replica back (its health and gate already passed) and wait until smg routes to it."""
-    if find(list_workers(http, gateway, key), replica_url) is None:
-        add_worker(http, gateway, key, replica_url)
-    worker = wait_for(lambda: _routable(http, gateway, key, replica_url), timeout_s, poll_s, clock, sleep)
+    """Add a replica back (its health and gate already passed) and wait until smg routes to it.
+    A replica still draining from an earlier removal is waited out first (adding it then is a
+    409); an add already in progress (409 WORKER_CREATE_IN_PROGRESS) is waited on, not repeated."""
+    start = clock()
+    listed = find(list_workers(http, gateway, key), replica_url)
+    if listed is not None and listed.status == "draining":
+        gone = wait_for(lambda: find(list_workers(http, gateway, key), replica_url) is None,
+                        timeout_s, poll_s, clock, sleep)
+        if gone is None:
+            raise GatewayError(f"{replica_url} is still draining in the gateway after {timeout_s:g} s")
+        listed = None
+    if listed is None:
+        try:
+            add_worker(http, gateway, key, replica_url)
+        except GatewayError as exc:
+            if exc.code != "WORKER_CREATE_IN_PROGRESS":
+                raise
+    left = max(0.0, timeout_s - (clock() - start))
+    worker = wait_for(lambda: _routable(http, gateway, key, replica_url), left, poll_s, clock, sleep)
     if worker is None:
         raise GatewayError(f"{replica_url} is not routable through the gateway {timeout_s:g} s after POST /workers")
     return worker

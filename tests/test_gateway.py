@@ -245,3 +245,30 @@ def test_the_shipped_lock_pins_the_default_release():
     assert gateway.lock_file("1.13.0") is not None and gateway.lock_sha256("1.13.0")
     for bad in ("9.9.9", "../sglang/0.5.23", "1.13.0\n"):
         assert gateway.lock_file(bad) is None
+
+
+def test_readmit_waits_out_a_replica_still_draining_before_adding_it():
+    draining = json.loads(body("workers_one_draining.json"))
+    url = next(w["url"] for w in draining["workers"] if w["status"] == "draining")
+    http = Script([("GET", "/workers", fixture("workers_one_draining.json")),
+                   ("GET", "/workers", fixture("workers_one_draining.json")),
+                   ("GET", "/workers", fixture("workers_one_removed.json")),
+                   ("POST", "/workers", fixture("add_accepted.json")),
+                   ("GET", "/workers", fixture("workers_two_ready.json"))])
+    clock = Clock()
+    w = gateway.readmit(http, GW, KEY, url, timeout_s=30, poll_s=1, clock=clock, sleep=clock.sleep)
+    assert w.url == url and w.routable and [c[0] for c in http.calls].count("POST") == 1
+
+
+def test_readmit_waits_on_an_add_already_in_progress():
+    http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
+                   ("POST", "/workers", fixture("add_conflict_in_progress.json")),
+                   ("GET", "/workers", fixture("workers_two_ready.json"))])
+    assert gateway.readmit(http, GW, KEY, REPLICA, timeout_s=5, clock=Clock(), sleep=lambda s: None).routable
+
+
+def test_readmit_reports_any_other_refusal():
+    http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
+                   ("POST", "/workers", fixture("workers_wrong_key.json"))])
+    with pytest.raises(GatewayError, match="401"):
+        gateway.readmit(http, GW, KEY, REPLICA, timeout_s=5, clock=Clock(), sleep=lambda s: None)
