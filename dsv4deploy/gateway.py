@@ -75,6 +75,32 @@ def lock_sha256(version: str) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path else None
 
 
+@dataclass(frozen=True)
+class VenvInstall:
+    """How the host's smg venv is made, as tasks/venv.py makes SGLang's: the lock file put into
+    the venv, then `pip install <spec> -c <lock_dest>`; the venv's name hashes the lock."""
+
+    venv: str
+    spec: str
+    lock_src: Path
+    lock_dest: str
+
+    @property
+    def pip_args(self) -> list[str]:
+        return ["-c", self.lock_dest]
+
+
+def venv_install(version: str) -> VenvInstall:
+    from .layout import Layout
+
+    lock = lock_file(version)
+    if lock is None:
+        raise GatewayError(f"no lock file for smg {version} (dsv4deploy/data/smg/); shipped: "
+                           f"{', '.join(known_versions())}")
+    venv = Layout.gateway_venv(version, lock_sha256(version))
+    return VenvInstall(venv=venv, spec=f"smg=={version}", lock_src=lock, lock_dest=f"{venv}/dsv4deploy.lock")
+
+
 # --- the command line --------------------------------------------------------------------------
 
 def launch_flags(worker_urls: list[str], host: str, port: int, policy: str, metrics_port: int,

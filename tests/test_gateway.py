@@ -272,3 +272,15 @@ def test_readmit_reports_any_other_refusal():
                    ("POST", "/workers", fixture("workers_wrong_key.json"))])
     with pytest.raises(GatewayError, match="401"):
         gateway.readmit(http, GW, KEY, REPLICA, timeout_s=5, clock=Clock(), sleep=lambda s: None)
+
+
+def test_the_venv_is_named_by_release_and_lock_and_installs_under_the_lock():
+    from dsv4deploy.render import render
+    from dsv4deploy.profiles import load_profile
+
+    inst = gateway.venv_install("1.13.0")
+    assert inst.spec == "smg==1.13.0" and inst.pip_args == ["-c", f"{inst.venv}/dsv4deploy.lock"]
+    assert inst.lock_src.read_text().count("==") >= 6
+    assert render(load_profile("nvfp4-ctx8k-dp2")).gateway.venv == inst.venv
+    with pytest.raises(GatewayError, match="no lock file"):
+        gateway.venv_install("0.0.1")
