@@ -179,7 +179,7 @@ def _ports(profile, block, server, count, add) -> None:
     named = {}
     for key, default in (("port", server["port"]), ("metrics_port", DEFAULT_METRICS_PORT)):
         port = gw.get(key, default)
-        path = ("replicas", "gateway", key) if key in gw else ("replicas",)
+        path = ("replicas", "gateway", key) if key in gw else base_path  # blame what the profile wrote
         what = f"replicas.gateway.{key}" + ("" if key in gw else f" (default {port})")
         if port < LOWEST_PORT:
             add(profile.problem(path, f"{what}: ports below {LOWEST_PORT} need a capability the sandboxed "

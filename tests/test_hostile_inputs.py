@@ -512,7 +512,7 @@ REPLICA_CASES = {
     "base-port-privileged": (R + "  base_port: 80\n", "replicas.base_port", "below 1024"),
     "base-port-float": (R + "  base_port: 31001.0\n", "replicas.base_port", "write 31001"),
     "base-port-past-end": (R + "  base_port: 65535\n", "replicas.base_port", "past 65535"),
-    "replica-on-gateway-port": (R + "  base_port: 29999\n", "replicas", "is replica 1's port"),
+    "replica-on-gateway-port": (R + "  base_port: 29999\n", "replicas.base_port", "is replica 1's port"),
     "metrics-on-replica-port": (R + "  gateway: {metrics_port: 30001}\n", "replicas.gateway.metrics_port",
                                 "is replica 0's port"),
     "metrics-on-gateway-port": (R + "  gateway: {port: 31000, metrics_port: 31000}\n",

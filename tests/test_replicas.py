@@ -85,7 +85,10 @@ def test_one_set_per_replica(profile_dir):
 
 
 @pytest.mark.parametrize("text,path,words", [
-    ("replicas: {count: 2, base_port: 29999}\n", "replicas", "replicas.gateway.port (default 30000) 30000 is replica 1's port"),
+    ("replicas: {count: 2, base_port: 29999}\n", "replicas.base_port",
+     "replicas.gateway.port (default 30000) 30000 is replica 1's port"),
+    ("server: {port: 29000}\nreplicas: {count: 2}\n", "replicas", "replicas.gateway.metrics_port (default 29000) 29000 "
+     "is also replicas.gateway.port"),
     ("replicas: {count: 2, gateway: {metrics_port: 30002}}\n", "replicas.gateway.metrics_port", "is replica 1's port"),
     ("replicas: {count: 2, gateway: {port: 31000, metrics_port: 31000}}\n", "replicas.gateway.metrics_port",
      "is also replicas.gateway.port"),
