@@ -120,6 +120,8 @@ RULES: dict[tuple, Rule] = {
     ("service", "user"): Rule("a user name: lower-case letters, digits, '_' and '-'", 32,
                               r"[a-z_][a-z0-9_-]*"),
     ("calibration", "measured"): TEXT,
+    ("replicas", "gateway", "host"): Rule("a host name or IP address", 255, r"[0-9A-Za-z:][0-9A-Za-z.:-]*"),
+    ("replicas", "gateway", "version"): Rule("an smg release like 1.13.0", 32, r"[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?"),
 }
 KEY_RULES: dict[tuple, Rule] = {("server", "env"): ENV_KEY, ("nccl", "overrides"): NCCL_KEY}
 # Strings and integers go through the same rule here (an integer is checked as it is rendered).

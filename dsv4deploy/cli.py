@@ -36,7 +36,8 @@ def checked_profile(name: str) -> Report:
 
 def budget_table(report: Report) -> Table:
     b = report.budget
-    table = Table(title=f"GPU memory budget per GPU: {report.profile.name}", show_lines=False)
+    each = " (each replica's GPUs)" if report.profile.data.get("replicas") else ""
+    table = Table(title=f"GPU memory budget per GPU: {report.profile.name}{each}", show_lines=False)
     table.add_column("item")
     table.add_column("value", justify="right")
     table.add_column("note")
@@ -60,6 +61,32 @@ def budget_table(report: Report) -> Table:
     return table
 
 
+def replica_table(report: Report) -> Table | None:
+    """The replica layout of a profile with `replicas:` (None without): instance, GPUs, port."""
+    from .replicas import plan
+
+    p = plan(report.profile.data)
+    if p is None:
+        return None
+    service = report.profile.data["service"]["name"]
+    table = Table(title=f"Replicas behind smg {p.gateway.version} on {p.gateway.host}:{p.gateway.port} "
+                        f"({p.gateway.policy}; metrics 127.0.0.1:{p.gateway.metrics_port})")
+    for col in ("instance", "GPUs (CUDA_VISIBLE_DEVICES)", "listens on"):
+        table.add_column(col)
+    for r in p.replicas:
+        table.add_row(f"{service}@{r.index}", r.cuda_visible_devices, r.url)
+    return table
+
+
+def _replicas_json(report: Report):
+    from dataclasses import asdict
+
+    from .replicas import plan
+
+    p = plan(report.profile.data)
+    return None if p is None else asdict(p)
+
+
 def cmd_validate(args) -> int:
     try:
         report = validate(load_profile(args.profile))
@@ -74,11 +101,14 @@ def cmd_validate(args) -> int:
         print(json.dumps({"profile": report.profile.name, "ok": report.ok,
                           "content_hash": report.profile.content_hash,
                           "budget": report.budget.as_dict() if report.budget else None,
+                          **({"replicas": r} if (r := _replicas_json(report)) else {}),
                           "problems": [p.as_dict() for p in report.problems]}, indent=2))
     else:
         console = Console()
         if report.budget:
             console.print(budget_table(report))
+        if report.ok and (table := replica_table(report)) is not None:
+            console.print(table)
         for p in report.problems:
             console.print(str(p), style="red" if p.severity == "error" else "yellow", markup=False, highlight=False,
                           soft_wrap=True)  # one problem, one line: file:line: key: message
@@ -94,6 +124,10 @@ def cmd_render(args) -> int:
     rendered = render(report.profile, module=args.module or SGLANG_MODULE)
     files = {host_path.lstrip("/"): text for host_path, text in rendered.files.items()}
     files["argv.json"] = json.dumps(rendered.argv, indent=2) + "\n"
+    if rendered.replicas:  # argv.json is replica 0's; every instance's and the gateway's here
+        argvs = {f"{r.instance}.service": r.argv for r in rendered.replicas}
+        argvs[f"{rendered.gateway.service}.service"] = rendered.gateway.argv
+        files["argv-replicas.json"] = json.dumps(argvs, indent=2) + "\n"
     out = Path(args.out)
     for name in write_tree(out, files):
         print(out / name)

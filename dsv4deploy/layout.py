@@ -112,6 +112,39 @@ class Layout:
     def unit(self) -> str:
         return f"/etc/systemd/system/{self.service}.service"
 
+    # --- replicas (profile `replicas:`): instances <service>@<i> of one templated unit ---------
+
+    @property
+    def template_unit(self) -> str:
+        return f"/etc/systemd/system/{self.service}@.service"
+
+    def instance(self, index: int) -> str:
+        """The unit name of replica `index`, without .service: sglang@0."""
+        return f"{self.service}@{index}"
+
+    def replica_env(self, index: int) -> str:
+        """Replica `index`'s GPUs and port (CUDA_VISIBLE_DEVICES, DSV4_REPLICA_PORT)."""
+        return f"{self.config_dir}/replica-{index}.env"
+
+    def replica_nccl_env(self, index: int) -> str:
+        return f"{self.config_dir}/nccl-{index}.env"
+
+    def instance_credential_path(self, index: int, name: str) -> str:
+        return f"/run/credentials/{self.instance(index)}.service/{name}"
+
+    @property
+    def gateway_service(self) -> str:
+        return f"{self.service}-gateway"
+
+    @property
+    def gateway_unit(self) -> str:
+        return f"/etc/systemd/system/{self.gateway_service}.service"
+
+    @staticmethod
+    def gateway_venv(version: str, lock_sha256: str | None) -> str:
+        """The smg venv: named by release and lock file, so a new pin is a new venv."""
+        return f"{OPT}/venvs/smg-{version}-{(lock_sha256 or 'nolock')[:12]}"
+
     @property
     def state_dir(self) -> str:
         return f"{STATE}/{self.service}"

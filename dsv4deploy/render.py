@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import jinja2
 
@@ -23,6 +24,9 @@ from .layout import Layout
 from .nccl import nccl_environment, render_env_file
 from .profiles import Profile
 from .sglang_versions import facts
+
+if TYPE_CHECKING:
+    from .render_replicas import RenderedGateway, RenderedReplica
 
 SGLANG_MODULE = "sglang.launch_server"
 # The API key reaches SGLang as a systemd credential: a --config file under $CREDENTIALS_DIRECTORY.
@@ -73,8 +77,9 @@ def flag_owner(flag: str) -> str | None:
     return None
 
 
-def server_args(profile: Profile) -> list[str]:
-    """The flags after `-m sglang.launch_server`, spelled as the pinned version accepts them."""
+def server_args(profile: Profile, port: str | None = None, config: str | None = None) -> list[str]:
+    """The flags after `-m sglang.launch_server`, spelled as the pinned version accepts them;
+    `port` and `config` replace the --port and --config words (a replica's, or a template's)."""
     data = profile.data
     server, model = data["server"], data["model"]
     version = facts(data["sglang"]["version"])
@@ -104,15 +109,16 @@ def server_args(profile: Profile) -> list[str]:
                       ("enable_metrics", "--enable-metrics")):
         if server.get(key):
             args.append(flag)
-    args += ["--host", server["host"], "--port", str(server["port"]), "--log-level", server["log_level"]]
+    args += ["--host", server["host"], "--port", port or str(server["port"]), "--log-level", server["log_level"]]
     if server.get("api_key"):
-        args += ["--config", layout.credential_path(SGLANG_CONFIG_CREDENTIAL)]
+        args += ["--config", config or layout.credential_path(SGLANG_CONFIG_CREDENTIAL)]
     return args + list(server.get("extra_args") or [])
 
 
-def launch_argv(profile: Profile, module: str = SGLANG_MODULE) -> list[str]:
+def launch_argv(profile: Profile, module: str = SGLANG_MODULE, port: str | None = None,
+                config: str | None = None) -> list[str]:
     """The whole command: the release's venv python, the server module, the flags."""
-    return [Layout.of(profile.data).python, "-m", module, *server_args(profile)]
+    return [Layout.of(profile.data).python, "-m", module, *server_args(profile, port, config)]
 
 
 def _number(value: float) -> str:
@@ -139,8 +145,10 @@ def systemd_word(word: str) -> str:
     return _quoted(word.replace("%", "%%").replace("$", "$$"))
 
 
-def systemd_exec(argv: list[str]) -> str:
-    return " ".join(systemd_word(w) for w in argv)
+def systemd_exec(argv: list[str], raw: frozenset[int] = frozenset()) -> str:
+    """The ExecStart= value; the words at indices `raw` go as they are (a template's '${NAME}'
+    or '%d/...' words, which the round trip then resolves per instance)."""
+    return " ".join(w if i in raw else systemd_word(w) for i, w in enumerate(argv))
 
 
 def systemd_env(key: str, value: str) -> str:
@@ -166,6 +174,10 @@ class Rendered:
     nccl_env: str
     manifest: str
     files: dict[str, str]
+    # With `replicas:` (render_replicas.py): `unit` is the template <service>@.service, `argv` and
+    # `nccl_env` are replica 0's, and each replica and the gateway are described here.
+    replicas: tuple["RenderedReplica", ...] = ()
+    gateway: "RenderedGateway | None" = None
 
 
 @cache
@@ -178,6 +190,9 @@ def _templates() -> jinja2.Environment:
 
 
 def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
+    if profile.data.get("replicas") is not None:
+        from .render_replicas import render_replicas
+        return render_replicas(profile, module)
     data = profile.data
     layout = Layout.of(data)
     server, service = data["server"], data["service"]
@@ -195,6 +210,7 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
         exec_start=systemd_exec(argv),
         timeout_start_s=service["timeout_start_s"], timeout_stop_s=service["timeout_stop_s"],
         start_limit_interval=max(600, 3 * service["timeout_start_s"]),
+        instance_note="", extra_env_files=[],
     )
     _check_template_inputs(profile, inputs)
     unit = _templates().get_template("sglang.service.j2").render(**inputs)

@@ -93,6 +93,11 @@ def rollout_for(host_data) -> Rollout:
         raise DeployError(f"invalid profile {name}:\n{exc}") from None
     if report.errors:
         raise DeployError(f"invalid profile {name}:\n" + "\n".join(map(str, report.problems)))
+    if profile.data.get("replicas") is not None:
+        # Remove when the tasks deploy <service>@.service, the replica files and the gateway.
+        raise DeployError(f"profile {name} declares replicas: they validate and render (docs/replicas.md), but "
+                          "this deploy does not roll them out yet; it would install the template unit as the "
+                          "single server's unit")
     if not host_data.get("weights_source") and (unpinned := placeholder_problem(profile)):
         raise DeployError(f"invalid profile {name} for this host:\n{unpinned}")
     stand_ins = dict(host_data.get("stand_ins") or {})

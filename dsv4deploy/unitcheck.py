@@ -170,9 +170,15 @@ def expand_specifiers(text: str, specifiers: dict[str, str]) -> str:
     return "".join(out)
 
 
-def expand_dollars(word: str) -> str:
+def expand_dollars(word: str, env: dict[str, str] | None = None) -> str:
     """ExecStart's exec-time variable step: '$$' is a literal '$'; '$NAME' and '${NAME}' would
-    be replaced by the environment, so any other '$' is refused."""
+    be replaced by the environment, so any other '$' is refused. With `env` (the unit's exec
+    environment, known at render time), a word that is exactly '${NAME}' becomes env[NAME] as
+    one word, as systemd.service(5) says ("always resulting in exactly a single argument")."""
+    if env is not None and word.startswith("${") and word.endswith("}") and _ENV_NAME.fullmatch(word[2:-1]):
+        if word[2:-1] not in env:
+            raise SyntaxProblem(f"{word} is not set in the unit's environment (it would be empty)")
+        return env[word[2:-1]]
     if word.startswith("$") and _ENV_NAME.fullmatch(word[1:]):
         raise SyntaxProblem(f"{word} is replaced (and split) by the environment")
     out, i = [], 0
@@ -188,13 +194,13 @@ def expand_dollars(word: str) -> str:
     return "".join(out)
 
 
-def exec_argv(value: str, specifiers: dict[str, str]) -> list[str]:
+def exec_argv(value: str, specifiers: dict[str, str], env: dict[str, str] | None = None) -> list[str]:
     """The argv an ExecStart= value starts. Both orders systemd has used (specifiers on the
     whole line before un-quoting, and per word after) must agree."""
     if value[:1] in "-@:+!":
         raise SyntaxProblem(f"ExecStart prefix {value[0]!r} changes how the command runs")
-    per_word = [expand_dollars(expand_specifiers(w, specifiers)) for w in split_words(value)]
-    whole_line = [expand_dollars(w) for w in split_words(expand_specifiers(value, specifiers))]
+    per_word = [expand_dollars(expand_specifiers(w, specifiers), env) for w in split_words(value)]
+    whole_line = [expand_dollars(w, env) for w in split_words(expand_specifiers(value, specifiers))]
     if per_word != whole_line:
         raise SyntaxProblem("the command reads differently depending on when specifiers expand")
     if not per_word or not per_word[0].startswith("/"):
@@ -326,10 +332,12 @@ def env_file(text: str) -> dict[str, str]:
 # --- the round trip ----------------------------------------------------------------------------
 
 def check_unit(unit: str, argv: list[str], env: dict[str, str], specifiers: dict[str, str],
-               max_line: int, quote=None) -> list[tuple[tuple, str]]:
+               max_line: int, quote=None, exec_env: dict[str, str] | None = None,
+               skip_exec: bool = False) -> list[tuple[tuple, str]]:
     """Mismatches between what the unit makes systemd run and what was asked for, each
     (locator, message): ("argv", i), ("env", name) or ("unit", ...). `quote` (the renderer's
-    word quoting) only helps name the word an unreadable ExecStart= went wrong at."""
+    word quoting) only helps name the word an unreadable ExecStart= went wrong at; `exec_env`
+    resolves '${NAME}' words (check_instance); `skip_exec` checks all but ExecStart=."""
     found: list[tuple[tuple, str]] = []
     for number, line in enumerate(LINE_BREAKS.split(unit), 1):
         if len(line.encode()) > max_line:
@@ -344,9 +352,9 @@ def check_unit(unit: str, argv: list[str], env: dict[str, str], specifiers: dict
     starts = [d for d in directives if d.section == "Service" and d.key == "ExecStart"]
     if len(starts) != 1:
         found.append((("unit",), f"expected one ExecStart= in [Service], found {len(starts)}"))
-    for d in starts[:1]:
+    for d in starts[:0] if skip_exec else starts[:1]:
         try:
-            got = exec_argv(d.value, specifiers)
+            got = exec_argv(d.value, specifiers, exec_env)
         except SyntaxProblem as exc:
             where = _first_bad_word(argv, quote, specifiers) if quote else len(argv) - 1
             found.append((("argv", where), f"ExecStart= does not read back: {exc}"))
@@ -366,6 +374,39 @@ def check_unit(unit: str, argv: list[str], env: dict[str, str], specifiers: dict
             found.append((("env", name), f"Environment= gives {name}={got_env.get(name)!r}, the profile asked for "
                                          f"{env.get(name)!r}"))
     return found
+
+
+def check_instance(unit: str, argv: list[str], env: dict[str, str], env_files: dict[str, str],
+                   specifiers: dict[str, str], max_line: int, quote=None) -> list[tuple[tuple, str]]:
+    """check_unit for one instance of a templated unit whose ExecStart= takes '${NAME}' words
+    from its EnvironmentFile=s: `specifiers` are the instance's (%i, %n, %d, ...), `env_files`
+    maps the host path of every env file this instance must read to its rendered text. The
+    EnvironmentFile= lines must name exactly those files; the exec environment is Environment=
+    with the files over it (systemd.exec(5): the files' settings override Environment=)."""
+    found = check_unit(unit, argv, env, specifiers, max_line, quote=quote, exec_env=None, skip_exec=True)
+    if found:
+        return found
+    directives = unit_directives(unit)
+    named = []
+    for d in directives:
+        if d.section == "Service" and d.key == "EnvironmentFile":
+            try:
+                path = expand_specifiers(d.value, specifiers)
+            except SyntaxProblem as exc:
+                return [(("unit",), f"EnvironmentFile= line {d.line} does not read back: {exc}")]
+            if path.startswith("-") or path not in env_files:
+                return [(("unit",), f"EnvironmentFile= line {d.line} names {path}, which this release does "
+                                    "not render for the instance")]
+            named.append(path)
+    if sorted(named) != sorted(env_files):
+        return [(("unit",), f"the instance reads env files {named}, the release renders {sorted(env_files)}")]
+    exec_env = dict(env)
+    for path in named:
+        try:
+            exec_env.update(env_file(env_files[path]))
+        except SyntaxProblem as exc:
+            return [(("env", None), f"{path} does not read back: {exc}")]
+    return check_unit(unit, argv, env, specifiers, max_line, quote=quote, exec_env=exec_env)
 
 
 def check_env_file(text: str, env: dict[str, str]) -> list[tuple[tuple, str]]:

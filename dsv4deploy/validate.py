@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from . import catalog
+from . import catalog, replicas
 from .boundary import shown
 from .errors import Problem
 from .memory import Budget, BudgetInputError, budget
@@ -113,6 +113,7 @@ def validate(profile: Profile) -> Report:
         _extra_args(profile, server, version, add)
     _secrets(profile, add)
     _service(profile, data["service"], add)
+    replicas.check(profile, add)
     _env(profile, server, add)
     if data["driver"]["branch"] < gpu.min_driver_branch:
         add(profile.problem(("driver", "branch"), f"{gpu.name} (compute capability {gpu.compute_cap}) needs "

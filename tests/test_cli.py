@@ -39,6 +39,8 @@ BAD = {
     "oom": "extends: nvfp4-ctx8k\nserver:\n  mem_fraction_static: 0.85\n",
     "notmapping": "- just\n- a list\n",
     "empty": "",
+    "replicas-overlap": "extends: nvfp4-ctx8k-dp2\nreplicas: {count: 2, gpus: [[0, 1, 2, 3], [3, 4, 5, 6]]}\n",
+    "replicas-too-many": "extends: nvfp4-ctx8k\nreplicas: {count: 4}\n",
 }
 
 
@@ -65,3 +67,29 @@ def test_render_writes_unit_env_manifest_and_argv(tmp_path):
     manifest = json.loads((tmp_path / "etc/dsv4deploy/sglang/manifest.json").read_text())
     assert manifest["profile"] == "nvfp4-ctx8k" and manifest["sglang_version"] == "0.5.23"
     assert json.loads((tmp_path / "argv.json").read_text()) == manifest["argv"]
+
+
+def test_validate_shows_the_replicas_and_their_endpoint():
+    out = run("validate", "nvfp4-ctx8k-dp2")
+    assert out.returncode == 0, out.stderr
+    assert "nvfp4-ctx8k-dp2: valid" in out.stdout and "(each replica's GPUs)" in out.stdout
+    for row in ("sglang@0", "0,1,2,3", "http://127.0.0.1:30001", "sglang@1", "4,5,6,7", "http://127.0.0.1:30002"):
+        assert row in out.stdout, row
+    doc = json.loads(run("validate", "nvfp4-ctx8k-dp2", "--json").stdout)
+    assert [r["gpus"] for r in doc["replicas"]["replicas"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert doc["replicas"]["gateway"]["port"] == 30000
+
+
+def test_render_writes_the_template_each_replicas_files_and_the_gateway(tmp_path):
+    out = run("render", "nvfp4-ctx8k-dp2", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    for path in ("etc/systemd/system/sglang@.service", "etc/systemd/system/sglang-gateway.service",
+                 "etc/dsv4deploy/sglang/replica-0.env", "etc/dsv4deploy/sglang/replica-1.env",
+                 "etc/dsv4deploy/sglang/nccl-0.env", "etc/dsv4deploy/sglang/nccl-1.env"):
+        assert (tmp_path / path).is_file(), path
+    assert not (tmp_path / "etc/systemd/system/sglang.service").exists()
+    argvs = json.loads((tmp_path / "argv-replicas.json").read_text())
+    assert sorted(argvs) == ["sglang-gateway.service", "sglang@0.service", "sglang@1.service"]
+    assert json.loads((tmp_path / "argv.json").read_text()) == argvs["sglang@0.service"]
+    launcher = argvs["sglang-gateway.service"][1]
+    assert (tmp_path / launcher.lstrip("/")).is_file()

@@ -93,6 +93,9 @@ FIELDS = {
     "service.user": ("service:\n  user: {}\n", "sglang-x", "service.user", True),
     "description": ("description: {}\n", "a profile", "description", False),
     "calibration.measured": ("calibration:\n  measured: {}\n", "ct200 2026-05-01", "calibration.measured", False),
+    "gateway.host": ("replicas:\n  count: 2\n  gateway:\n    host: {}\n", "127.0.0.1", "replicas.gateway.host", True),
+    "gateway.version": ("replicas:\n  count: 2\n  gateway:\n    version: {}\n", "1.13.0", "replicas.gateway.version",
+                        True),
 }
 UNPRINTABLE = {"lf": "\n", "cr": "\r", "nel": "\x85", "ls": "\u2028", "ps": "\u2029", "nul": "\x00",
                "tab": "\t", "esc": "\x1b", "del": "\x7f", "rlo": "\u202e"}
@@ -475,3 +478,75 @@ def test_at_least_150_hostile_cases():
     count = (len(INJECTIONS) + len(YAML_CASES) + len(BYTES_CASES) + len(VALUE_CASES) + len(SEMANTIC_CASES)
              + 2 + 2 * len(NAMES) + 9 + 1 + 6)
     assert count >= 150, count
+
+
+# --- replicas and the gateway (issue 13) -----------------------------------------------------------
+
+R = "replicas:\n  count: 2\n"
+REPLICA_CASES = {
+    "count-zero": ("replicas: {count: 0}\n", "replicas.count", ">= 1"),
+    "count-bool": ("replicas: {count: true}\n", "replicas.count", "expected an integer"),
+    "count-float": ("replicas: {count: 2.0}\n", "replicas.count", "write 2"),
+    "count-string": ("replicas: {count: '2'}\n", "replicas.count", "expected an integer"),
+    "count-huge": ("replicas: {count: 100000000000000000000}\n", "replicas.count", "too large"),
+    "count-missing": ("replicas: {base_port: 31001}\n", "replicas.count", "missing required key"),
+    "replicas-null": ("replicas:\n", "replicas", "expected a mapping"),
+    "replicas-list": ("replicas: [2]\n", "replicas", "expected a mapping"),
+    "unknown-key": (R + "  replica: 3\n", "replicas.replica", "unknown key"),
+    "gateway-unknown-key": (R + "  gateway: {prometheus_host: 0.0.0.0}\n", "replicas.gateway.prometheus_host",
+                            "unknown key"),
+    "more-gpus-than-host": ("replicas: {count: 3}\n", "replicas.count", "the host has 8"),
+    "gpu-negative": (R + "  gpus: [[-1, 0, 1, 2], [4, 5, 6, 7]]\n", "replicas.gpus[0][0]", ">= 0"),
+    "gpu-float": (R + "  gpus: [[0.0, 1, 2, 3], [4, 5, 6, 7]]\n", "replicas.gpus[0][0]", "write 0"),
+    "gpu-string": (R + "  gpus: [['0', 1, 2, 3], [4, 5, 6, 7]]\n", "replicas.gpus[0][0]", "expected an integer"),
+    "gpu-nested": (R + "  gpus: [[[0]], [4, 5, 6, 7]]\n", "replicas.gpus[0][0]", "expected an integer"),
+    "gpus-range-string": (R + "  gpus: 0-7\n", "replicas.gpus", "expected a list"),
+    "gpu-set-empty": (R + "  gpus: [[], [4, 5, 6, 7]]\n", "replicas.gpus[0]", "empty"),
+    "gpu-overlap": (R + "  gpus: [[0, 1, 2, 3], [3, 4, 5, 6]]\n", "replicas.gpus[1][0]", "disjoint"),
+    "gpu-twice": (R + "  gpus: [[0, 1, 1, 2], [4, 5, 6, 7]]\n", "replicas.gpus[0][2]", "listed twice"),
+    "gpu-beyond-host": (R + "  gpus: [[0, 1, 2, 3], [4, 5, 6, 8]]\n", "replicas.gpus[1][3]", "does not exist"),
+    "gpu-beyond-schema": (R + "  gpus: [[0, 1, 2, 3], [4, 5, 6, 64]]\n", "replicas.gpus[1][3]", "<= 63"),
+    "gpu-set-not-tp": (R + "  gpus: [[0, 1], [4, 5, 6, 7]]\n", "replicas.gpus[0]", "server.tp_size is 4"),
+    "gpu-sets-count": (R + "  gpus: [[0, 1, 2, 3]]\n", "replicas.gpus", "1 GPU sets for replicas.count 2"),
+    "base-port-zero": (R + "  base_port: 0\n", "replicas.base_port", ">= 1"),
+    "base-port-privileged": (R + "  base_port: 80\n", "replicas.base_port", "below 1024"),
+    "base-port-float": (R + "  base_port: 31001.0\n", "replicas.base_port", "write 31001"),
+    "base-port-past-end": (R + "  base_port: 65535\n", "replicas.base_port", "past 65535"),
+    "replica-on-gateway-port": (R + "  base_port: 29999\n", "replicas.base_port", "is replica 1's port"),
+    "metrics-on-replica-port": (R + "  gateway: {metrics_port: 30001}\n", "replicas.gateway.metrics_port",
+                                "is replica 0's port"),
+    "metrics-on-gateway-port": (R + "  gateway: {port: 31000, metrics_port: 31000}\n",
+                                "replicas.gateway.metrics_port", "also replicas.gateway.port"),
+    "gateway-port-high": (R + "  gateway: {port: 70000}\n", "replicas.gateway.port", "<= 65535"),
+    "policy-typo": (R + "  gateway: {policy: cache-aware}\n", "replicas.gateway.policy", "did you mean cache_aware"),
+    "version-unshipped": (R + "  gateway: {version: '1.12.0'}\n", "replicas.gateway.version", "no lock file"),
+    "version-path": (R + "  gateway: {version: '../../sglang/0.5.23'}\n", "replicas.gateway.version", "not valid"),
+    "drain-negative": (R + "  drain_timeout_s: -1\n", "replicas.drain_timeout_s", ">= 0"),
+    "server-public": ("server: {host: 0.0.0.0}\n" + R, "server.host", "loopback"),
+    "public-gateway-no-key": ("server: {api_key: false}\n" + R + "  gateway: {host: 0.0.0.0}\n", "server.api_key",
+                              "control plane"),
+    "metrics-off": ("server: {enable_metrics: false}\n" + R, "server.enable_metrics", "/metrics"),
+    "cuda-visible-in-env": ("server:\n  env: {CUDA_VISIBLE_DEVICES: '0'}\n" + R, "server.env.CUDA_VISIBLE_DEVICES",
+                            "set per replica"),
+    "port-var-in-env": ("server:\n  env: {DSV4_REPLICA_PORT: '1'}\n" + R, "server.env.DSV4_REPLICA_PORT",
+                        "set per replica"),
+    "multi-node": ("server: {nnodes: 2, tp_size: 8}\n" + R, "replicas", "single-host"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPLICA_CASES))
+def test_replica_inputs(profile_dir, tmp_path, capsys, case):
+    text, key, contains = REPLICA_CASES[case]
+    write(profile_dir, BASE + text)
+    refused(capsys, tmp_path, ["render", "case"], "case.yaml", key, contains)
+
+
+def test_a_bad_replica_profile_leaves_an_existing_render_untouched(profile_dir, tmp_path, capsys):
+    out = tmp_path / "rendered"
+    assert main(["render", "nvfp4-ctx8k-dp2", "--out", str(out)]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    write(profile_dir, "extends: nvfp4-ctx8k-dp2\nreplicas: {count: 2, gpus: [[0, 1, 2, 3], [0, 1, 2, 3]]}\n")
+    capsys.readouterr()
+    assert main(["render", "case", "--out", str(out)]) == 2
+    assert "replicas.gpus[1][0]" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

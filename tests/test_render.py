@@ -20,6 +20,12 @@ GOLDEN = Path(__file__).parent / "golden"
 def golden_files(name: str) -> dict[str, str]:
     r = render(load_profile(name))
     layout = Layout.of(load_profile(name).data)
+    if r.replicas:  # every rendered file by its base name (unique within a release), each argv
+        files = {path.rsplit("/", 1)[1]: text for path, text in r.files.items()}
+        argvs = {f"{x.instance}.service": x.argv for x in r.replicas}
+        argvs[f"{r.gateway.service}.service"] = r.gateway.argv
+        return {**files, "argv.json": json.dumps(argvs, indent=2) + "\n",
+                "unit-path": "\n".join(p for p in r.files if p.startswith("/etc/systemd/")) + "\n"}
     return {"sglang.service": r.unit, "nccl.env": r.nccl_env, "manifest.json": r.manifest,
             "argv.json": json.dumps(r.argv, indent=2) + "\n", "unit-path": layout.unit + "\n"}
 
@@ -52,16 +58,20 @@ def test_systemd_analyze_verify_accepts_the_unit(name, tmp_path):
     for path, text in rendered.files.items():
         (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         (root / path.lstrip("/")).write_text(text)
-    python = root / rendered.argv[0].lstrip("/")
-    python.parent.mkdir(parents=True)
-    python.write_text("#!/bin/sh\n")
-    python.chmod(0o755)
+    for argv in [rendered.argv] + ([rendered.gateway.argv] if rendered.gateway else []):
+        python = root / argv[0].lstrip("/")
+        python.parent.mkdir(parents=True, exist_ok=True)
+        python.write_text("#!/bin/sh\n")
+        python.chmod(0o755)
     (root / "usr/lib/systemd").mkdir(parents=True)
     (root / "usr/lib/systemd/system").symlink_to("/lib/systemd/system")
-    unit = Layout.of(profile.data).unit
-    out = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", unit],
-                         capture_output=True, text=True)
-    assert out.returncode == 0 and out.stderr.strip() == "", out.stderr
+    # a templated unit is verified through its instances (by name, as systemctl starts them)
+    units = ([f"{r.instance}.service" for r in rendered.replicas] + [f"{rendered.gateway.service}.service"]
+             if rendered.replicas else [Layout.of(profile.data).unit])
+    for unit in units:
+        out = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", unit],
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and out.stderr.strip() == "", (unit, out.stderr)
 
 
 def test_flags_are_spelled_in_full_for_0_5_23():

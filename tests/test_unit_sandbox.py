@@ -47,6 +47,16 @@ def test_shipped_units_are_sandboxed(tmp_path, name):
 
 
 @needs_analyze
+def test_the_gateway_unit_is_sandboxed_tighter_than_the_servers(tmp_path):
+    """The gateway needs no GPU and owns no file: it rates below the server's unit."""
+    rendered = render(load_profile("nvfp4-ctx8k-dp2"))
+    gateway = tmp_path / f"{rendered.gateway.service}.service"
+    gateway.write_text(rendered.gateway.unit)
+    server, _ = _unit(tmp_path, "nvfp4-ctx8k-dp2")
+    assert exposure(gateway) < exposure(server) <= EXPOSURE_MAX
+
+
+@needs_analyze
 def test_turning_the_sandbox_off_shows_in_the_rating(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -68,13 +78,16 @@ def test_systemd_verify_accepts_the_unit(tmp_path, name):
         dest = root / path.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(text)
-    python = root / rendered.argv[0].lstrip("/")
-    python.parent.mkdir(parents=True, exist_ok=True)
-    python.write_text("#!/bin/sh\n")
-    python.chmod(0o755)
-    unit = f"{profile.data['service']['name']}.service"
-    proc = subprocess.run([ANALYZE, "verify", f"--root={root}", unit], capture_output=True, text=True)
-    assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc.stdout + proc.stderr
+    for argv in [rendered.argv] + ([rendered.gateway.argv] if rendered.gateway else []):
+        python = root / argv[0].lstrip("/")
+        python.parent.mkdir(parents=True, exist_ok=True)
+        python.write_text("#!/bin/sh\n")
+        python.chmod(0o755)
+    units = ([f"{r.instance}.service" for r in rendered.replicas] + [f"{rendered.gateway.service}.service"]
+             if rendered.replicas else [f"{profile.data['service']['name']}.service"])
+    for unit in units:
+        proc = subprocess.run([ANALYZE, "verify", f"--root={root}", unit], capture_output=True, text=True)
+        assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), (unit, proc.stdout + proc.stderr)
 
 
 def test_strict_is_the_default_and_keeps_what_cuda_needs():

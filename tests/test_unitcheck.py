@@ -158,3 +158,47 @@ def test_the_schema_alone_refuses_a_trailing_newline():
     data["model"]["served_model_name"] = "dsv4\n"
     errors = list(Draft202012Validator(schema()).iter_errors(data))
     assert errors and {tuple(e.absolute_path) for e in errors} == {("model", "served_model_name")}
+
+
+# --- instances of a templated unit: `${NAME}` from the instance's env files ---------------------------
+
+def test_a_braced_variable_is_one_word_from_the_instance_environment():
+    env = {"P": "30001", "S": "a b"}
+    assert exec_argv("/x --port ${P} ${S}", {}, env) == ["/x", "--port", "30001", "a b"]
+    assert exec_argv("/x $${P}", {}, env) == ["/x", "${P}"]
+    for line, why in (("/x ${Q}", "not set"), ("/x $P", "split"), ("/x a${P}", "not doubled"),
+                      ("/x ${P}b", "not doubled")):
+        with pytest.raises(SyntaxProblem, match=why):
+            exec_argv(line, {}, env)
+    with pytest.raises(SyntaxProblem):  # without an environment nothing is resolved
+        exec_argv("/x ${P}", {})
+
+
+def test_a_replica_renderer_that_forgets_to_escape_is_caught(profile_dir, monkeypatch):
+    from dsv4deploy import render_replicas
+    profile_dir.write("q", "extends: nvfp4-ctx8k-dp2\nserver:\n  extra_args: [--chat-template, 'a $X %i']\n")
+    profile = load_profile("q")
+    assert [r.argv[-1] for r in render(profile).replicas] == ["a $X %i"] * 2
+    monkeypatch.setattr(render_replicas, "systemd_exec", lambda argv, raw=frozenset(): " ".join(argv))
+    with pytest.raises(ProfileError) as info:
+        render(profile)
+    assert {p.path for p in info.value.problems} == {"server.extra_args[1]"}
+    assert {p.message.split(":")[1].strip() for p in info.value.problems} == {"sglang@0.service", "sglang@1.service"}
+
+
+def test_a_replica_env_file_without_the_port_is_caught(profile_dir, monkeypatch):
+    from dsv4deploy import render_replicas
+    real = render_replicas.replica_env_text
+    monkeypatch.setattr(render_replicas, "replica_env_text",
+                        lambda env, header: real({k: v for k, v in env.items() if k != "DSV4_REPLICA_PORT"}, header))
+    with pytest.raises(ProfileError, match="DSV4_REPLICA_PORT"):
+        render(load_profile("nvfp4-ctx8k-dp2"))
+
+
+def test_a_gateway_argv_that_would_not_read_back_is_caught(monkeypatch):
+    from dsv4deploy import render_replicas
+    monkeypatch.setattr(render_replicas, "systemd_exec", lambda argv, raw=frozenset(): " ".join(argv)
+                        if "--worker-urls" in argv else render_module.systemd_exec(argv, raw))
+    monkeypatch.setattr(render_replicas.gateway, "launch_flags", lambda *a: ["--worker-urls", "a b"])
+    with pytest.raises(ProfileError, match="sglang-gateway.service"):
+        render(load_profile("nvfp4-ctx8k-dp2"))

@@ -4,6 +4,7 @@ puts in a venv on Linux x86_64, pinned, as pip itself resolves it (`--dry-run --
 metadata only: nothing is downloaded but metadata, nothing installed).
 
     python3 tests/tools/sglang_lock.py 0.5.23 [--extra NAME ...] [--python 3.12]
+    python3 tests/tools/sglang_lock.py 1.13.0 --package smg    # the gateway: data/smg/<version>.lock
 
 The machine's pip configuration (caps, local indexes) is ignored (PIP_CONFIG_FILE=/dev/null):
 the lock says what PyPI gives a real host. The deploy installs SGLang with `-c` this file, and the
@@ -24,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "dsv4deploy" / "data" / "sglang"
 
 
-def resolve(version: str, extras: list[str], python: str | None) -> list[tuple[str, str]]:
-    spec = f"sglang[{','.join(extras)}]=={version}" if extras else f"sglang=={version}"
+def resolve(version: str, extras: list[str], python: str | None, package: str = "sglang") -> list[tuple[str, str]]:
+    spec = f"{package}[{','.join(extras)}]=={version}" if extras else f"{package}=={version}"
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
@@ -47,15 +48,19 @@ def main(argv=None) -> int:
     ap.add_argument("version")
     ap.add_argument("--extra", action="append", default=[])
     ap.add_argument("--python", default=None, help="resolve for this Python (default: this one)")
+    ap.add_argument("--package", default="sglang", choices=["sglang", "smg"],
+                    help="sglang (data/sglang/) or smg, the gateway (data/smg/)")
     args = ap.parse_args(argv)
-    pins = resolve(args.version, args.extra, args.python)
+    pkg = args.package
+    pins = resolve(args.version, args.extra, args.python, pkg)
     py = args.python or ".".join(map(str, sys.version_info[:2]))
-    header = [f"# sglang=={args.version}{' [' + ','.join(args.extra) + ']' if args.extra else ''}: every package "
+    header = [f"# {pkg}=={args.version}{' [' + ','.join(args.extra) + ']' if args.extra else ''}: every package "
               f"its venv holds, as pip resolves it from PyPI",
               f"# for Linux x86_64, Python {py} (tests/tools/sglang_lock.py; pip install -c this file).",
               "# The venv's name hashes this file: a refreshed lock makes a new venv."]
-    out = DATA / f"{args.version}.lock"
-    out.write_text("\n".join(header + [f"{name}=={ver}" for name, ver in pins if name != "sglang"]) + "\n")
+    out = DATA.parent / pkg / f"{args.version}.lock"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(header + [f"{name}=={ver}" for name, ver in pins if name != pkg]) + "\n")
     print(f"{out.relative_to(REPO)}: {len(pins) - 1} packages "
           f"({', '.join(f'{n}=={v}' for n, v in pins if n in ('torch', 'sgl-kernel', 'flashinfer-python'))})")
     return 0
