@@ -46,9 +46,21 @@ class Backend:
 
 
 def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
-    """The measuring backend for the hosts of `inventory`, starting from `base` (the profile the
-    host is expected to serve now). THE plug-in point: see the module docstring."""
-    raise NoBackend(
-        f"no measuring backend yet: `dsv4deploy tune` can plan ({base.name} --plan lists the candidates and "
-        f"the refused ones) but cannot measure on {inventory}: the host backend "
-        "(dsv4deploy/tune/backend.py: open_backend) is not wired to the rollout yet; see docs/tune.md")
+    """The measuring backend for the hosts of `inventory`, starting from `base`: the rollout
+    itself (dsv4deploy/tune/rollout_backend.py). The release serving now is what a cut-off or
+    fruitless search puts back."""
+    from .. import releases
+    from ..host.connect import RemoteError, connected, on
+    from ..host.io import records
+    from ..layout import STATE
+    from .rollout_backend import RolloutBackend
+
+    try:
+        with connected(inventory) as hosts:
+            if len(hosts) != 1:
+                raise NoBackend(f"{inventory} has {len(hosts)} hosts: tune measures on one host at a time")
+            with on(hosts[0]):
+                live = releases.current(records(hosts[0], f"{STATE}/releases"))
+    except RemoteError as exc:
+        raise NoBackend(f"cannot reach the host of {inventory}: {exc}") from None
+    return RolloutBackend(inventory, base, method, start_release=live["release"] if live else None).backend()

@@ -1,0 +1,137 @@
+"""The tune search measured by the rollout itself: every candidate is deployed as a release.
+
+A candidate becomes a profile file (it `extends` the base, holds its overrides, and a gate of
+exactly the level to measure), deployed with the same `pyinfra deploy/serve.py` an operator runs:
+a release record per candidate (`make history` shows the run), a restart only when the rendered
+files differ, health, identity, the gate's client and its early stop. A candidate whose gate
+fails is rolled back by the rollout like any release, so the host never keeps serving a worse one.
+The measurement is read from the gate's own report (reports/<host>/<release>-<profile>/gate.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from ..profiles import REPO_ROOT, Profile, profiles_dir
+from .backend import Backend
+from .candidates import Candidate, set_path
+from .knobs import KNOBS
+from .objective import Level, Measurement, Method
+
+REPORT_LINE = re.compile(r"gate report: (\S+)")
+DEPLOYED = re.compile(r"release (\d{4}) deployed")
+ROLLED_BACK = re.compile(r"rolled back: release (\d{4})")
+
+# (inventory, profile name, profiles dir, extra pyinfra args) -> (exit status, combined output)
+Runner = Callable[[str, str, Path, list[str]], tuple[int, str]]
+
+
+def run_pyinfra(inventory: str, profile: str, profiles: Path, extra: list[str]) -> tuple[int, str]:
+    """`pyinfra -y INVENTORY deploy/serve.py --data profile=NAME` with the candidates' folder."""
+    pyinfra = str(Path(sys.executable).with_name("pyinfra"))
+    argv = [pyinfra, "-y", inventory, "deploy/serve.py", "--data", f"profile={profile}", *extra]
+    out = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True,
+                         env={**os.environ, "DSV4_PROFILES_DIR": str(profiles)})
+    return out.returncode, out.stdout + out.stderr
+
+
+def candidate_name(base: str, candidate: Candidate, level: Level) -> str:
+    return f"{base}-tune-{candidate.id}-l{level.index}"
+
+
+def candidate_document(base: Profile, candidate: Candidate, level: Level) -> dict:
+    """The profile a candidate is deployed as: the base, the overrides, one gate level."""
+    doc: dict = {"extends": base.name,
+                 "description": f"tune candidate {candidate.id} of {base.name} (level {level.index})"}
+    for name, value in candidate.overrides.items():
+        set_path(doc, KNOBS[name].path, value)
+    gate_level = {"concurrency": level.concurrency, "num_prompts": level.num_prompts,
+                  "input_len": level.input_len, "output_len": level.output_len}
+    if level.floor is not None:
+        gate_level["min_output_throughput"] = level.floor
+    doc["gate"] = {"levels": [gate_level]}
+    return doc
+
+
+def measurement_from_report(report: dict, concurrency: int, release: int | None) -> Measurement:
+    """The gate's report (gate.json) -> the level's Measurement."""
+    levels = [lv for lv in report["result"]["levels"] if lv["concurrency"] == concurrency]
+    if not levels:
+        return Measurement(output_throughput=0.0, error=f"the gate ran no level at C={concurrency}",
+                           release=release)
+    lv = levels[0]
+    early = lv.get("early_stop") or {}
+    return Measurement(output_throughput=float(lv.get("output_throughput") or 0.0),
+                       p99_ttft_ms=(lv.get("ttft_ms") or {}).get("p99"),
+                       p99_tpot_ms=(lv.get("tpot_ms") or {}).get("p99"),
+                       completed=int(lv.get("completed") or 0), failed=int(lv.get("failed") or 0),
+                       cannot_reach=lv.get("status") == "early_stop" and early.get("rule") != "pass",
+                       gate_passed=bool(report.get("passed")), release=release)
+
+
+def _last_line(pattern: re.Pattern, text: str) -> str | None:
+    found = pattern.findall(text)
+    return found[-1] if found else None
+
+
+class RolloutBackend:
+    """Backend whose measure/settle run the rollout (see the module docstring)."""
+
+    def __init__(self, inventory: str, base: Profile, method: Method, runner: Runner = run_pyinfra,
+                 start_release: int | None = None):
+        self.inventory, self.base, self.method, self.runner = inventory, base, method, runner
+        self.start_release = start_release
+        self._dir = Path(tempfile.mkdtemp(prefix="dsv4deploy-tune-"))
+        for path in profiles_dir().glob("*.yaml"):
+            shutil.copyfile(path, self._dir / path.name)
+        self.log: list[str] = []
+
+    def measure(self, candidate: Candidate, level: Level) -> Measurement:
+        name = candidate_name(self.base.name, candidate, level)
+        (self._dir / f"{name}.yaml").write_text(yaml.safe_dump(candidate_document(self.base, candidate, level),
+                                                               sort_keys=False))
+        rc, out = self.runner(self.inventory, name, self._dir, [])
+        self.log.append(out)
+        report = _last_line(REPORT_LINE, out)
+        release = _last_line(DEPLOYED, out)
+        number = int(release) if release else None
+        path = REPO_ROOT / report / "gate.json" if report else None
+        if path is None or not path.is_file():
+            tail = " ".join(line.strip() for line in out.strip().splitlines()[-3:])
+            return Measurement(output_throughput=0.0, error=f"no gate ran (exit {rc}): {tail[-300:]}",
+                               release=number)
+        return measurement_from_report(json.loads(path.read_text()), level.concurrency, number)
+
+    def settle(self, chosen: Candidate | None, tuned_profile: str | None) -> str:
+        """Deploy the tuned profile (full gate), or restore the release that served at the start."""
+        if chosen is not None and tuned_profile:
+            rc, out = self.runner(self.inventory, tuned_profile, profiles_dir(), [])
+            self.log.append(out)
+            release = _last_line(DEPLOYED, out)
+            if rc == 0 and release:
+                return f"release {release} ({tuned_profile}) is serving: it passed the full gate"
+        if self.start_release is None:
+            return "no starting release was recorded: the host serves what the last deploy left"
+        argv = [str(Path(sys.executable).with_name("pyinfra")), "-y", self.inventory, "deploy/rollback.py",
+                "--data", f"to={self.start_release}"]
+        out = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True)
+        self.log.append(out.stdout + out.stderr)
+        if out.returncode == 0:
+            return f"release {self.start_release:04d} (the one serving at the start) is serving again"
+        return f"could not restore release {self.start_release:04d}: see `make history`"
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def backend(self) -> Backend:
+        return Backend(measure=self.measure, settle=self.settle, close=self.close)
