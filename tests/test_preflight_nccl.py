@@ -340,15 +340,18 @@ def test_launcher_stopped_takes_its_ranks_along(tmp_path, sig):
     import signal as S
     script = tmp_path / f"probe_{sig}.py"
     script.write_text(Path(P.__file__).read_text())
+    # SIGINT as a terminal delivers it: a suite started in the background (`make test &`) has it
+    # ignored, and Python keeps an ignored SIGINT ignored
     proc = subprocess.Popen([sys.executable, "-I", str(script), "launch", "--nranks", "2", "--dry-run",
                              "--hang-rank", "1", "--timeout", "60"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: S.signal(S.SIGINT, S.SIG_DFL))
     deadline = time.monotonic() + 10
     while len(_procs_running(str(script))) < 2 and time.monotonic() < deadline:   # launcher + hanging rank
         time.sleep(0.05)
     time.sleep(0.3)
     proc.send_signal(getattr(S, sig))
-    proc.wait(timeout=10)
+    proc.wait(timeout=30)          # bounded: TERM grace 1.5 s + reap 2.5 s, on a loaded 2-core machine
     assert proc.returncode != 0
     deadline = time.monotonic() + 5
     while _procs_running(str(script)) and time.monotonic() < deadline:
