@@ -1,3 +1,4 @@
+# dsv4deploy host program: runs on the GPU host with its own python3; standard library only.
 """Is a downloaded checkpoint complete and intact? Size and sha256 of every file, against the
 hub's metadata for the pinned commit.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# dsv4deploy host program: runs on the GPU host with its own python3; standard library only.
 """dsv4deploy gate client: a self-contained, stdlib-only (Python 3.10+) streaming benchmark
 client for SGLang's native ``/generate``, uploaded to the host and run there with the system
 ``python3`` (the server listens on 127.0.0.1).  It imports nothing from dsv4deploy.

@@ -1,3 +1,8 @@
 """Everything that touches the GPU host: facts (what it says), the snapshot that reads them in
 one command, the state a deploy decides from, the operations derived from it, and the small
 direct effects (host/io.py). `tasks/` holds the `@deploy` steps that use them."""
+
+# Programs that are copied to the GPU host and run there with its own python3: each starts with
+# the line HOST_PROGRAM_MARK and imports only the standard library (tests/test_host_programs.py).
+HOST_PROGRAMS = ("gate/client.py", "preflight/nccl_probe.py", "sim/nvidia_smi.py", "weights_check.py")
+HOST_PROGRAM_MARK = "# dsv4deploy host program: runs on the GPU host with its own python3; standard library only."

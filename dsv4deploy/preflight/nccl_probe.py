@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# dsv4deploy host program: runs on the GPU host with its own python3; standard library only.
 """NCCL all-reduce probe: N ranks of torch.distributed (NCCL), bounded in time.
 
 Standalone: this file needs only the Python standard library to launch, and torch in the

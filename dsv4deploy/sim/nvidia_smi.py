@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# dsv4deploy host program: runs on the GPU host with its own python3; standard library only.
 """A stand-in for ``nvidia-smi`` on the CT200 twin.
 
 Self-contained (Python 3 stdlib only, never imports dsv4deploy): the twin

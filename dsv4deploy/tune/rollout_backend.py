@@ -30,7 +30,6 @@ from .objective import Level, Measurement, Method
 
 REPORT_LINE = re.compile(r"gate report: (\S+)")
 DEPLOYED = re.compile(r"release (\d{4}) deployed")
-ROLLED_BACK = re.compile(r"rolled back: release (\d{4})")
 
 # (inventory, profile name, profiles dir, extra pyinfra args) -> (exit status, combined output)
 Runner = Callable[[str, str, Path, list[str]], tuple[int, str]]
@@ -103,8 +102,8 @@ class RolloutBackend:
         rc, out = self.runner(self.inventory, name, self._dir, [])
         self.log.append(out)
         report = _last_line(REPORT_LINE, out)
-        release = _last_line(DEPLOYED, out)
-        number = int(release) if release else None
+        # the release that served the measurement: its report folder is reports/<host>/NNNN-<profile>
+        number = int(Path(report).name[:4]) if report and Path(report).name[:4].isdigit() else None
         path = REPO_ROOT / report / "gate.json" if report else None
         if path is None or not path.is_file():
             tail = " ".join(line.strip() for line in out.strip().splitlines()[-3:])
