@@ -90,4 +90,4 @@ def test_a_candidate_that_never_reached_its_gate_is_an_error_not_an_exception(ba
         m = backend.measure(_cand(base, {"server.context_length": 8192}), LEVEL)
     finally:
         backend.close()
-    assert m.error and "no gate ran (exit 1)" in m.error and "tp_size 4 needs 4 GPUs" in m.error
+    assert m.error and m.error.startswith("no gate ran (exit 1): preflight refused the host:") and "tp_size 4 needs 4 GPUs" in m.error

@@ -78,6 +78,15 @@ def measurement_from_report(report: dict, concurrency: int, release: int | None)
                        gate_passed=bool(report.get("passed")), release=release)
 
 
+def why_failed(out: str) -> str:
+    """The rollout's own words for a failure: its "failed"/"refused" line and the one after."""
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    for i, line in enumerate(lines):
+        if re.search(r"\bfailed\b|refused", line) and "Grand total" not in line:
+            return " ".join(lines[i:i + 2])[:400]
+    return " ".join(lines[-3:])[-300:]
+
+
 def _last_line(pattern: re.Pattern, text: str) -> str | None:
     found = pattern.findall(text)
     return found[-1] if found else None
@@ -106,8 +115,7 @@ class RolloutBackend:
         number = int(Path(report).name[:4]) if report and Path(report).name[:4].isdigit() else None
         path = REPO_ROOT / report / "gate.json" if report else None
         if path is None or not path.is_file():
-            tail = " ".join(line.strip() for line in out.strip().splitlines()[-3:])
-            return Measurement(output_throughput=0.0, error=f"no gate ran (exit {rc}): {tail[-300:]}",
+            return Measurement(output_throughput=0.0, error=f"no gate ran (exit {rc}): {why_failed(out)}",
                                release=number)
         return measurement_from_report(json.loads(path.read_text()), level.concurrency, number)
 
