@@ -216,24 +216,26 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
     unit = _templates().get_template("sglang.service.j2").render(**inputs)
     check_round_trip(profile, unit, nccl_env, argv, env, nccl_vars)
     files = {layout.unit: unit, layout.nccl_env: nccl_env}
-    manifest = json.dumps({
-        "profile": profile.name,
-        "content_hash": profile.content_hash,
-        "profile_files": list(profile.files),
-        "dsv4deploy_version": __version__,
-        "sglang_version": data["sglang"]["version"],
-        "patchset": layout.patchset,
-        "module": module,
-        "argv": argv,
-        "model": {"repo": data["model"]["repo"], "revision": data["model"]["revision"],
-                  "path": layout.model_dir},
-        "venv": layout.venv,
-        "service": service["name"],
-        "endpoint": {"host": server["host"], "port": server["port"]},
-        "files": {path: hashlib.sha256(text.encode()).hexdigest() for path, text in sorted(files.items())},
-    }, indent=2, sort_keys=True) + "\n"
+    manifest = manifest_text({**manifest_base(profile, layout, module, argv), "service": service["name"],
+                              "endpoint": {"host": server["host"], "port": server["port"]}}, files)
     files[layout.manifest] = manifest
     return Rendered(argv=argv, unit=unit, nccl_env=nccl_env, manifest=manifest, files=files)
+
+
+def manifest_base(profile: Profile, layout, module: str, argv: list[str]) -> dict:
+    """What every launch manifest says: the profile, versions, argv, model, venv."""
+    data = profile.data
+    return {"profile": profile.name, "content_hash": profile.content_hash, "profile_files": list(profile.files),
+            "dsv4deploy_version": __version__, "sglang_version": data["sglang"]["version"],
+            "patchset": layout.patchset, "module": module, "argv": argv,
+            "model": {"repo": data["model"]["repo"], "revision": data["model"]["revision"], "path": layout.model_dir},
+            "venv": layout.venv}
+
+
+def manifest_text(doc: dict, files: dict[str, str]) -> str:
+    """The manifest as written: DOC plus the sha256 of every other rendered file."""
+    return json.dumps({**doc, "files": {path: hashlib.sha256(text.encode()).hexdigest()
+                                        for path, text in sorted(files.items())}}, indent=2, sort_keys=True) + "\n"
 
 
 def _env_value(value) -> str:

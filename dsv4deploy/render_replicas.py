@@ -22,8 +22,7 @@ from .errors import ProfileError
 from .layout import Layout
 from .nccl import env_file_value, nccl_environment, render_env_file
 from .profiles import Profile
-from .render import (MANAGED_ENV, SGLANG_CONFIG_CREDENTIAL, Rendered, _blame, _check_template_inputs, _env_value,
-                     _templates, launch_argv, systemd_env, systemd_exec, systemd_word, unit_specifiers)
+from .render import (MANAGED_ENV, SGLANG_CONFIG_CREDENTIAL, Rendered, _blame, _check_template_inputs, _env_value, _templates, launch_argv, systemd_env, systemd_exec, systemd_word, unit_specifiers, manifest_base, manifest_text)
 from .sglang_versions import facts
 
 PORT_VAR = "DSV4_REPLICA_PORT"
@@ -172,18 +171,7 @@ def _gateway(profile: Profile, layout: Layout, plan, keyed: bool) -> RenderedGat
 
 
 def _manifest(profile, layout, module, template_argv, reps, gw, plan, files) -> str:
-    data = profile.data
-    return json.dumps({
-        "profile": profile.name,
-        "content_hash": profile.content_hash,
-        "profile_files": list(profile.files),
-        "dsv4deploy_version": __version__,
-        "sglang_version": data["sglang"]["version"],
-        "patchset": layout.patchset,
-        "module": module,
-        "argv": template_argv,
-        "model": {"repo": data["model"]["repo"], "revision": data["model"]["revision"], "path": layout.model_dir},
-        "venv": layout.venv,
+    return manifest_text({**manifest_base(profile, layout, module, template_argv),
         "service": layout.service,
         "template_unit": layout.template_unit,
         "endpoint": {"host": plan.gateway.host, "port": plan.gateway.port},
@@ -193,5 +181,4 @@ def _manifest(profile, layout, module, template_argv, reps, gw, plan, files) -> 
         "gateway": {"service": gw.service, "unit": gw.unit_path, "version": gw.version, "venv": gw.venv,
                     "lock_sha256": gw.lock_sha256, "argv": gw.argv, "policy": plan.gateway.policy,
                     "endpoint": gw.endpoint, "metrics": gw.metrics, "worker_urls": gw.worker_urls},
-        "files": {path: hashlib.sha256(text.encode()).hexdigest() for path, text in sorted(files.items())},
-    }, indent=2, sort_keys=True) + "\n"
+    }, files)
