@@ -11,18 +11,18 @@ replica's argv and environment, or the render is refused like any other.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from importlib.resources import files as package_files
 
-from . import __version__, gateway, replicas, unitcheck
+from . import gateway, replicas, unitcheck
 from .boundary import RENDERED_LINE_MAX
 from .errors import ProfileError
 from .layout import Layout
 from .nccl import env_file_value, nccl_environment, render_env_file
 from .profiles import Profile
-from .render import (MANAGED_ENV, SGLANG_CONFIG_CREDENTIAL, Rendered, _blame, _check_template_inputs, _env_value, _templates, launch_argv, systemd_env, systemd_exec, systemd_word, unit_specifiers, manifest_base, manifest_text)
+from .render import (MANAGED_ENV, SGLANG_CONFIG_CREDENTIAL, _blame, _check_template_inputs, _env_value,
+                     launch_argv, manifest_base, manifest_text, Rendered, systemd_env, systemd_exec,
+                     systemd_word, _templates, unit_specifiers)
 from .sglang_versions import facts
 
 PORT_VAR = "DSV4_REPLICA_PORT"
