@@ -224,6 +224,7 @@ def test_run_gate_bench_serving_failures_fail_fast(tmp_path):
     assert out.verdict.failures[0] == "C=64 failed: bench_serving exited 1: ValueError: Warmup failed - boom"
 
 
+@pytest.mark.slow
 def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
     monkeypatch.setattr(bs, "STARTUP_ALLOWANCE_S", 1.0)
     py, _, secrets = fake_venv(tmp_path, {"4": {"sleep": 30, "record": record(4, 8, 5.0, out_len=4)}})

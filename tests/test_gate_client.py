@@ -37,6 +37,7 @@ def gate(t, spec, **kw):
                     api_key_file=str(t.tmp / "api-key"), **kw)
 
 
+@pytest.mark.slow
 def test_throughput_agrees_with_twin_model_and_client_cpu_is_small():
     levels = (LevelSpec(1, 2, 256, 32), LevelSpec(16, 16, 256, 64), LevelSpec(64, 64, 256, 64))
     spec = GateSpec(levels=levels, warmup_requests=1, budget_s=300)
@@ -62,6 +63,7 @@ def test_throughput_agrees_with_twin_model_and_client_cpu_is_small():
     assert c64.client_cpu_share < 0.15, c64.client_cpu_share
 
 
+@pytest.mark.slow
 def test_slow_profile_stops_early_in_a_small_fraction_of_the_full_gate():
     spec = GateSpec.from_profile(load_profile("fp8-ctx1m-baseline").data)
     cfg = perf.reference_config(None)                     # default ~1M context
@@ -83,6 +85,7 @@ def test_slow_profile_stops_early_in_a_small_fraction_of_the_full_gate():
     assert took < 0.05 * full and took < 60
 
 
+@pytest.mark.slow
 def test_a_clear_pass_stops_early_and_a_near_floor_level_runs_to_the_end():
     """Early pass: 25% above the floor after C completions stops the level as passed; a level
     10% above its floor runs every request (the verdict must equal a full run's)."""
@@ -106,6 +109,7 @@ def lv_floor(spec):
     return spec.levels[0].min_output_throughput
 
 
+@pytest.mark.slow
 def test_error_rate_failures_are_counted():
     faults = {"error_rate": 0.3, "error_seed": 3}
     n = 24
@@ -128,6 +132,7 @@ def test_error_rate_failures_are_counted():
     assert f"C=4 failed requests {r.failed} > max 0" in out.verdict.failures
 
 
+@pytest.mark.slow
 def test_crash_mid_level_fails_fast_not_a_hang():
     spec = GateSpec(levels=(LevelSpec(4, 40, 64, 16), LevelSpec(1, 4, 64, 16)), warmup_requests=0, budget_s=120)
     with twin(faults={"crash_after_requests": 6}) as t:
@@ -143,6 +148,7 @@ def test_crash_mid_level_fails_fast_not_a_hang():
     assert not out.passed
 
 
+@pytest.mark.slow
 def test_budget_exhaustion_ends_within_budget():
     spec = GateSpec(levels=(LevelSpec(4, 8, 256, 256), LevelSpec(1, 2, 256, 256)), warmup_requests=1, budget_s=6)
     with twin(context=None) as t:                     # ~1M context: this level takes minutes
@@ -156,6 +162,7 @@ def test_budget_exhaustion_ends_within_budget():
     assert out.verdict.failures[0].startswith("C=4: gate budget 6")
 
 
+@pytest.mark.slow
 def test_api_key_from_the_key_file_not_argv_nor_environment():
     spec = GateSpec(levels=(LevelSpec(2, 4, 32, 8),), warmup_requests=1, budget_s=60)
     with twin(extra=["--api-key", "k-123456"]) as t:

@@ -3,6 +3,8 @@ the same way, regressions beyond 5 %."""
 
 import json
 
+import pytest
+
 from dsv4deploy.gate.report import compare, load_outcome, write_report
 from dsv4deploy.gate.result import GateResult, LevelResult, Stats
 from dsv4deploy.gate.runner import GateOutcome
@@ -41,6 +43,7 @@ def test_regressions_beyond_5_percent():
     assert not other.comparable and "runner builtin then bench_serving" in other.reason
 
 
+@pytest.mark.slow
 def test_write_report_files(tmp_path):
     a = write_report(PREV, tmp_path / "0001", release="0001")
     assert a.comparison is None and a.png.stat().st_size > 10_000 and a.png.read_bytes()[:4] == b"\x89PNG"

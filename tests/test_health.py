@@ -49,6 +49,7 @@ def test_a_new_main_pid_counts_as_a_crash():
         wait_healthy(sequence(obs(503, pid=100), obs(0, pid=200)), budget_s=60, poll_s=0.01)
 
 
+@pytest.mark.slow
 def test_never_healthy_ends_at_the_budget():
     start = time.monotonic()
     with pytest.raises(HealthError, match=r"not healthy after 1 s \(last: 503"):

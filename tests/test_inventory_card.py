@@ -177,6 +177,7 @@ def test_an_invalid_profile_is_refused_with_file_line_and_key(pinned):
     clean(out)
 
 
+@pytest.mark.slow
 def test_ssh_hostname_data_stands_in_for_ct200_host():
     out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", env={"CT200_PROFILE": "nvfp4-ctx8k"})
     assert out.returncode == 2 and "set CT200_HOST" in out.text and "--data ssh_hostname=" in out.text
@@ -187,6 +188,7 @@ def test_ssh_hostname_data_stands_in_for_ct200_host():
     clean(out)
 
 
+@pytest.mark.slow
 def test_rollback_and_exec_need_no_profile(listener):
     """Only a deploy that builds its run from a profile is checked: rollback goes on to connect."""
     out, _ = pyinfra("-y", "inventory/ct200.py", "deploy/rollback.py",
@@ -235,6 +237,7 @@ def test_history_and_bench_on_an_unreachable_host(cmd):
     ({}, "set CT200_HOST"),
     ({"CT200_HOST": NOWHERE, "CT200_PORT": "ssh"}, "CT200_PORT='ssh': not a port number"),
 ])
+@pytest.mark.slow
 def test_history_with_an_inventory_that_refuses_to_load(env, says):
     out, _ = run([str(BIN / "dsv4deploy"), "history", "--inventory", "inventory/ct200.py"], env=env)
     assert out.returncode == 1 and says in out.stderr
@@ -300,6 +303,7 @@ def _venv_current() -> bool:
     return subprocess.run(["make", "-q", "venv"], cwd=REPO, capture_output=True, env=clean_env()).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _venv_current(), reason="make would (re)build .venv first; run `make venv`")
 def test_make_deploy_to_the_real_inventory_refuses_the_placeholder_before_connecting():
     out, took = make("deploy", "PROFILE=nvfp4-ctx8k", "INVENTORY=inventory/ct200.py", env={"CT200_HOST": NOWHERE})

@@ -227,6 +227,7 @@ def run(*args, env):
                           env={**os.environ, **env}, cwd=REPO_ROOT, timeout=60)
 
 
+@pytest.mark.slow
 def test_command_prints_file_line_and_exits_cleanly(hub, checkpoints, profile_dir):
     env = {"HF_ENDPOINT": hub.url, "DSV4_PROFILES_DIR": str(profile_dir.path)}
     out = run("pin", "nvfp4-ctx8k", "--into-base", env=env)

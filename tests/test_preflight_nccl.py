@@ -134,6 +134,7 @@ def test_cli_profile_dry_run_and_compare_presets(capsys):
 
 # --- the hard timeout -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_hang_ends_in_bound_with_the_p2p_hint_and_no_process_left():
     t0 = time.monotonic()
     res = launch(nranks=3, nccl_env=PRESETS["ll-ring"], dry_run=True, hang_rank=1, timeout_s=2,
@@ -166,6 +167,7 @@ time.sleep(3600)                                         # the others wait in th
 """
 
 
+@pytest.mark.slow
 def test_fake_rank_that_ignores_sigterm_is_killed(tmp_path):
     prog = tmp_path / "stubborn.py"
     prog.write_text(FAKE_STUBBORN)
@@ -178,6 +180,7 @@ def test_fake_rank_that_ignores_sigterm_is_killed(tmp_path):
     assert_gone(res)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_stops_the_others_early(tmp_path):
     prog = tmp_path / "fails.py"
     prog.write_text(FAKE_ONE_FAILS)
@@ -191,6 +194,7 @@ def test_a_failing_rank_stops_the_others_early(tmp_path):
     assert_gone(res)
 
 
+@pytest.mark.slow
 def test_cli_timeout_exit_status_and_text(capsys):
     t0 = time.monotonic()
     rc = main(["nccl", "--profile", "mxfp4-tp2-cookbook", "--dry-run", "--hang-rank", "0", "--timeout", "1.5"])

@@ -160,6 +160,7 @@ FIELDS = {"extra_args": "server:\n  extra_args: [--chat-template, {}]\n",
 
 @settings(max_examples=120, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@pytest.mark.slow
 @given(field=st.sampled_from(sorted(FIELDS)), text=TEXT)
 def test_any_text_reaches_every_instance_exactly_or_is_refused(profile_dir, field, text):
     profile_dir.write("p", "extends: nvfp4-ctx8k-dp2\n" + FIELDS[field].format(json.dumps(text)))

@@ -8,6 +8,8 @@ ExecStart=/Environment=, POSIX shlex (the renderer only ever emits double quotes
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import shlex
 
@@ -80,6 +82,7 @@ def read_back(unit: str, service: str) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+@pytest.mark.slow
 @PROFILE
 @given(data=st.data())
 def test_any_text_in_any_field_is_refused_or_round_trips(profile_dir, data):
@@ -127,6 +130,7 @@ def test_exec_words_round_trip(argv):
     assert len(split_words(line)) == len(argv)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, database=None)
 @given(name=st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), value=PRINTABLE)
 def test_environment_assignment_round_trips(name, value):

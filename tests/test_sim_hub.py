@@ -176,6 +176,7 @@ def test_snapshot_download_whole_repo_then_nothing_again(hub, root, tmp_path, dl
     assert resolves(hub, "GET", since=since) == [], "a complete checkpoint at a pinned commit is never fetched again"
 
 
+@pytest.mark.slow
 def test_a_cut_download_resumes_with_a_range_request(root, tmp_path, dl):
     size = (root / BIG.replace("/", "--") / BIG_SHARD).stat().st_size
     cut = hf_constants.DOWNLOAD_CHUNK_SIZE + (1 << 20)
@@ -192,6 +193,7 @@ def test_a_cut_download_resumes_with_a_range_request(root, tmp_path, dl):
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.slow
 def test_a_killed_hf_download_restarts_the_partial_file_from_zero(root, tmp_path):
     """What 2.4 does after `hf download` is killed (the deploy's SSH session dropped): the partial
     file is a per-process `*.incomplete` temp file under LOCAL_DIR/.cache/huggingface/download
@@ -309,6 +311,7 @@ def test_fault_control_endpoint(hub):
 
 
 # --------------------------------------------------------- the commands the deploy runs on a host
+@pytest.mark.slow
 def test_hf_cli_download_token_file_and_the_host_check(root, tmp_path):
     """`hf download REPO --revision C --local-dir D` with HF_ENDPOINT and HF_TOKEN_PATH, then the
     weights check run as a plain script, as the weights step will run them on the host."""

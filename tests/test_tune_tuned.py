@@ -14,6 +14,13 @@ from dsv4deploy.tune.tuned import MARKER, write_tuned
 from dsv4deploy.validate import validate
 
 
+@pytest.fixture(autouse=True)
+def _no_shipped_tuned_profile(request):
+    """These tests write fp8-ctx1m-baseline-tuned.yaml themselves: start without the shipped one."""
+    if "profile_dir" in request.fixturenames:
+        request.getfixturevalue("profile_dir").path.joinpath("fp8-ctx1m-baseline-tuned.yaml").unlink(missing_ok=True)
+
+
 @pytest.fixture
 def chosen(profile_dir):
     prep = prepare("fp8-ctx1m-baseline", ["server.context_length=8192", "server.mem_fraction_static=0.7,0.8"])

@@ -3,6 +3,8 @@
 import json
 import time
 
+import pytest
+
 import requests
 
 from dsv4deploy.twin.faults import Faults, load_faults
@@ -41,6 +43,7 @@ def test_crash_on_start():
         assert "Uvicorn running" not in out
 
 
+@pytest.mark.slow
 def test_never_healthy():
     with LocalTwin(faults={**FAST, "never_healthy": True}) as t:
         t.wait_status("/health", 503)
@@ -49,6 +52,7 @@ def test_never_healthy():
         assert "fired up" not in t.output()
 
 
+@pytest.mark.slow
 def test_slow_start():
     with LocalTwin(faults={"load_seconds": 2.0, "warmup_seconds": 1.0, "health_poll_seconds": 0.1}) as t:
         t0 = time.monotonic()
@@ -58,6 +62,7 @@ def test_slow_start():
         assert bound >= 1.8 and time.monotonic() - t0 >= bound + 0.9
 
 
+@pytest.mark.slow
 def test_error_rate_http_500_and_stream_error_chunk():
     faults = {**FAST, "error_rate": 0.5, "error_seed": 7}
     expected = [Faults(error_rate=0.5, error_seed=7).fails(i) for i in range(8)]
@@ -79,6 +84,7 @@ def test_error_rate_http_500_and_stream_error_chunk():
         assert requests.get(t.url + "/health", timeout=10).status_code == 200  # health is not a user request
 
 
+@pytest.mark.slow
 def test_crash_after_requests():
     with LocalTwin(faults={**FAST, "crash_after_requests": 2}) as t:
         t.wait_ready()
@@ -88,6 +94,7 @@ def test_crash_after_requests():
         assert "crash_after_requests=2" in t.output()
 
 
+@pytest.mark.slow
 def test_stale_server_holds_the_port_and_reports_another_model():
     stale_path = "/srv/dsv4deploy/models/deepseek-ai--DeepSeek-V4-Flash/old-rev"
     with LocalTwin(faults={"load_seconds": 30, "stale_model_path": stale_path}) as stale:
@@ -129,6 +136,7 @@ def test_context_longer_than_model_max():
         assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in t.output()
 
 
+@pytest.mark.slow
 def test_multinode_worker_waits_for_rank0_on_sigterm():
     import signal
     import socket

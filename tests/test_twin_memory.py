@@ -69,6 +69,7 @@ def test_085_tp4_bs32_crashes_at_graph_capture():
         assert t._get("/health") is None
 
 
+@pytest.mark.slow
 def test_070_tp4_bs32_starts():
     with LocalTwin(faults=FAST) as t:  # default LocalTwin argv = nvfp4-ctx8k (0.70)
         t.wait_ready()

@@ -70,6 +70,7 @@ def test_queueing_beyond_max_running_requests():
     (None, 16, 16, 6),     # default context, the plateau
     (8192, 64, 64, 48),    # the capped context
 ])
+@pytest.mark.slow
 def test_client_throughput_agrees_with_model(context, c, n, out):
     with LocalTwin(faults=FAST) as t:
         t.argv = nvfp4_ctx8k_argv(str(t.model_dir), t.port, context_length=context)

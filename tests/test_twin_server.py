@@ -58,6 +58,7 @@ def sse(resp):
     return out
 
 
+@pytest.mark.slow
 def test_startup_phases_and_sigterm():
     faults = {"load_seconds": 1.2, "warmup_seconds": 1.0, "health_poll_seconds": 0.1}
     with LocalTwin(argv=[], faults=faults) as t:
@@ -95,6 +96,7 @@ def test_sigterm_during_load_exits_0():
         assert t.wait_exit(5) == 0
 
 
+@pytest.mark.slow
 def test_health_runs_a_generation(twin):
     t0 = time.monotonic()
     assert requests.get(twin.url + "/health", timeout=10).status_code == 200
@@ -199,6 +201,7 @@ def test_generate_stream_cumulative(twin):
     assert last["prompt_tokens"] == 256 and last["id"]
 
 
+@pytest.mark.slow
 def test_openai_client(twin):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=twin.url + "/v1", api_key=KEY)
@@ -229,6 +232,7 @@ def test_ready_endpoint_is_versioned():
     assert not has_ready_endpoint("0.5.17")
 
 
+@pytest.mark.slow
 def test_metrics_absent_without_flag_and_missing_model_path(tmp_path):
     with LocalTwin(faults=FAST) as t:
         t.argv = [a for a in t.argv if a != "--enable-metrics"]
@@ -244,6 +248,7 @@ def test_metrics_absent_without_flag_and_missing_model_path(tmp_path):
         assert "OSError: Can't load the configuration of" in t.output()
 
 
+@pytest.mark.slow
 def test_server_info_without_config_json(tmp_path):
     empty = tmp_path / "ckpt"
     empty.mkdir()
@@ -260,6 +265,7 @@ def test_server_info_without_config_json(tmp_path):
         assert si["launch_command"].split()[:2] == ["--model-path", str(empty)]   # SGLang's: args only
 
 
+@pytest.mark.slow
 def test_without_the_mask_patch_the_key_shows_as_sglang_0523_shows_it(tmp_path):
     """Upstream 0.5.23 logs the key and returns it in /server_info: so does the twin when the
     SGLang tree next to it lacks the patch (the validator refuses an API key without it)."""
