@@ -202,7 +202,7 @@ def cmd_list(args) -> int:
 def cmd_history(args) -> int:
     from .host.facts import Releases
     from .history import print_history
-    from .layout import STATE
+    from .layout import RELEASES
     from .host.connect import RemoteError, connected, on
 
     try:
@@ -210,7 +210,7 @@ def cmd_history(args) -> int:
             per_host = {}
             for h in hosts:
                 with on(h):
-                    per_host[h.name] = h.get_fact(Releases, releases_dir=f"{STATE}/releases")
+                    per_host[h.name] = h.get_fact(Releases, releases_dir=RELEASES)
     except RemoteError as exc:
         _err(str(exc))
         return EXIT_FAILED

@@ -14,6 +14,7 @@ OPT = "/opt/dsv4deploy"
 ETC = "/etc/dsv4deploy"
 STATE = "/var/lib/dsv4deploy"
 MODELS = "/srv/dsv4deploy/models"
+RELEASES = f"{STATE}/releases"   # the release store: one per host, whatever the profile
 GATE_USER = "dsv4deploy-gate"   # the gate's load client runs as this user: no files, no login, no groups
 
 
@@ -151,4 +152,4 @@ class Layout:
 
     @property
     def releases_dir(self) -> str:
-        return f"{STATE}/releases"
+        return RELEASES

@@ -15,11 +15,10 @@ from .. import releases
 from ..health import HealthError
 from ..host.io import read_json, records, save_record, sh
 from ..host.facts import Releases
-from ..layout import STATE
+from ..layout import RELEASES
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, probe
 
-RELEASES = f"{STATE}/releases"
 
 
 class RollbackError(Exception):

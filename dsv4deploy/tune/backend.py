@@ -52,7 +52,7 @@ def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
     from .. import releases
     from ..host.connect import RemoteError, connected, on
     from ..host.io import records
-    from ..layout import STATE
+    from ..layout import RELEASES
     from .rollout_backend import RolloutBackend
 
     try:
@@ -60,7 +60,7 @@ def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
             if len(hosts) != 1:
                 raise NoBackend(f"{inventory} has {len(hosts)} hosts: tune measures on one host at a time")
             with on(hosts[0]):
-                live = releases.current(records(hosts[0], f"{STATE}/releases"))
+                live = releases.current(records(hosts[0], RELEASES))
     except RemoteError as exc:
         raise NoBackend(f"cannot reach the host of {inventory}: {exc}") from None
     return RolloutBackend(inventory, base, method, start_release=live["release"] if live else None).backend()
