@@ -20,6 +20,7 @@ import jinja2
 from . import __version__, catalog, unitcheck
 from .boundary import RENDERED_LINE_MAX, first_unprintable
 from .errors import ProfileError
+from .flags import MANAGED_ENV, MANAGED_FLAGS, UNIT_PATH, UNREAD_FLAGS, flag, flag_owner  # noqa: F401 (re-exported)
 from .layout import Layout
 from .nccl import nccl_environment, render_env_file
 from .profiles import Profile
@@ -31,50 +32,6 @@ if TYPE_CHECKING:
 SGLANG_MODULE = "sglang.launch_server"
 # The API key reaches SGLang as a systemd credential: a --config file under $CREDENTIALS_DIRECTORY.
 SGLANG_CONFIG_CREDENTIAL = "sglang-config"
-# PATH for the unit: SGLang sizes memory through nvidia-smi, which must be found.
-UNIT_PATH = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Environment the unit always sets; a profile's server.env may not repeat these.
-MANAGED_ENV = {"PATH": UNIT_PATH, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-
-# Flags the profile manages, with every alias SGLang accepts for them: extra_args may not
-# repeat them (an override buried in extra_args is how a launch silently differs from its profile).
-MANAGED_FLAGS: dict[str, tuple[str, ...]] = {
-    "model": ("--model-path", "--model"),
-    "served_model_name": ("--served-model-name",),
-    "tp_size": ("--tp-size", "--tensor-parallel-size"),
-    "nnodes": ("--nnodes",),
-    "mem_fraction_static": ("--mem-fraction-static",),
-    "context_length": ("--context-length",),
-    "cuda_graph_max_bs_decode": ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"),
-    "moe_runner_backend": ("--moe-runner-backend",),
-    "max_running_requests": ("--max-running-requests",),
-    "chunked_prefill_size": ("--chunked-prefill-size",),
-    "disable_custom_all_reduce": ("--disable-custom-all-reduce",),
-    "enable_metrics": ("--enable-metrics",),
-    "trust_remote_code": ("--trust-remote-code",),
-    "host": ("--host",),
-    "port": ("--port",),
-    "log_level": ("--log-level",),
-    "api_key": ("--api-key", "--config"),
-    "quantization": ("--quantization",),
-}
-
-
-# Flags SGLang declares but never reads: rendering them changes nothing but what the launch
-# appears to promise. Neither the renderer nor extra_args passes them on.
-UNREAD_FLAGS: dict[str, str] = {
-    "--num-continuous-decode-steps": "declared by SGLang 0.5.12-0.5.23 but never read (the PR that "
-                                     "would wire it up was closed unmerged); not rendered",
-}
-
-
-def flag_owner(flag: str) -> str | None:
-    """The profile key that manages `flag` (given as `--x` or `--x=value`), if any."""
-    name = flag.split("=", 1)[0]
-    for key, spellings in MANAGED_FLAGS.items():
-        if name in spellings:
-            return key
-    return None
 
 
 def server_args(profile: Profile, port: str | None = None, config: str | None = None) -> list[str]:
@@ -100,15 +57,12 @@ def server_args(profile: Profile, port: str | None = None, config: str | None = 
     known = catalog.model(model["repo"])
     if known and known.quantization_flag:
         args += ["--quantization", known.quantization_flag]
-    for key, flag in (("max_running_requests", "--max-running-requests"),
-                      ("chunked_prefill_size", "--chunked-prefill-size")):
+    for key in ("max_running_requests", "chunked_prefill_size"):
         if server.get(key):
-            args += [flag, str(server[key])]
-    for key, flag in (("disable_custom_all_reduce", "--disable-custom-all-reduce"),
-                      ("trust_remote_code", "--trust-remote-code"),
-                      ("enable_metrics", "--enable-metrics")):
+            args += [flag(key), str(server[key])]
+    for key in ("disable_custom_all_reduce", "trust_remote_code", "enable_metrics"):
         if server.get(key):
-            args.append(flag)
+            args.append(flag(key))
     args += ["--host", server["host"], "--port", port or str(server["port"]), "--log-level", server["log_level"]]
     if server.get("api_key"):
         args += ["--config", config or layout.credential_path(SGLANG_CONFIG_CREDENTIAL)]

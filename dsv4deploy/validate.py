@@ -14,8 +14,8 @@ from .boundary import shown
 from .errors import Problem
 from .memory import Budget, BudgetInputError, budget
 from .patches import MASK_SECRETS_PATCH, PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM, profile_entry
+from .flags import MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
 from .profiles import Profile
-from .render import MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
 from .sglang_versions import facts, known_versions
 
 PLACEHOLDER_REVISION = "0" * 40

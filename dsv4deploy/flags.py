@@ -1,0 +1,56 @@
+"""The flag table: which SGLang flags and unit variables the profile manages, and which flags
+SGLang declares but never reads. Rendering spells flags from it; validation refuses an
+extra_args word or an env key that would repeat one (render.py and validate.py both read it).
+"""
+
+from __future__ import annotations
+
+# PATH for the unit: SGLang sizes memory through nvidia-smi, which must be found.
+UNIT_PATH = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Environment the unit always sets; a profile's server.env may not repeat these.
+MANAGED_ENV = {"PATH": UNIT_PATH, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+# Flags the profile manages, with every alias SGLang accepts for them: extra_args may not
+# repeat them (an override buried in extra_args is how a launch silently differs from its profile).
+MANAGED_FLAGS: dict[str, tuple[str, ...]] = {
+    "model": ("--model-path", "--model"),
+    "served_model_name": ("--served-model-name",),
+    "tp_size": ("--tp-size", "--tensor-parallel-size"),
+    "nnodes": ("--nnodes",),
+    "mem_fraction_static": ("--mem-fraction-static",),
+    "context_length": ("--context-length",),
+    "cuda_graph_max_bs_decode": ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"),
+    "moe_runner_backend": ("--moe-runner-backend",),
+    "max_running_requests": ("--max-running-requests",),
+    "chunked_prefill_size": ("--chunked-prefill-size",),
+    "disable_custom_all_reduce": ("--disable-custom-all-reduce",),
+    "enable_metrics": ("--enable-metrics",),
+    "trust_remote_code": ("--trust-remote-code",),
+    "host": ("--host",),
+    "port": ("--port",),
+    "log_level": ("--log-level",),
+    "api_key": ("--api-key", "--config"),
+    "quantization": ("--quantization",),
+}
+
+
+# Flags SGLang declares but never reads: rendering them changes nothing but what the launch
+# appears to promise. Neither the renderer nor extra_args passes them on.
+UNREAD_FLAGS: dict[str, str] = {
+    "--num-continuous-decode-steps": "declared by SGLang 0.5.12-0.5.23 but never read (the PR that "
+                                     "would wire it up was closed unmerged); not rendered",
+}
+
+
+def flag_owner(flag: str) -> str | None:
+    """The profile key that manages `flag` (given as `--x` or `--x=value`), if any."""
+    name = flag.split("=", 1)[0]
+    for key, spellings in MANAGED_FLAGS.items():
+        if name in spellings:
+            return key
+    return None
+
+
+def flag(key: str) -> str:
+    """The spelling the renderer writes for profile key `server.KEY`."""
+    return MANAGED_FLAGS[key][0]
