@@ -39,7 +39,10 @@ def env_file_value(value: str) -> str:
     return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
 
 
-def render_env_file(env: dict[str, str], header: str) -> str:
-    lines = [f"# {header}", "# Rendered by dsv4deploy; read by systemd (EnvironmentFile=) and the NCCL preflight."]
+def render_env_file(env: dict[str, str], header: str,
+                    read_by: str = "systemd (EnvironmentFile=) and the NCCL preflight") -> str:
+    """The one renderer of environment files (NCCL's, a replica's): values quoted as systemd's
+    EnvironmentFile= parser reads them back (unitcheck.env_file proves it)."""
+    lines = [f"# {header}", f"# Rendered by dsv4deploy; read by {read_by}."]
     lines += [f"{key}={env_file_value(value)}" for key, value in env.items()]
     return "\n".join(lines) + "\n"

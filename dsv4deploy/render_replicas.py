@@ -18,7 +18,7 @@ from . import gateway, replicas, unitcheck
 from .boundary import RENDERED_LINE_MAX
 from .errors import ProfileError
 from .layout import Layout
-from .nccl import env_file_value, nccl_environment, render_env_file
+from .nccl import nccl_environment, render_env_file
 from .profiles import Profile
 from .render import (MANAGED_ENV, SGLANG_CONFIG_CREDENTIAL, _blame, _check_template_inputs, _env_value,
                      launch_argv, manifest_base, manifest_text, Rendered, systemd_env, systemd_exec,
@@ -68,8 +68,7 @@ def instance_specifiers(service: str, index: int) -> dict[str, str]:
 
 
 def replica_env_text(env: dict[str, str], header: str) -> str:
-    lines = [f"# {header}", "# Rendered by dsv4deploy; read by systemd (EnvironmentFile=) for this instance only."]
-    return "\n".join(lines + [f"{k}={env_file_value(v)}" for k, v in env.items()]) + "\n"
+    return render_env_file(env, header, read_by="systemd (EnvironmentFile=) for this instance only")
 
 
 def render_replicas(profile: Profile, module: str) -> Rendered:
