@@ -5,9 +5,11 @@ Markdown, PNG) go next to the release on the host and into reports/ here.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shlex
 import tarfile
+import threading
 from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
@@ -33,8 +35,18 @@ def host_execute(h):
     return execute
 
 
+def _warm_plotting() -> None:
+    """Import the report's plotting library while the gate runs on the host (about 0.5 s that
+    would otherwise come after it)."""
+    with contextlib.suppress(Exception):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+
+
 def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile_name: str):
     """Run the profile's gate against the release's server; write and fetch its reports."""
+    threading.Thread(target=_warm_plotting, name="warm-plotting", daemon=True).start()
     spec = GateSpec.from_profile(target.data)
     outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
                        venv_python=target.layout.python, upload=lambda src, dst: put(h, src, dst),
