@@ -196,6 +196,10 @@ def test_second_run_changes_nothing_and_restarts_nothing(twin):
 
 def test_plan_shows_the_unit_diff_and_changes_nothing(twin):
     pid, before = main_pid(twin), releases(twin)
+    same = run(["make", "plan", "PROFILE=nvfp4-ctx8k"])
+    assert same.returncode == 0, (same.stdout + same.stderr)[-3000:]
+    assert "plan: nothing to change: release 0001 (nvfp4-ctx8k) is deployed and sglang.service is active" in same.stdout
+    assert "sim: " not in same.stdout + same.stderr                   # it boots nothing
     out = run(["make", "plan", "PROFILE=fp8-ctx1m-baseline"])
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]

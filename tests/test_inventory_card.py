@@ -456,3 +456,15 @@ def test_rerun_messages_name_the_make_form():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_make_plan_boots_no_twin_but_deploy_does():
+    """`make plan` reads the host and changes nothing: against the twin it plans what is running
+    (or says no twin runs); only `make deploy` brings one up."""
+    plan = subprocess.run(["make", "-n", "plan", "PROFILE=nvfp4-ctx8k"], cwd=REPO, capture_output=True, text=True,
+                          env=clean_env())
+    deploy = subprocess.run(["make", "-n", "deploy", "PROFILE=nvfp4-ctx8k"], cwd=REPO, capture_output=True,
+                            text=True, env=clean_env())
+    assert plan.returncode == 0 and deploy.returncode == 0
+    assert "--dry --diff" in plan.stdout and "sim up" not in plan.stdout
+    assert "sim up" in deploy.stdout
