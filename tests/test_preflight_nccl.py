@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import pytest
 
 from dsv4deploy.layout import Layout
 from dsv4deploy.nccl import PRESETS, nccl_environment, render_env_file
-from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_result, launch,
+from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_groups, format_result, launch,
                                   probe_argv, rank_environment, read_env_file)
 from dsv4deploy.preflight import nccl_probe as P
 from dsv4deploy.preflight.cli import main
@@ -252,7 +253,7 @@ def test_sizes_and_busbw_formula():
     assert busbw(1 << 20, 1e-3, 2)[1] == busbw(1 << 20, 1e-3, 2)[0]          # n=2: factor 1
 
 
-@pytest.mark.parametrize("name", ["h200x2-compare.json", "h200x2-compare-run1.json"])
+@pytest.mark.parametrize("name", ["h200x2-compare.json", "h200x2-compare-run1.json", "h200x2-compare-run3.json"])
 def test_recorded_compare_run(name):
     doc = json.loads((FIX / name).read_text())
     assert doc["ok"] and doc["preset"] == "ll-ring"
@@ -338,16 +339,19 @@ def _procs_running(marker: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_launcher_stopped_takes_its_ranks_along(tmp_path, sig):
+@pytest.mark.parametrize("sig, layout", [
+    ("SIGTERM", ["--nranks", "2", "--hang-rank", "1"]), ("SIGINT", ["--nranks", "2", "--hang-rank", "1"]),
+    ("SIGHUP", ["--groups", "0:1", "--hang-group", "1", "--hang-rank", "0"]),     # two groups at once
+])
+def test_launcher_stopped_takes_its_ranks_along(tmp_path, sig, layout):
     """An SSH session closing (SIGTERM/SIGHUP) or Ctrl-C must not leave ranks in their own sessions."""
     import signal as S
     script = tmp_path / f"probe_{sig}.py"
     script.write_text(Path(P.__file__).read_text())
     # SIGINT as a terminal delivers it: a suite started in the background (`make test &`) has it
     # ignored, and Python keeps an ignored SIGINT ignored
-    proc = subprocess.Popen([sys.executable, "-I", str(script), "launch", "--nranks", "2", "--dry-run",
-                             "--hang-rank", "1", "--timeout", "60"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-I", str(script), "launch", *layout, "--dry-run",
+                             "--timeout", "60"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=lambda: S.signal(S.SIGINT, S.SIG_DFL))
     deadline = time.monotonic() + 10
@@ -590,3 +594,90 @@ def test_standalone_script_with_groups(tmp_path):
         bad = subprocess.run([sys.executable, "-I", str(script), "launch", *args], capture_output=True, text=True,
                              cwd=tmp_path, timeout=30)
         assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+
+
+# --- the groups as recorded on 2x H200 (device nvidia-h200-x2; docs/preflight.md) ----------------
+
+def _machine() -> tuple[str, dict[str, str], dict[str, tuple[int, int]]]:
+    """The recorded machine notes: text, GPU index -> UUID (nvidia-smi), run name -> (rc, wall_ms)."""
+    text = (FIX / "h200x2-groups-machine.txt").read_text()
+    uuids = {m[0]: m[1] for m in re.findall(r"^(\d), NVIDIA H200, GPU-([0-9a-f-]+), 580\.159\.04", text, re.M)}
+    runs = {m[0]: (int(m[1]), int(m[2])) for m in re.findall(r"^(\S+): rc=(\d+) wall_ms=(\d+) ::", text, re.M)}
+    return text, uuids, runs
+
+
+def _check_recorded_group_run(run: dict, gpu: int, uuids: dict, preset: dict) -> None:
+    """One group of one rank on GPU `gpu`: placed there, with the preset, right sums, nccl-tests math."""
+    assert run["gpus"] == [gpu] and run["group"] == gpu and run["nranks"] == 1 and run["leftover"] == []
+    assert run["system"]["cuda_visible_devices"] == str(gpu)
+    assert run["system"]["gpu_uuids"] == [uuids[str(gpu)]]               # the physical GPU nvidia-smi names
+    assert run["system"]["torch"] == "2.11.0+cu130" and run["system"]["nccl"] == "2.28.9"
+    env = run["ranks"][0]["report"]["env"]
+    assert {k: v for k, v in env.items() if k in preset} == preset and env["NCCL_NVLS_ENABLE"] == "0"
+    if run["nccl_debug"]:                                                  # NCCL's own word on the device
+        assert set(re.findall(r"nvmlDev (\d+)", run["ranks"][0]["log_tail"])) == {str(gpu)}
+    assert [x["bytes"] for x in run["results"]] == list(P.DEFAULT_SIZES)
+    for x in run["results"]:
+        assert x["correct"] and x["latency_us"] == sorted(x["trials_us"])[1]
+        algbw, bus = busbw(x["bytes"], x["latency_us"] / 1e6, 1)
+        assert x["busbw_gbps"] == pytest.approx(bus, rel=2e-3) and bus == algbw        # n=1: factor 1
+
+
+def test_recorded_groups_compare():
+    """Two 1-rank groups (GPU 0, GPU 1) at once and each alone, for every preset, on 2x H200."""
+    doc = json.loads((FIX / "h200x2-groups-compare.json").read_text())
+    _, uuids, runs = _machine()
+    assert runs["groups-compare.json"][0] == 0 and len(set(uuids.values())) == 2
+    assert doc["ok"] and doc["preset"] == "ll-ring" and doc["groups"] == [[0], [1]]
+    assert [d["label"] for d in doc["runs"]] == list(PRESETS)
+    for d in doc["runs"]:
+        assert d["ok"] and d["mode"] == "groups" and d["groups"] == [[0], [1]] and d["together"]["leftover"] == []
+        together, alone = d["together"]["runs"], d["alone"]
+        for gpu in (0, 1):
+            _check_recorded_group_run(together[gpu], gpu, uuids, PRESETS[d["label"]])
+            _check_recorded_group_run(alone[gpu], gpu, uuids, PRESETS[d["label"]])
+        assert together[0]["master_port"] != together[1]["master_port"]
+        # at once: one deadline for both, neither finished after the pair did
+        assert max(r["elapsed_s"] for r in together) <= d["together"]["elapsed_s"]
+    # the tables printed on the H200s are what format_groups renders from the same data today
+    assert doc["summary"] == "\n".join(format_groups(d) for d in doc["runs"])
+
+
+def test_recorded_groups_hang():
+    """Group 1's only rank never joins: group 0 passes, group 1 is ended at the deadline, at once and
+    alone; nothing is left (ps, nvidia-smi)."""
+    doc = json.loads((FIX / "h200x2-groups-hang.json").read_text())
+    _, uuids, runs = _machine()
+    assert runs["groups-hang.json"][0] == 1 and runs["groups-hang.txt"][0] == 1 and not doc["ok"]
+    g0, g1 = doc["together"]["runs"]
+    a0, a1 = doc["alone"]
+    _check_recorded_group_run(g0, 0, uuids, PRESETS["ll-ring"])
+    _check_recorded_group_run(a0, 0, uuids, PRESETS["ll-ring"])
+    for run in (g1, a1):
+        assert run["error"]["kind"] == "timeout" and run["hang_rank"] == 0 and run["results"] == []
+        assert [(r["phase"], r["returncode"]) for r in run["ranks"]] == [("hang", -15)]
+        assert "did not finish within 10 s (rank 0 stuck at 'hang')" in run["error"]["message"]
+        assert run["leftover"] == [] and run["elapsed_s"] < run["timeout_s"] + SLACK_S
+    assert doc["together"]["leftover"] == [] and doc["together"]["elapsed_s"] < 10 + SLACK_S
+    text = (FIX / "h200x2-groups-hang.txt").read_text()
+    assert "status      ok    4.0 s  timeout   10.1 s" in text and "0 process(es) left" in text
+    assert text.endswith("--- processes whose command line names nccl_probe or preflight:\nnone\n"
+                         "--- GPU compute processes:\n(end)\n")
+    out = format_groups(doc)
+    assert "g1 at once: NCCL probe did not finish within 10 s" in out and "g1 alone: NCCL probe" in out
+
+
+def test_recorded_standalone_groups_and_the_two_rank_rerun():
+    """The deploy's path (the probe file alone, `python3 -I`, an env file) and the 2-rank presets
+    re-run with this code: the same picture as the first H200 run."""
+    doc = json.loads((FIX / "h200x2-groups-standalone.json").read_text())
+    _, uuids, runs = _machine()
+    assert runs["groups-standalone.json"][0] == 0 and doc["ok"] and doc["label"] == "nccl.env"
+    for run in [*doc["together"]["runs"], *doc["alone"]]:
+        assert run["nccl_env"] == PRESETS["ll-ring"]
+        _check_recorded_group_run(run, run["group"], uuids, PRESETS["ll-ring"])
+    old = {r["label"]: r for r in json.loads((FIX / "h200x2-compare.json").read_text())["runs"]}
+    new = {r["label"]: r for r in json.loads((FIX / "h200x2-compare-run3.json").read_text())["runs"]}
+    assert new["nop2p"]["transports"] == ["SHM/direct/direct"] and new["p2p"]["transports"] == ["P2P/CUMEM"]
+    for label in PRESETS:            # 64 MiB bus bandwidth within 10% of the first run's
+        assert new[label]["results"][-1]["busbw_gbps"] == pytest.approx(old[label]["results"][-1]["busbw_gbps"], rel=0.1)

@@ -248,9 +248,7 @@ def kill_groups(procs: list[subprocess.Popen], groups: set[int]) -> list[dict]:
 def _tail(path: str, limit: int = 1500) -> str:
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
+            f.seek(max(0, os.path.getsize(path) - limit))
             return f.read().decode(errors="replace")
     except OSError:
         return ""
@@ -313,10 +311,9 @@ def run_groups(specs: list[dict], *, nccl_env: dict[str, str], unit_env: dict[st
     ranks dump their environment, no torch."""
     python = python or sys.executable
     program = program or os.path.abspath(__file__)
-    base = dict(os.environ if base_env is None else base_env)
-    env, env_note = rank_environment(base, nccl_env, unit_env, keep_inherited)
-    if nccl_debug:
-        env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"})
+    env, env_note = rank_environment(dict(os.environ if base_env is None else base_env), nccl_env, unit_env,
+                                     keep_inherited)
+    env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"} if nccl_debug else {})
     own_dir = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="nccl-probe-")
     many = len(specs) > 1
@@ -361,8 +358,7 @@ def run_groups(specs: list[dict], *, nccl_env: dict[str, str], unit_env: dict[st
     try:
         while spawn_error is None:
             now = time.monotonic()
-            running = [g for g in groups if g["end"] is None]
-            for g in running:
+            for g in [g for g in groups if g["end"] is None]:
                 codes = [p.poll() for p in g["procs"]]
                 if all(c is not None for c in codes):
                     g["end"] = now
@@ -531,8 +527,7 @@ def rank_main(config_path: str, rank: int) -> int:
                or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PATH")}
         if cfg.get("hang_rank") == rank:
             _mark(workdir, rank, "hang")
-            # a child in the same process group, so that tests see the group (not only the
-            # rank) killed
+            # a child in the same process group: tests see the group (not only the rank) killed
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
             _hang_forever()
         _write(workdir, rank, {"rank": rank, "ok": True, "env": env, "results": [],
@@ -548,8 +543,8 @@ def rank_main(config_path: str, rank: int) -> int:
         _mark(workdir, rank, "hang")
         _hang_forever()
     if torch.cuda.device_count() < world:
-        print(f"rank {rank}: {world} ranks need {world} GPUs; torch sees "
-              f"{torch.cuda.device_count()}", file=sys.stderr)
+        print(f"rank {rank}: {world} ranks need {world} GPUs; torch sees {torch.cuda.device_count()} "
+              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})", file=sys.stderr)
         return 3
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)

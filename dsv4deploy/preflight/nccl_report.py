@@ -75,8 +75,8 @@ def format_groups(doc: dict) -> str:
     sets = "; ".join(f"g{r['group']} GPUs {','.join(map(str, r['gpus']))}" for r in together)
     label = f" [{doc['label']}]" if doc.get("label") else ""
     lines = [f"NCCL all-reduce{label}, {len(together)} groups at once ({sets})"
-             + (", each also alone" if alone else "")
-             + ": latency (us, max over ranks), bus bandwidth (GB/s), ratio at once / alone"]
+             + (", each also alone" if alone else "") + ": latency (us, max over ranks), bus bandwidth (GB/s)"
+             + (", ratio at once / alone" if alone else "")]
     lines += _grid(rows, right=set(range(1, len(head))))
     conc = doc["together"]
     lines.append(f"at once: {'OK' if conc['ok'] else 'FAILED'} in {conc['elapsed_s']:.1f} s (cleanup "
