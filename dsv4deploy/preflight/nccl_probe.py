@@ -636,8 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--python", help="python for the ranks (default: this one)")
     la.add_argument("--env-file", action="append", default=[],
                     help="NCCL env file as systemd reads it (repeatable, later wins)")
-    la.add_argument("--nccl", action="append", default=[], metavar="KEY=VALUE",
-                    help="NCCL variable (over --env-file)")
+    la.add_argument("--nccl", action="append", default=[], metavar="KEY=VALUE", help="NCCL variable (over --env-file)")
     la.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="the unit's Environment= value (under the env file)")
     la.add_argument("--sizes", nargs="+", default=None, help="e.g. 8K 1M 64M (default 8K..64M)")
@@ -646,8 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--label", default="")
     la.add_argument("--hang-rank", type=int, default=None, help="debug: this rank never joins")
     la.add_argument("--dry-run", action="store_true", help="ranks dump their environment, no torch")
-    la.add_argument("--nccl-debug", action="store_true",
-                    help="add NCCL_DEBUG=INFO to report the transports NCCL chose")
+    la.add_argument("--nccl-debug", action="store_true", help="add NCCL_DEBUG=INFO to report the transports NCCL chose")
     la.add_argument("--keep-env", action="append", default=[], metavar="NAME",
                     help="keep this inherited NCCL_* variable too (NCCL_NVLS_ENABLE always is)")
     la.add_argument("--json", action="store_true")
