@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import pytest
 
 from dsv4deploy.layout import Layout
 from dsv4deploy.nccl import PRESETS, nccl_environment, render_env_file
-from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_result, launch,
+from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_groups, format_result, launch,
                                   probe_argv, rank_environment, read_env_file)
 from dsv4deploy.preflight import nccl_probe as P
 from dsv4deploy.preflight.cli import main
@@ -252,7 +253,7 @@ def test_sizes_and_busbw_formula():
     assert busbw(1 << 20, 1e-3, 2)[1] == busbw(1 << 20, 1e-3, 2)[0]          # n=2: factor 1
 
 
-@pytest.mark.parametrize("name", ["h200x2-compare.json", "h200x2-compare-run1.json"])
+@pytest.mark.parametrize("name", ["h200x2-compare.json", "h200x2-compare-run1.json", "h200x2-compare-run3.json"])
 def test_recorded_compare_run(name):
     doc = json.loads((FIX / name).read_text())
     assert doc["ok"] and doc["preset"] == "ll-ring"
@@ -338,16 +339,19 @@ def _procs_running(marker: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_launcher_stopped_takes_its_ranks_along(tmp_path, sig):
+@pytest.mark.parametrize("sig, layout", [
+    ("SIGTERM", ["--nranks", "2", "--hang-rank", "1"]), ("SIGINT", ["--nranks", "2", "--hang-rank", "1"]),
+    ("SIGHUP", ["--groups", "0:1", "--hang-group", "1", "--hang-rank", "0"]),     # two groups at once
+])
+def test_launcher_stopped_takes_its_ranks_along(tmp_path, sig, layout):
     """An SSH session closing (SIGTERM/SIGHUP) or Ctrl-C must not leave ranks in their own sessions."""
     import signal as S
     script = tmp_path / f"probe_{sig}.py"
     script.write_text(Path(P.__file__).read_text())
     # SIGINT as a terminal delivers it: a suite started in the background (`make test &`) has it
     # ignored, and Python keeps an ignored SIGINT ignored
-    proc = subprocess.Popen([sys.executable, "-I", str(script), "launch", "--nranks", "2", "--dry-run",
-                             "--hang-rank", "1", "--timeout", "60"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-I", str(script), "launch", *layout, "--dry-run",
+                             "--timeout", "60"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=lambda: S.signal(S.SIGINT, S.SIG_DFL))
     deadline = time.monotonic() + 10
@@ -371,3 +375,309 @@ def test_recorded_dry_run_on_the_gpu_host():
             **PRESETS["ll-ring"], "NCCL_NVLS_ENABLE": "0", "NCCL_VERSION": "2.28.3-1"}
         assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
         assert env["RANK"] == str(r) and env["WORLD_SIZE"] == "2"
+
+
+# --- several GPU groups at once (replicas: DP2 x TP4) -------------------------------------------
+
+def test_parse_groups():
+    assert P.parse_groups("0,1,2,3:4,5,6,7") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert P.parse_groups("0-3:4-7") == P.parse_groups(" 0 - 3 : 4,5 , 6-7 ") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert P.parse_groups("1") == [[1]] and P.parse_groups("0:1") == [[0], [1]]
+    for text, words in [("0,1:1,2", "GPU 1 is in group 0 and in group 1; the GPU sets must be disjoint"),
+                        ("0,0", "GPU 0 is in group 0 twice"), ("0-1:1-0", "'1-0' is not a GPU number or range"),
+                        ("0:", "'' is not a GPU number"), ("a", "'a' is not a GPU number"),
+                        ("0;1", "'0;1' is not"), ("-1", "'-1' is not")]:
+        with pytest.raises(ValueError, match=words):
+            P.parse_groups(text)
+
+
+def test_check_layout():
+    P.check_layout(4)
+    P.check_layout(None, [[0, 1], [2, 3]], hang_group=1, hang_rank=1)
+    P.check_layout(2, [[0, 1], [2, 3]])
+    for args, words in [((None,), "give --nranks N or --groups"), ((0,), "must be positive"),
+                        ((4, None, 0), "--hang-group needs --groups"),
+                        ((4, [[0, 1], [2, 3]]), "--nranks 4 disagrees with --groups"),
+                        ((None, [[0, 1], [2, 3]], 2), "--hang-group must be in 0..1"),
+                        ((None, [[0, 1], [2]], 1, 1), "--hang-rank must be in 0..0"),
+                        ((None, [[0, 1], [2]], None, 2), "--hang-rank must be in 0..1")]:
+        with pytest.raises(ValueError, match=words):
+            P.check_layout(*args)
+
+
+def test_groups_get_their_own_gpus_and_ports_then_run_alone():
+    doc = P.launch_groups([[0, 1, 2, 3], [4, 5, 6, 7]], nccl_env=PRESETS["ll-ring"], label="ll-ring",
+                          dry_run=True, base_env=dict(BASE, CUDA_VISIBLE_DEVICES="9"), timeout_s=30)
+    assert doc["ok"] and doc["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and doc["together"]["leftover"] == []
+    runs = doc["together"]["runs"]
+    assert [(r["group"], r["gpus"], r["nranks"]) for r in runs] == [(0, [0, 1, 2, 3], 4), (1, [4, 5, 6, 7], 4)]
+    assert [(r["group"], r["gpus"]) for r in doc["alone"]] == [(0, [0, 1, 2, 3]), (1, [4, 5, 6, 7])]
+    ports = []
+    for run in [*runs, *doc["alone"]]:
+        envs = rank_envs(run)
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == [",".join(map(str, run["gpus"]))] * 4  # not "9"
+        assert {e["CUDA_DEVICE_ORDER"] for e in envs} == {"PCI_BUS_ID"}
+        assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [(str(r), str(r), "4") for r in range(4)]
+        assert {e["MASTER_PORT"] for e in envs} == {str(run["master_port"])}
+        assert {k: v for k, v in envs[0].items() if k.startswith("NCCL_")} == {**PRESETS["ll-ring"], "NCCL_NVLS_ENABLE": "0"}
+        ports.append(run["master_port"])
+        assert run["ok"] and "workdir" not in run
+        assert_gone(run)
+    assert ports[0] != ports[1]                 # the two groups at once rendezvous on their own ports
+
+
+FAKE_BARRIER = """\
+import json, os, sys, time
+cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
+rank = int(sys.argv[sys.argv.index("--rank") + 1])
+top = os.path.dirname(cfg["workdir"])            # the groups' common folder
+open(os.path.join(top, "here-g%d-r%d" % (cfg["group"], rank)), "w").close()
+while len([n for n in os.listdir(top) if n.startswith("here-")]) < int(os.environ["FAKE_ALL_RANKS"]):
+    time.sleep(0.02)                             # every rank of every group must be up at once
+with open(os.path.join(cfg["workdir"], "rank%d.json" % rank), "w") as f:
+    json.dump({"rank": rank, "ok": True, "results": [], "env": {}}, f)
+"""
+
+
+def test_groups_really_run_at_the_same_time(tmp_path):
+    """Each fake rank waits until every rank of every group has started: groups run one after the
+    other would never get there and end by the timeout instead."""
+    prog = tmp_path / "barrier.py"
+    prog.write_text(FAKE_BARRIER)
+    specs = [{"nranks": 2, "gpus": [0, 1]}, {"nranks": 1, "gpus": [2]}, {"nranks": 2, "gpus": [3, 4]}]
+    out = P.run_groups(specs, nccl_env={}, program=str(prog), timeout_s=60,
+                       base_env=dict(BASE, FAKE_ALL_RANKS="5"))
+    assert out["ok"], [r["error"] for r in out["runs"]]
+    assert [r["nranks"] for r in out["runs"]] == [2, 1, 2] and out["leftover"] == []
+    for run in out["runs"]:
+        assert_gone(run)
+
+
+FAKE_GROUP1_STUBBORN = """\
+import json, signal, subprocess, sys, time
+cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
+if cfg["group"] == 1 and sys.argv[sys.argv.index("--rank") + 1] == "0":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)    # only SIGKILL ends it, and its child
+    subprocess.Popen([sys.executable, "-c",
+                      "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"])
+time.sleep(3600)                                     # the others still busy at the deadline
+"""
+
+
+@pytest.mark.slow
+def test_a_hang_in_one_group_ends_every_group_and_leaves_nothing(tmp_path):
+    prog = tmp_path / "hang.py"
+    prog.write_text(FAKE_GROUP1_STUBBORN)
+    specs = [{"nranks": 2, "gpus": [0, 1]}, {"nranks": 2, "gpus": [2, 3]}]
+    out = P.run_groups(specs, nccl_env={}, program=str(prog), timeout_s=2, base_env=BASE)
+    assert not out["ok"] and out["leftover"] == []
+    g0, g1 = out["runs"]
+    assert g0["error"]["kind"] == g1["error"]["kind"] == "timeout"
+    assert "did not finish within 2 s" in g0["error"]["message"] and "none is left" in g1["error"]["message"]
+    assert [r["returncode"] for r in g0["ranks"]] == [-15, -15]       # ended by SIGTERM
+    assert [r["returncode"] for r in g1["ranks"]] == [-9, -15]        # the stubborn one by SIGKILL
+    for run in out["runs"]:
+        assert run["leftover"] == [] and Path(run["workdir"], "config.json").exists()   # kept for a look
+        assert_gone(run)
+
+
+@pytest.mark.slow
+def test_dry_hang_in_group_1_fails_it_at_once_and_alone_while_group_0_passes(capsys):
+    rc = main(["nccl", "--profile", "nvfp4-ctx8k-dp2", "--dry-run", "--json", "--hang-group", "1",
+               "--hang-rank", "2", "--timeout", "1.5"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not doc["ok"] and doc["profile"] == "nvfp4-ctx8k-dp2"
+    g0, g1 = doc["together"]["runs"]
+    assert g0["ok"] and g0["hang_rank"] is None and g1["hang_rank"] == 2
+    assert g1["error"]["kind"] == "timeout" and "rank 2 stuck at 'hang'" in g1["error"]["message"]
+    assert [r["ok"] for r in doc["alone"]] == [True, False]
+    assert doc["alone"][1]["error"]["kind"] == "timeout"
+    for run in [g0, g1, *doc["alone"]]:
+        assert_gone(run)                 # the hanging rank's child (same process group) too
+
+
+FAKE_ONE_GROUP_FAILS = """\
+import json, os, sys, time
+cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
+rank = int(sys.argv[sys.argv.index("--rank") + 1])
+if cfg["group"] == 0:
+    time.sleep(0.5)
+    with open(os.path.join(cfg["workdir"], "rank%d.json" % rank), "w") as f:
+        json.dump({"rank": rank, "ok": True, "results": []}, f)
+    sys.exit(0)
+if rank == 1:
+    print("ncclInternalError: simulated failure at init", flush=True)
+    sys.exit(3)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_its_own_group_only(tmp_path):
+    prog = tmp_path / "fails.py"
+    prog.write_text(FAKE_ONE_GROUP_FAILS)
+    specs = [{"nranks": 2, "gpus": [0, 1]}, {"nranks": 3, "gpus": [2, 3, 4]}]
+    out = P.run_groups(specs, nccl_env={}, program=str(prog), timeout_s=60, base_env=BASE)
+    g0, g1 = out["runs"]
+    assert g0["ok"] and not out["ok"]
+    assert g1["error"]["kind"] == "rank-failed" and "rank 1 exited with status 3" in g1["error"]["message"]
+    assert [r["returncode"] for r in g1["ranks"]] == [-15, 3, -15]     # the others were ended, not timed out
+    for run in out["runs"]:
+        assert_gone(run)
+
+
+def test_cli_groups_from_the_replicas_profile_and_overrides(capsys):
+    assert main(["nccl", "--profile", "nvfp4-ctx8k-dp2", "--dry-run", "--json", "--no-alone"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and doc["alone"] == [] and doc["label"] == "ll-ring"
+    assert main(["nccl", "--profile", "nvfp4-ctx8k-dp2", "--dry-run", "--json", "--groups", "0-1:2-3:4-5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["groups"] == [[0, 1], [2, 3], [4, 5]] and len(doc["alone"]) == 3
+    assert main(["nccl", "--profile", "nvfp4-ctx8k-dp2", "--dry-run", "--json", "--nranks", "4"]) == 0
+    res = json.loads(capsys.readouterr().out)        # one group of 4, the classic probe
+    assert "groups" not in res and res["nranks"] == 4 and "gpus" not in res
+    assert main(["nccl", "--profile", "nvfp4-ctx8k", "--dry-run", "--groups", "0,1:2,3", "--compare-presets"]) == 0
+    out = capsys.readouterr().out
+    for preset in PRESETS:
+        assert (f"NCCL all-reduce [{preset}], 2 groups at once (g0 GPUs 0,1; g1 GPUs 2,3), each also alone"
+                in out)
+    assert "g0 alone GB/s" in out and out.count("at once: OK in") == 3 and out.endswith("profile preset ll-ring: OK\n")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--groups", "0,1:1,2"], "GPU 1 is in group 0 and in group 1"),
+    (["--groups", "0-3:x"], "'x' is not a GPU number or range"),
+    (["--groups", "0,1:2,3", "--nranks", "4"], "--nranks 4 disagrees with --groups"),
+    (["--groups", "0:1", "--hang-group", "2", "--hang-rank", "0"], "--hang-group must be in 0..1"),
+    (["--groups", "0,1:2", "--hang-group", "1", "--hang-rank", "1"], "--hang-rank must be in 0..0"),
+    (["--hang-group", "0", "--hang-rank", "0", "--nranks", "2"], "--hang-group needs --groups"),
+])
+def test_cli_bad_groups_exit_2(args, words, capsys):
+    assert main(["nccl", "--profile", "nvfp4-ctx8k-dp2", "--dry-run", *args]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_groups_beyond_the_hosts_gpus_fail_before_spawning(tmp_path, capsys):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nfor i in 0 1; do echo \"$i, NVIDIA H200, GPU-$i, 9.0, 143771, 0, 580.159.04, Disabled\"; done\n")
+    smi.chmod(0o755)
+    assert main(["nccl", "--profile", "nvfp4-ctx8k-dp2", "--nvidia-smi", str(smi)]) == 1
+    assert ("GPU 2, 3, 4, 5, 6, 7 of --groups 0,1,2,3:4,5,6,7 do not exist here: nvidia-smi shows GPUs 0-1"
+            in capsys.readouterr().err)
+
+
+def test_probe_argv_for_a_replicas_profile():
+    data = load_profile("nvfp4-ctx8k-dp2").data
+    argv = probe_argv(data, script="p.py", python="py", env_file="/e/nccl.env")
+    assert argv == ["py", "p.py", "launch", "--json", "--timeout", "60", "--groups", "0,1,2,3:4,5,6,7",
+                    "--env-file", "/e/nccl.env"]
+    ns = P.build_parser().parse_args(argv[2:])
+    assert ns.groups == "0,1,2,3:4,5,6,7" and ns.nranks is None and not ns.no_alone
+    assert probe_argv(data, script="p.py", python="py", nranks=4)[6:8] == ["--nranks", "4"]
+    assert probe_argv(data, script="p.py", python="py", groups=[[0], [1]])[6:8] == ["--groups", "0:1"]
+
+
+def test_standalone_script_with_groups(tmp_path):
+    """The deploy's path: the probe file alone on the host, two groups, JSON and the text report."""
+    script = tmp_path / "probe.py"
+    script.write_text(Path(P.__file__).read_text())
+    argv = [sys.executable, "-I", str(script), "launch", "--groups", "0,1:2,3", "--dry-run", "--nccl", "NCCL_PROTO=LL"]
+    proc = subprocess.run([*argv, "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] and [r["gpus"] for r in doc["together"]["runs"]] == [[0, 1], [2, 3]] and len(doc["alone"]) == 2
+    text = subprocess.run([*argv, "--no-alone"], capture_output=True, text=True, cwd=tmp_path, timeout=60).stdout
+    assert "NCCL all-reduce probe group 0 (GPUs 0,1): 2 ranks, bfloat16" in text
+    assert "group 1 (GPUs 2,3)" in text and "alone:" not in text and text.endswith("2 groups at once: OK\n")
+    for args, words in [(["--groups", "0:0"], "GPU 0 is in group 0 and in group 1"),
+                        (["--groups", "0:1", "--nranks", "2"], "--nranks 2 disagrees"), ([], "give --nranks N or --groups")]:
+        bad = subprocess.run([sys.executable, "-I", str(script), "launch", *args], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=30)
+        assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+
+
+# --- the groups as recorded on 2x H200 (device nvidia-h200-x2; docs/preflight.md) ----------------
+
+def _machine() -> tuple[str, dict[str, str], dict[str, tuple[int, int]]]:
+    """The recorded machine notes: text, GPU index -> UUID (nvidia-smi), run name -> (rc, wall_ms)."""
+    text = (FIX / "h200x2-groups-machine.txt").read_text()
+    uuids = {m[0]: m[1] for m in re.findall(r"^(\d), NVIDIA H200, GPU-([0-9a-f-]+), 580\.159\.04", text, re.M)}
+    runs = {m[0]: (int(m[1]), int(m[2])) for m in re.findall(r"^(\S+): rc=(\d+) wall_ms=(\d+) ::", text, re.M)}
+    return text, uuids, runs
+
+
+def _check_recorded_group_run(run: dict, gpu: int, uuids: dict, preset: dict) -> None:
+    """One group of one rank on GPU `gpu`: placed there, with the preset, right sums, nccl-tests math."""
+    assert run["gpus"] == [gpu] and run["group"] == gpu and run["nranks"] == 1 and run["leftover"] == []
+    assert run["system"]["cuda_visible_devices"] == str(gpu)
+    assert run["system"]["gpu_uuids"] == [uuids[str(gpu)]]               # the physical GPU nvidia-smi names
+    assert run["system"]["torch"] == "2.11.0+cu130" and run["system"]["nccl"] == "2.28.9"
+    env = run["ranks"][0]["report"]["env"]
+    assert {k: v for k, v in env.items() if k in preset} == preset and env["NCCL_NVLS_ENABLE"] == "0"
+    if run["nccl_debug"]:                                                  # NCCL's own word on the device
+        assert set(re.findall(r"nvmlDev (\d+)", run["ranks"][0]["log_tail"])) == {str(gpu)}
+    assert [x["bytes"] for x in run["results"]] == list(P.DEFAULT_SIZES)
+    for x in run["results"]:
+        assert x["correct"] and x["latency_us"] == sorted(x["trials_us"])[1]
+        algbw, bus = busbw(x["bytes"], x["latency_us"] / 1e6, 1)
+        assert x["busbw_gbps"] == pytest.approx(bus, rel=2e-3) and bus == algbw        # n=1: factor 1
+
+
+def test_recorded_groups_compare():
+    """Two 1-rank groups (GPU 0, GPU 1) at once and each alone, for every preset, on 2x H200."""
+    doc = json.loads((FIX / "h200x2-groups-compare.json").read_text())
+    _, uuids, runs = _machine()
+    assert runs["groups-compare.json"][0] == 0 and len(set(uuids.values())) == 2
+    assert doc["ok"] and doc["preset"] == "ll-ring" and doc["groups"] == [[0], [1]]
+    assert [d["label"] for d in doc["runs"]] == list(PRESETS)
+    for d in doc["runs"]:
+        assert d["ok"] and d["mode"] == "groups" and d["groups"] == [[0], [1]] and d["together"]["leftover"] == []
+        together, alone = d["together"]["runs"], d["alone"]
+        for gpu in (0, 1):
+            _check_recorded_group_run(together[gpu], gpu, uuids, PRESETS[d["label"]])
+            _check_recorded_group_run(alone[gpu], gpu, uuids, PRESETS[d["label"]])
+        assert together[0]["master_port"] != together[1]["master_port"]
+        # at once: one deadline for both, neither finished after the pair did
+        assert max(r["elapsed_s"] for r in together) <= d["together"]["elapsed_s"]
+    # the tables printed on the H200s are what format_groups renders from the same data today
+    assert doc["summary"] == "\n".join(format_groups(d) for d in doc["runs"])
+
+
+def test_recorded_groups_hang():
+    """Group 1's only rank never joins: group 0 passes, group 1 is ended at the deadline, at once and
+    alone; nothing is left (ps, nvidia-smi)."""
+    doc = json.loads((FIX / "h200x2-groups-hang.json").read_text())
+    _, uuids, runs = _machine()
+    assert runs["groups-hang.json"][0] == 1 and runs["groups-hang.txt"][0] == 1 and not doc["ok"]
+    g0, g1 = doc["together"]["runs"]
+    a0, a1 = doc["alone"]
+    _check_recorded_group_run(g0, 0, uuids, PRESETS["ll-ring"])
+    _check_recorded_group_run(a0, 0, uuids, PRESETS["ll-ring"])
+    for run in (g1, a1):
+        assert run["error"]["kind"] == "timeout" and run["hang_rank"] == 0 and run["results"] == []
+        assert [(r["phase"], r["returncode"]) for r in run["ranks"]] == [("hang", -15)]
+        assert "did not finish within 10 s (rank 0 stuck at 'hang')" in run["error"]["message"]
+        assert run["leftover"] == [] and run["elapsed_s"] < run["timeout_s"] + SLACK_S
+    assert doc["together"]["leftover"] == [] and doc["together"]["elapsed_s"] < 10 + SLACK_S
+    text = (FIX / "h200x2-groups-hang.txt").read_text()
+    assert "status      ok    4.0 s  timeout   10.1 s" in text and "0 process(es) left" in text
+    assert text.endswith("--- processes whose command line names nccl_probe or preflight:\nnone\n"
+                         "--- GPU compute processes:\n(end)\n")
+    out = format_groups(doc)
+    assert "g1 at once: NCCL probe did not finish within 10 s" in out and "g1 alone: NCCL probe" in out
+
+
+def test_recorded_standalone_groups_and_the_two_rank_rerun():
+    """The deploy's path (the probe file alone, `python3 -I`, an env file) and the 2-rank presets
+    re-run with this code: the same picture as the first H200 run."""
+    doc = json.loads((FIX / "h200x2-groups-standalone.json").read_text())
+    _, uuids, runs = _machine()
+    assert runs["groups-standalone.json"][0] == 0 and doc["ok"] and doc["label"] == "nccl.env"
+    for run in [*doc["together"]["runs"], *doc["alone"]]:
+        assert run["nccl_env"] == PRESETS["ll-ring"]
+        _check_recorded_group_run(run, run["group"], uuids, PRESETS["ll-ring"])
+    old = {r["label"]: r for r in json.loads((FIX / "h200x2-compare.json").read_text())["runs"]}
+    new = {r["label"]: r for r in json.loads((FIX / "h200x2-compare-run3.json").read_text())["runs"]}
+    assert new["nop2p"]["transports"] == ["SHM/direct/direct"] and new["p2p"]["transports"] == ["P2P/CUMEM"]
+    for label in PRESETS:            # 64 MiB bus bandwidth within 10% of the first run's
+        assert new[label]["results"][-1]["busbw_gbps"] == pytest.approx(old[label]["results"][-1]["busbw_gbps"], rel=0.1)

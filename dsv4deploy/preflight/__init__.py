@@ -15,14 +15,15 @@ On the command line: `python -m dsv4deploy.preflight gpus|nccl --profile P` (see
 
 from .gpus import (QUERY_ARGS, QUERY_FIELDS, QUERY_FIELDS_MIG, GpuInfo, NvidiaSmiError, check_gpus,
                    driver_branch, format_table, parse_query, profile_expectations, query_args)
-from .nccl_probe import (DEFAULT_SIZES, DEFAULT_TIMEOUT_S, HANG_HINT, busbw, format_compare,
-                         format_result, launch, read_env_file, rank_environment)
+from .nccl_probe import (DEFAULT_SIZES, DEFAULT_TIMEOUT_S, HANG_HINT, busbw, format_result, launch,
+                         launch_groups, parse_groups, read_env_file, rank_environment)
+from .nccl_report import format_compare, format_groups
 from .cli import PROBE_SCRIPT, probe_argv, profile_nccl_env, unit_environment
 
 __all__ = [
     "QUERY_ARGS", "QUERY_FIELDS", "QUERY_FIELDS_MIG", "GpuInfo", "NvidiaSmiError", "check_gpus",
     "driver_branch", "format_table", "parse_query", "profile_expectations", "query_args",
     "DEFAULT_SIZES", "DEFAULT_TIMEOUT_S", "HANG_HINT", "busbw", "format_compare", "format_result",
-    "launch", "read_env_file", "rank_environment",
+    "format_groups", "launch", "launch_groups", "parse_groups", "read_env_file", "rank_environment",
     "PROBE_SCRIPT", "probe_argv", "profile_nccl_env", "unit_environment",
 ]

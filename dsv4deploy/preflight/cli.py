@@ -2,8 +2,11 @@
 
     gpus --profile P [--json] [--expect-compute-cap X] [--min-driver-branch N] [--input FILE]
     nccl --profile P [--compare-presets] [--timeout S] [--sizes ...] [--nranks N] [--json]
-         [--env-file PATH] [--python PATH] [--dtype bfloat16|float32] [--nccl-debug]
-         [--hang-rank R] [--dry-run]
+         [--groups 0,1,2,3:4,5,6,7] [--no-alone] [--env-file PATH] [--python PATH]
+         [--dtype bfloat16|float32] [--nccl-debug] [--hang-rank R] [--hang-group G] [--dry-run]
+
+A profile with `replicas:` is probed as its replicas run: every replica's GPU set at once, then
+each alone (`--groups` names other sets; `--nranks N` probes one group of N instead).
 
 Exit codes: 0 the host passes, 1 it does not (or the probe failed), 2 bad input.
 """
@@ -21,6 +24,7 @@ from pathlib import Path
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ProfileError
 from . import gpus as G
 from . import nccl_probe as P
+from . import nccl_report as R
 
 PROBE_SCRIPT = Path(P.__file__).resolve()
 
@@ -50,18 +54,37 @@ def profile_nccl_env(data: dict, preset: str | None = None) -> dict[str, str]:
     return nccl_environment(preset or data["nccl"]["preset"], data["nccl"].get("overrides"))
 
 
+def profile_groups(data: dict) -> list[list[int]] | None:
+    """The GPU sets of the profile's replicas (probed at once, as they run), or None."""
+    from ..replicas import plan
+
+    replicas = plan(data)
+    return [list(r.gpus) for r in replicas.replicas] if replicas else None
+
+
+def groups_text(groups: list[list[int]]) -> str:
+    """[[0, 1, 2, 3], [4, 5, 6, 7]] -> '0,1,2,3:4,5,6,7' (the probe's --groups)."""
+    return ":".join(",".join(map(str, g)) for g in groups)
+
+
 def probe_argv(data: dict, *, script: str, python: str | None = None, env_file: str | None = None,
                timeout_s: float = P.DEFAULT_TIMEOUT_S, nranks: int | None = None,
-               sizes: list[int] | None = None) -> list[str]:
+               sizes: list[int] | None = None, groups: list[list[int]] | None = None) -> list[str]:
     """argv to run the probe on a host over SSH with the release's SGLang python:
     `script` is where nccl_probe.py was uploaded, `env_file` the rendered NCCL env file
-    (default: the profile's NCCL settings passed with --nccl). Prints the JSON document."""
+    (default: the profile's NCCL settings passed with --nccl). Prints the JSON document.
+    A profile with replicas is probed as `--groups` of its GPU sets (all at once, then each
+    alone), unless `nranks` or other `groups` are given."""
     from ..layout import Layout
 
     server = data["server"]
     python = python or Layout.of(data).python
-    argv = [python, script, "launch", "--json", "--timeout", f"{timeout_s:g}",
-            "--nranks", str(nranks or int(server["tp_size"]) // int(server.get("nnodes") or 1))]
+    argv = [python, script, "launch", "--json", "--timeout", f"{timeout_s:g}"]
+    groups = groups or (None if nranks else profile_groups(data))
+    if groups:
+        argv += ["--groups", groups_text(groups)]
+    else:
+        argv += ["--nranks", str(nranks or int(server["tp_size"]) // int(server.get("nnodes") or 1))]
     if env_file:
         argv += ["--env-file", env_file]
     else:
@@ -161,16 +184,20 @@ def cmd_nccl(args) -> int:
     try:
         if args.profile:
             data = _load(args.profile).data
-        elif not (args.env_file and args.nranks):
-            raise ValueError("give --profile (or --env-file with --nranks)")
+        elif not (args.env_file and (args.nranks or args.groups)):
+            raise ValueError("give --profile (or --env-file with --nranks or --groups)")
         if args.compare_presets and args.env_file:
             raise ValueError("--compare-presets uses the presets, not --env-file: give one of them")
         sizes = P.parse_sizes(args.sizes) if args.sizes else list(P.DEFAULT_SIZES)
-        nranks = args.nranks or (int(data["server"]["tp_size"]) // int(data["server"].get("nnodes") or 1))
-        if nranks < 1 or args.timeout <= 0:
+        groups = P.parse_groups(args.groups) if args.groups is not None else None
+        if groups is None and data is not None and not args.nranks:
+            groups = profile_groups(data)
+        nranks = args.nranks
+        if nranks is None and groups is None:
+            nranks = int(data["server"]["tp_size"]) // int(data["server"].get("nnodes") or 1)
+        P.check_layout(nranks, groups, args.hang_group, args.hang_rank)
+        if args.timeout <= 0:
             raise ValueError("--nranks and --timeout must be positive")
-        if args.hang_rank is not None and not 0 <= args.hang_rank < nranks:
-            raise ValueError(f"--hang-rank must be in 0..{nranks - 1}")
         env_file = None
         if args.env_file:
             env_file = P.read_env_file(Path(args.env_file).read_text())
@@ -189,10 +216,8 @@ def cmd_nccl(args) -> int:
         if data is not None:
             _err(f"note: {Layout.of(data).python} does not exist here; ranks run with {python}")
     if not args.dry_run:
-        visible = visible_gpus(args.nvidia_smi)
-        if visible is not None and visible < nranks:
-            msg = (f"{nranks} ranks need {nranks} GPUs; {visible} visible"
-                   + (" (use --nranks to probe fewer)" if not args.nranks else ""))
+        msg = _missing_gpus(args, nranks, groups)
+        if msg:
             if args.json:
                 print(json.dumps({"profile": args.profile, "ok": False, "error": msg}, indent=2))
             else:
@@ -201,20 +226,28 @@ def cmd_nccl(args) -> int:
 
     P.exit_on_term()
     unit_env = unit_environment(data) if data else {}
-    common = dict(nranks=nranks, unit_env=unit_env, python=python, sizes=sizes, dtype=args.dtype,
+    common = dict(unit_env=unit_env, python=python, sizes=sizes, dtype=args.dtype,
                   timeout_s=args.timeout, hang_rank=args.hang_rank, dry_run=args.dry_run,
-                  nccl_debug=args.nccl_debug,
-                  keep_inherited=P.KEEP_INHERITED + tuple(args.keep_env))
+                  nccl_debug=args.nccl_debug, keep_inherited=P.KEEP_INHERITED + tuple(args.keep_env))
+
+    def probe(nccl_env: dict, label: str) -> dict:
+        if groups is None:
+            return P.launch(nranks=nranks, nccl_env=nccl_env, label=label, **common)
+        return P.launch_groups(groups, nccl_env=nccl_env, label=label, hang_group=args.hang_group,
+                               alone=not args.no_alone, **common)
+
+    show = P.format_result if groups is None else R.format_groups
     if args.compare_presets:
         runs = []
         for preset in PRESETS:
             if not args.json:
                 _err(f"probing preset {preset} ...")
-            runs.append(P.launch(nccl_env=profile_nccl_env(data, preset), label=preset, **common))
+            runs.append(probe(profile_nccl_env(data, preset), preset))
         own = data["nccl"]["preset"]
         ok = next(r["ok"] for r in runs if r["label"] == own)
-        doc = {"profile": args.profile, "preset": own, "ok": ok, "runs": runs,
-               "summary": P.format_compare(runs)}
+        summary = R.format_compare(runs) if groups is None else "\n".join(map(show, runs))
+        doc = {"profile": args.profile, "preset": own, "ok": ok, **({"groups": groups} if groups else {}),
+               "runs": runs, "summary": summary}
         if args.json:
             print(json.dumps(doc, indent=2))
         else:
@@ -226,13 +259,33 @@ def cmd_nccl(args) -> int:
         label, nccl_env = Path(args.env_file).name, env_file
     else:
         label, nccl_env = data["nccl"]["preset"], profile_nccl_env(data)
-    res = P.launch(nccl_env=nccl_env, label=label, **common)
+    res = probe(nccl_env, label)
     res["profile"] = args.profile
     if args.json:
         print(json.dumps(res, indent=2))
     else:
-        print(P.format_result(res), end="")
+        print(show(res), end="")
     return 0 if res["ok"] else EXIT_FAILED
+
+
+def _missing_gpus(args, nranks: int | None, groups: list[list[int]] | None) -> str | None:
+    """Why the ranks cannot get their GPUs here, or None (also when nvidia-smi is missing)."""
+    if groups is None:
+        visible = visible_gpus(args.nvidia_smi)
+        if visible is not None and visible < nranks:
+            return (f"{nranks} ranks need {nranks} GPUs; {visible} visible"
+                    + (" (use --nranks to probe fewer)" if not args.nranks else ""))
+        return None
+    # GPU sets are nvidia-smi numbers: each group's CUDA_VISIBLE_DEVICES replaces an inherited one
+    try:
+        count = len(G.parse_query(_run_nvidia_smi(args.nvidia_smi, G.query_args()[1:])))
+    except G.NvidiaSmiError:
+        return None
+    missing = sorted(x for g in groups for x in g if x >= count)
+    if missing:
+        return (f"GPU {', '.join(map(str, missing))} of --groups {groups_text(groups)} "
+                f"{'does' if len(missing) == 1 else 'do'} not exist here: nvidia-smi shows GPUs 0-{count - 1}")
+    return None
 
 
 # --- parser ------------------------------------------------------------------------------------
@@ -259,7 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=P.DEFAULT_TIMEOUT_S,
                    help=f"hard limit per run in seconds (default {P.DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--sizes", nargs="+", help="e.g. 8K 1M 64M (default 8K..64M)")
-    p.add_argument("--nranks", type=int, help="ranks (default: the profile's tp_size)")
+    p.add_argument("--nranks", type=int, help="ranks of one group (default: the profile's tp_size)")
+    p.add_argument("--groups", help="GPU sets probed at once, as replicas run, e.g. 0,1,2,3:4,5,6,7 or "
+                   "0-3:4-7 (nvidia-smi numbers; one rank per GPU; default: the profile's replicas)")
+    p.add_argument("--no-alone", action="store_true",
+                   help="with groups: skip each group's run alone (the comparison)")
     p.add_argument("--env-file", help="a rendered NCCL env file, read as systemd reads it")
     p.add_argument("--python", help="python for the ranks (default: the profile's SGLang venv "
                    "if present here, else this python)")
@@ -267,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nccl-debug", action="store_true",
                    help="add NCCL_DEBUG=INFO and report which transports NCCL chose")
     p.add_argument("--hang-rank", type=int, help="debug: this rank never joins (shows the timeout path)")
+    p.add_argument("--hang-group", type=int, help="debug: with groups, the group of --hang-rank (default 0)")
     p.add_argument("--dry-run", action="store_true", help="ranks report their environment; no torch, no GPU")
     p.add_argument("--keep-env", action="append", default=[], metavar="NAME",
                    help="keep this inherited NCCL_* variable (NCCL_NVLS_ENABLE always is; the "

@@ -2,35 +2,32 @@
 # dsv4deploy host program: runs on the GPU host with its own python3; standard library only.
 """NCCL all-reduce probe: N ranks of torch.distributed (NCCL), bounded in time.
 
-Standalone: this file needs only the Python standard library to launch, and torch in the
-ranks. Copy it to a GPU host and run it with the SGLang venv's python; dsv4deploy need not
-be installed there:
+Standalone: the launcher needs only the Python standard library, the ranks need torch. Copy
+this file to a GPU host and run it with the SGLang venv's python (dsv4deploy need not be there):
 
     /opt/.../venv/bin/python nccl_probe.py launch --nranks 4 \
         --env-file /etc/dsv4deploy/sglang/nccl.env --timeout 60 --json
+    ... launch --groups 0,1,2,3:4,5,6,7 ...   # two TP4 groups at once (DP2 x TP4), then each alone
 
-`launch` starts one process per rank (this same file, `rank` mode, with --python), each in
-its own session/process group, with this environment:
+`launch` starts one process per rank (this file in `rank` mode), each in its own session and
+process group. A rank's environment: the launcher's minus every inherited NCCL_* (a systemd unit
+does not inherit the operator's shell) except KEEP_INHERITED (NVLink multicast stays off where it
+was turned off), + the unit's Environment= (--env), + the NCCL env file (--env-file, read as
+systemd reads EnvironmentFile=; it wins) or --nccl, + MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/
+LOCAL_RANK. With --groups, each group also gets its GPU set as CUDA_VISIBLE_DEVICES (with
+CUDA_DEVICE_ORDER=PCI_BUS_ID, as a replica's env file sets them) and its own MASTER_PORT.
 
-    the launcher's environment, minus every inherited NCCL_* variable (a systemd unit does
-    not inherit the operator's shell) except those in KEEP_INHERITED (NCCL_NVLS_ENABLE:
-    NVLink multicast must stay off where it was turned off)
-    + the unit's Environment= values (--env KEY=VALUE)
-    + the NCCL env file (--env-file, read as systemd reads EnvironmentFile=, which wins
-      over Environment=) or --nccl KEY=VALUE
-    + MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK (torch's env:// rendezvous)
+Rank r uses GPU r of what it sees (as SGLang places TP ranks), all-reduces each size (8 KiB to
+64 MiB, bf16), checks the sums exactly and times them (5 warm-up calls, then TRIALS loops of
+20..200 calls, CUDA events); rank 0 reports latency (per loop the slowest rank, then the median
+loop) and bus bandwidth (nccl-tests: busbw = algbw * 2(n-1)/n).
 
-Each rank sets its GPU to its rank (as SGLang does), all-reduces each size (default 8 KiB
-to 64 MiB, bf16), checks the sums exactly and times it (5 warm-up calls, then TRIALS loops
-of 20..200 calls timed with CUDA events); rank 0 reports the latency (per loop the slowest
-rank, then the median loop) and bus bandwidth (nccl-tests: busbw = algbw * 2(n-1)/n).
+The hard timeout covers everything (start, NCCL init, all sizes) and, with --groups, all groups
+at once. On timeout every rank's process group gets SIGTERM then SIGKILL; a rank that fails ends
+its own group a few seconds later; /proc is then scanned to prove nothing is left (`leftover`).
 
-The hard timeout covers everything (start, NCCL init, all sizes). On timeout, or a few
-seconds after any rank fails, every rank's process group gets SIGTERM then SIGKILL, and
-/proc is scanned to prove no process of those groups is left (`leftover` in the result).
-
-Exit status of `launch`: 0 all sums right, 1 failure (timeout, wrong sum, rank error,
-process left), 2 bad arguments. `--json` prints the result document; without it, a table.
+Exit status: 0 all sums right, 1 failure (timeout, wrong sum, rank error, process left),
+2 bad arguments. `--json` prints the result document; without it, a table.
 """
 
 from __future__ import annotations
@@ -39,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,6 +85,52 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
+def parse_groups(text: str) -> list[list[int]]:
+    """'0,1,2,3:4,5,6,7' or '0-3:4-7' -> [[0, 1, 2, 3], [4, 5, 6, 7]]: disjoint GPU sets."""
+    groups: list[list[int]] = []
+    owner: dict[int, int] = {}
+    for i, part in enumerate(str(text).split(":")):
+        gpus: list[int] = []
+        for item in part.split(","):
+            m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", item)
+            if not m or int(m.group(2) or m.group(1)) < int(m.group(1)):
+                raise ValueError(f"--groups {text!r}: {item.strip()!r} is not a GPU number or range "
+                                 "(GPU sets are separated by ':', e.g. 0,1,2,3:4,5,6,7 or 0-3:4-7)")
+            for gpu in range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1):
+                if gpu in owner:
+                    raise ValueError(f"--groups {text!r}: GPU {gpu} is in group {owner[gpu]}"
+                                     + (" twice" if owner[gpu] == i else f" and in group {i}")
+                                     + "; the GPU sets must be disjoint")
+                owner[gpu] = i
+                gpus.append(gpu)
+        groups.append(gpus)
+    return groups
+
+
+def check_layout(nranks: int | None, groups: list[list[int]] | None = None,
+                 hang_group: int | None = None, hang_rank: int | None = None) -> None:
+    """Refuse, with ValueError and the reason, a rank layout the launcher cannot run."""
+    if groups is None:
+        if nranks is None:
+            raise ValueError("give --nranks N or --groups GPU-SETS")
+        if nranks < 1:
+            raise ValueError("--nranks and --timeout must be positive")
+        if hang_group is not None:
+            raise ValueError("--hang-group needs --groups")
+        sizes = [nranks]
+    else:
+        sizes = [len(g) for g in groups]
+        if nranks is not None and set(sizes) != {nranks}:
+            raise ValueError(f"--nranks {nranks} disagrees with --groups (group sizes "
+                             f"{', '.join(map(str, sizes))}): each group runs one rank per GPU of its set; "
+                             "drop --nranks")
+        if hang_group is not None and not 0 <= hang_group < len(groups):
+            raise ValueError(f"--hang-group must be in 0..{len(groups) - 1}")
+    size = sizes[hang_group or 0]
+    if hang_rank is not None and not 0 <= hang_rank < size:
+        raise ValueError(f"--hang-rank must be in 0..{size - 1}")
+
+
 def read_env_file(text: str) -> dict[str, str]:
     """KEY=VALUE lines as systemd's EnvironmentFile= reads them: '#' and ';' comment lines,
     blank lines, optional "double" or 'single' quotes, backslash line continuation."""
@@ -129,10 +173,14 @@ def busbw(nbytes: int, seconds: float, nranks: int) -> tuple[float, float]:
     return algbw, algbw * (2 * (nranks - 1) / nranks if nranks > 1 else 1.0)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(avoid=()) -> int:
+    """A free TCP port on loopback, not one of `avoid` (the other groups' rendezvous ports)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 # --- process bookkeeping ------------------------------------------------------------------------
@@ -168,22 +216,24 @@ def group_members(groups: set[int]) -> list[dict]:
     return found
 
 
+def signal_groups(groups: set[int], sig: int) -> None:
+    """Signal the process groups of `groups` that still have a member: the number of a group
+    that is gone can belong to an unrelated process by now (a new session leader gets its own
+    PID as group id)."""
+    for g in {m["pgrp"] for m in group_members(groups)}:
+        try:
+            os.killpg(g, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def kill_groups(procs: list[subprocess.Popen], groups: set[int]) -> list[dict]:
     """SIGTERM every group, SIGKILL what is left after TERM_GRACE_S, reap; return leftovers."""
-    def signal_all(sig):
-        # only groups that still have a member: the number of a group that is gone can belong to
-        # an unrelated process by now (a new session leader gets its own PID as group id)
-        for g in {m["pgrp"] for m in group_members(groups)}:
-            try:
-                os.killpg(g, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    signal_all(signal.SIGTERM)
+    signal_groups(groups, signal.SIGTERM)
     end = time.monotonic() + TERM_GRACE_S
     while time.monotonic() < end and (any(p.poll() is None for p in procs) or group_members(groups)):
         time.sleep(0.05)
-    signal_all(signal.SIGKILL)
+    signal_groups(groups, signal.SIGKILL)
     end = time.monotonic() + REAP_S
     while time.monotonic() < end:
         alive = [p for p in procs if p.poll() is None]
@@ -198,9 +248,7 @@ def kill_groups(procs: list[subprocess.Popen], groups: set[int]) -> list[dict]:
 def _tail(path: str, limit: int = 1500) -> str:
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
+            f.seek(max(0, os.path.getsize(path) - limit))
             return f.read().decode(errors="replace")
     except OSError:
         return ""
@@ -220,80 +268,145 @@ def _transports(text: str) -> list[str]:
     return sorted(set(re.findall(r"Channel \S+ : \S+ -> \S+ via (\S+)", text)))
 
 
-def launch(*, nranks: int, nccl_env: dict[str, str], unit_env: dict[str, str] | None = None,
-           python: str | None = None, sizes=DEFAULT_SIZES, dtype: str = "bfloat16",
-           timeout_s: float = DEFAULT_TIMEOUT_S, label: str = "", hang_rank: int | None = None,
-           dry_run: bool = False, nccl_debug: bool = False, program: str | None = None,
-           base_env: dict[str, str] | None = None, workdir: str | None = None,
-           keep_inherited: tuple[str, ...] = KEEP_INHERITED) -> dict:
-    """Run the probe; return the result document (see `result` keys below). Never raises
-    for a rank's failure or a hang: those are results. `program` replaces this file as the
-    rank program (tests use a fake); `dry_run` ranks dump their environment, no torch."""
+def launch(*, nranks: int, nccl_env: dict[str, str], label: str = "", hang_rank: int | None = None,
+           gpus: list[int] | None = None, **kw) -> dict:
+    """Run the probe with one group of `nranks` ranks; return the result document. Never raises
+    for a rank's failure or a hang: those are results. `gpus`: the group's GPU set (its
+    CUDA_VISIBLE_DEVICES; default: inherited). Keywords as `run_groups` takes them."""
+    spec = {"nranks": nranks, "gpus": gpus, "hang_rank": hang_rank}
+    return run_groups([spec], nccl_env=nccl_env, label=label, **kw)["runs"][0]
+
+
+def launch_groups(groups: list[list[int]], *, nccl_env: dict[str, str], label: str = "",
+                  hang_group: int | None = None, hang_rank: int | None = None, alone: bool = True,
+                  **kw) -> dict:
+    """Several groups at once, as a DP x TP layout runs: group i has len(groups[i]) ranks on GPU
+    set groups[i] (CUDA_VISIBLE_DEVICES, nvidia-smi numbering) and its own MASTER_PORT; one
+    deadline (`timeout_s`) covers all of them. With `alone`, each group then runs by itself,
+    under its own timeout, for comparison. `hang_rank` of `hang_group` (default 0) never joins."""
+    hang_group = 0 if hang_rank is not None and hang_group is None else hang_group
+    specs = [{"nranks": len(g), "gpus": list(g), "hang_rank": hang_rank if i == hang_group else None}
+             for i, g in enumerate(groups)]
+    together = run_groups(specs, nccl_env=nccl_env, label=label, **kw)
+    solo = []
+    if alone and len(specs) > 1:
+        for i, spec in enumerate(specs):
+            res = run_groups([spec], nccl_env=nccl_env, label=label, **kw)["runs"][0]
+            solo.append(dict(res, group=i))
+    return {"mode": "groups", "label": label, "groups": [list(g) for g in groups],
+            "timeout_s": kw.get("timeout_s", DEFAULT_TIMEOUT_S),
+            "ok": together["ok"] and all(r["ok"] for r in solo), "together": together, "alone": solo}
+
+
+def run_groups(specs: list[dict], *, nccl_env: dict[str, str], unit_env: dict[str, str] | None = None,
+               python: str | None = None, sizes=DEFAULT_SIZES, dtype: str = "bfloat16",
+               timeout_s: float = DEFAULT_TIMEOUT_S, label: str = "", dry_run: bool = False,
+               nccl_debug: bool = False, program: str | None = None,
+               base_env: dict[str, str] | None = None, workdir: str | None = None,
+               keep_inherited: tuple[str, ...] = KEEP_INHERITED) -> dict:
+    """Start every group of `specs` ({nranks, gpus, hang_rank}) at once and wait for all under
+    one deadline; {ok, elapsed_s, cleanup_s, leftover, runs: [one result per group]}. A rank
+    that fails ends its own group after FAIL_GRACE_S; the deadline ends every group still
+    running. `program` replaces this file as the rank program (tests use a fake); `dry_run`
+    ranks dump their environment, no torch."""
     python = python or sys.executable
     program = program or os.path.abspath(__file__)
-    base = dict(os.environ if base_env is None else base_env)
-    env, env_note = rank_environment(base, nccl_env, unit_env, keep_inherited)
-    if nccl_debug:
-        env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"})
+    env, env_note = rank_environment(dict(os.environ if base_env is None else base_env), nccl_env, unit_env,
+                                     keep_inherited)
+    env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"} if nccl_debug else {})
     own_dir = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="nccl-probe-")
-    port = free_port()
-    config = {"sizes": list(sizes), "dtype": dtype, "hang_rank": hang_rank, "dry_run": dry_run,
-              "workdir": workdir, "nranks": nranks}
-    config_path = os.path.join(workdir, "config.json")
-    with open(config_path, "w", encoding="utf-8") as f:
-        json.dump(config, f)
-    result = {
-        "label": label, "ok": False, "nranks": nranks, "dtype": dtype, "timeout_s": timeout_s,
-        "python": python, "nccl_env": dict(sorted(nccl_env.items())),
-        "unit_env": dict(sorted((unit_env or {}).items())),
-        "nccl_debug": nccl_debug, **env_note, "hang_rank": hang_rank, "dry_run": dry_run,
-        "error": None, "results": [], "ranks": [], "leftover": [], "elapsed_s": None,
-    }
-    procs: list[subprocess.Popen] = []
-    logs = []
+    many = len(specs) > 1
+    groups, ports = [], []
+    for i, spec in enumerate(specs):
+        gdir = os.path.join(workdir, f"g{i}") if many else workdir
+        os.makedirs(gdir, exist_ok=True)
+        ports.append(free_port(avoid=ports))
+        cfg = {"sizes": list(sizes), "dtype": dtype, "hang_rank": spec.get("hang_rank"), "dry_run": dry_run,
+               "workdir": gdir, "nranks": spec["nranks"], "group": i, "gpus": spec.get("gpus")}
+        with open(os.path.join(gdir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+        genv = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[-1]), WORLD_SIZE=str(spec["nranks"]),
+                    PYTHONUNBUFFERED="1")
+        if spec.get("gpus") is not None:        # as a replica's env file sets them
+            genv.update(CUDA_VISIBLE_DEVICES=",".join(map(str, spec["gpus"])), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        res = {"label": label, "ok": False, "nranks": spec["nranks"], "dtype": dtype, "timeout_s": timeout_s,
+               "python": python, "nccl_env": dict(sorted(nccl_env.items())),
+               "unit_env": dict(sorted((unit_env or {}).items())), "nccl_debug": nccl_debug, **env_note,
+               "hang_rank": spec.get("hang_rank"), "dry_run": dry_run, "error": None, "results": [],
+               "ranks": [], "leftover": [], "elapsed_s": None}
+        if spec.get("gpus") is not None:
+            res.update(group=i, gpus=list(spec["gpus"]), master_port=ports[-1])
+        groups.append({"dir": gdir, "env": genv, "procs": [], "logs": [], "res": res, "kind": None,
+                       "fail_at": None, "term_at": None, "end": None})
+    spawn_error = None
     start = time.monotonic()
     try:
-        for r in range(nranks):
-            renv = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                        WORLD_SIZE=str(nranks), LOCAL_RANK=str(r), PYTHONUNBUFFERED="1")
-            log = open(os.path.join(workdir, f"rank{r}.log"), "wb")
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [python, program, "rank", "--config", config_path, "--rank", str(r)],
-                env=renv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=workdir, start_new_session=True))
+        for g in groups:
+            for r in range(g["res"]["nranks"]):
+                log = open(os.path.join(g["dir"], f"rank{r}.log"), "wb")
+                g["logs"].append(log)
+                g["procs"].append(subprocess.Popen(
+                    [python, program, "rank", "--config", os.path.join(g["dir"], "config.json"), "--rank", str(r)],
+                    env=dict(g["env"], RANK=str(r), LOCAL_RANK=str(r)), stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, cwd=g["dir"], start_new_session=True))
     except OSError as exc:
-        result["error"] = {"kind": "spawn", "message": f"cannot start {python}: {exc}"}
-    groups = {p.pid for p in procs}    # start_new_session: pgid == sid == pid
+        spawn_error = {"kind": "spawn", "message": f"cannot start {python}: {exc}"}
+    procs = [p for g in groups for p in g["procs"]]
+    pgids = {p.pid for p in procs}      # start_new_session: pgid == sid == pid
     deadline = start + timeout_s
-    first_fail = None
-    kind = None
     try:
-        while procs and result["error"] is None:
-            codes = [p.poll() for p in procs]
+        while spawn_error is None:
             now = time.monotonic()
-            if all(c is not None for c in codes):
+            for g in [g for g in groups if g["end"] is None]:
+                codes = [p.poll() for p in g["procs"]]
+                if all(c is not None for c in codes):
+                    g["end"] = now
+                elif any(c not in (None, 0) for c in codes):
+                    g["fail_at"] = g["fail_at"] or now
+                    mine = {p.pid for p in g["procs"]}
+                    if g["term_at"] is None and now - g["fail_at"] >= FAIL_GRACE_S:
+                        g["kind"], g["term_at"] = "rank-failed", now
+                        signal_groups(mine, signal.SIGTERM)
+                    elif g["term_at"] is not None and now - g["term_at"] >= TERM_GRACE_S:
+                        signal_groups(mine, signal.SIGKILL)
+            if all(g["end"] is not None for g in groups):
                 break
-            if any(c not in (None, 0) for c in codes):
-                first_fail = first_fail or now
-                if now - first_fail >= FAIL_GRACE_S:
-                    kind = "rank-failed"
-                    break
             if now >= deadline:
-                kind = "timeout"
+                for g in groups:
+                    if g["end"] is None:
+                        g["kind"] = g["kind"] or "timeout"
                 break
             time.sleep(0.05)
     except BaseException:              # Ctrl-C, SIGTERM/SIGHUP (see main): take the ranks along
-        kill_groups(procs, groups)
+        kill_groups(procs, pgids)
         raise
     killed_at = time.monotonic()
-    leftover = kill_groups(procs, groups) if groups else []
-    for log in logs:
-        log.close()
-    result["elapsed_s"] = round(time.monotonic() - start, 3)
-    result["cleanup_s"] = round(time.monotonic() - killed_at, 3)
-    result["leftover"] = leftover
+    leftover = kill_groups(procs, pgids) if pgids else []
+    done = time.monotonic()
+    runs = []
+    for g in groups:
+        for log in g["logs"]:
+            log.close()
+        res = g["res"]
+        res["leftover"] = group_members({p.pid for p in g["procs"]}) if g["procs"] else []
+        res["elapsed_s"] = round((g["end"] or done) - start, 3)
+        res["cleanup_s"] = round(done - killed_at, 3)
+        _finish(res, g["procs"], g["dir"], g["kind"], spawn_error)
+        runs.append(res)
+    ok = all(r["ok"] for r in runs) and not leftover
+    if own_dir and ok:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        for g in groups:
+            g["res"]["workdir"] = g["dir"]
+    out = {"ok": ok, "elapsed_s": round(done - start, 3), "cleanup_s": round(done - killed_at, 3),
+           "leftover": leftover, "runs": runs}
+    return dict(out, workdir=workdir) if not ok else out
+
+
+def _finish(result: dict, procs: list, workdir: str, kind: str | None, spawn_error: dict | None) -> None:
+    """Fill one group's result from its rank files: ranks, results, system, error, ok."""
     ranks = []
     for r, p in enumerate(procs):
         doc = {}
@@ -305,25 +418,19 @@ def launch(*, nranks: int, nccl_env: dict[str, str], unit_env: dict[str, str] | 
         log_text = _tail(os.path.join(workdir, f"rank{r}.log"), 200_000)
         ranks.append({"rank": r, "pid": p.pid, "returncode": p.returncode,
                       "phase": _phase(workdir, r), "ok": bool(doc.get("ok")),
-                      "transports": _transports(log_text) if nccl_debug else [],
+                      "transports": _transports(log_text) if result["nccl_debug"] else [],
                       "log_tail": log_text[-1500:], **({"report": doc} if doc else {})})
     result["ranks"] = ranks
     rank0 = ranks[0].get("report", {}) if ranks else {}
     result["results"] = rank0.get("results", [])
     result["system"] = rank0.get("system", {})
-    if nccl_debug:
+    if result["nccl_debug"]:
         result["transports"] = sorted({t for r in ranks for t in r["transports"]})
-    if result["error"] is None:
-        result["error"] = _diagnose(kind, ranks, result, timeout_s)
-    if result["error"] is None and leftover:
+    result["error"] = spawn_error or _diagnose(kind, ranks, result, result["timeout_s"])
+    if result["error"] is None and result["leftover"]:
         result["error"] = {"kind": "leftover", "message": "rank processes survived SIGKILL: "
-                           + ", ".join(f"{x['pid']} ({x['state']})" for x in leftover)}
+                           + ", ".join(f"{x['pid']} ({x['state']})" for x in result["leftover"])}
     result["ok"] = result["error"] is None
-    if own_dir and result["ok"]:
-        _rmtree(workdir)
-    else:
-        result["workdir"] = workdir
-    return result
 
 
 def _diagnose(kind: str | None, ranks: list[dict], result: dict, timeout_s: float) -> dict | None:
@@ -358,29 +465,13 @@ def _diagnose(kind: str | None, ranks: list[dict], result: dict, timeout_s: floa
     return None
 
 
-def _rmtree(path: str) -> None:
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for name in dirs:
-            try:
-                os.rmdir(os.path.join(root, name))
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
 # --- formatting -------------------------------------------------------------------------------
 
 def format_result(res: dict) -> str:
     """A human report of one `launch` result."""
-    head = f"NCCL all-reduce probe{(' [' + res['label'] + ']') if res.get('label') else ''}: " \
+    where = (f" group {res['group']} (GPUs {','.join(map(str, res['gpus']))})" if res.get("gpus") is not None
+             else "")
+    head = f"NCCL all-reduce probe{(' [' + res['label'] + ']') if res.get('label') else ''}{where}: " \
            f"{res['nranks']} ranks, {res['dtype']}"
     sysinfo = res.get("system") or {}
     if sysinfo.get("torch"):
@@ -397,32 +488,6 @@ def format_result(res: dict) -> str:
         lines += _grid(rows, right={1, 2, 3})
     status = "OK" if res["ok"] else f"FAILED ({res['error']['kind']}): {res['error']['message']}"
     lines.append(f"{status} in {res['elapsed_s']:.1f} s")
-    return "\n".join(lines) + "\n"
-
-
-def format_compare(results: list[dict]) -> str:
-    """Side-by-side table of several results (one column pair per preset/label)."""
-    sizes = sorted({x["bytes"] for res in results for x in res["results"]})
-    head = ["size"]
-    for res in results:
-        head += [f"{res['label']} us", f"{res['label']} GB/s"]
-    rows = [tuple(head)]
-    for size in sizes:
-        row = [human_size(size)]
-        for res in results:
-            x = next((x for x in res["results"] if x["bytes"] == size), None)
-            row += ([f"{x['latency_us']:.1f}", f"{x['busbw_gbps']:.2f}" + ("" if x["correct"] else "!")]
-                    if x else ["-", "-"])
-        rows.append(tuple(row))
-    status = ["status"]
-    for res in results:
-        status += ["ok" if res["ok"] else res["error"]["kind"], f"{res['elapsed_s']:.1f} s"]
-    rows.append(tuple(status))
-    lines = ["NCCL all-reduce, latency (us, max over ranks) and bus bandwidth (GB/s)"]
-    lines += _grid(rows, right=set(range(1, len(head))))
-    for res in results:
-        if not res["ok"]:
-            lines.append(f"{res['label']}: {res['error']['message']}")
     return "\n".join(lines) + "\n"
 
 
@@ -462,8 +527,7 @@ def rank_main(config_path: str, rank: int) -> int:
                or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PATH")}
         if cfg.get("hang_rank") == rank:
             _mark(workdir, rank, "hang")
-            # a child in the same process group, so that tests see the group (not only the
-            # rank) killed
+            # a child in the same process group: tests see the group (not only the rank) killed
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
             _hang_forever()
         _write(workdir, rank, {"rank": rank, "ok": True, "env": env, "results": [],
@@ -479,8 +543,8 @@ def rank_main(config_path: str, rank: int) -> int:
         _mark(workdir, rank, "hang")
         _hang_forever()
     if torch.cuda.device_count() < world:
-        print(f"rank {rank}: {world} ranks need {world} GPUs; torch sees "
-              f"{torch.cuda.device_count()}", file=sys.stderr)
+        print(f"rank {rank}: {world} ranks need {world} GPUs; torch sees {torch.cuda.device_count()} "
+              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})", file=sys.stderr)
         return 3
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
@@ -538,6 +602,8 @@ def rank_main(config_path: str, rank: int) -> int:
               "nccl": ".".join(map(str, nccl_version)) if isinstance(nccl_version, tuple)
               else str(nccl_version),
               "gpus": [torch.cuda.get_device_name(i) for i in range(world)],
+              "gpu_uuids": [str(getattr(torch.cuda.get_device_properties(i), "uuid", "")) for i in range(world)],
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "hostname": socket.gethostname()}
     _write(workdir, rank, {"rank": rank, "ok": all(r["correct"] for r in results),
                            "results": results if rank == 0 else [], "system": system,
@@ -563,12 +629,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nccl_probe.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="mode", required=True)
     la = sub.add_parser("launch", help="run the probe")
-    la.add_argument("--nranks", type=int, required=True)
+    la.add_argument("--nranks", type=int, help="ranks of one group (GPUs 0..N-1)")
+    la.add_argument("--groups", help="GPU sets probed at once, e.g. 0,1,2,3:4,5,6,7 (one rank per GPU)")
+    la.add_argument("--no-alone", action="store_true", help="with --groups: skip each group's run alone")
+    la.add_argument("--hang-group", type=int, default=None, help="debug: the group of --hang-rank (default 0)")
     la.add_argument("--python", help="python for the ranks (default: this one)")
     la.add_argument("--env-file", action="append", default=[],
                     help="NCCL env file as systemd reads it (repeatable, later wins)")
-    la.add_argument("--nccl", action="append", default=[], metavar="KEY=VALUE",
-                    help="NCCL variable (over --env-file)")
+    la.add_argument("--nccl", action="append", default=[], metavar="KEY=VALUE", help="NCCL variable (over --env-file)")
     la.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="the unit's Environment= value (under the env file)")
     la.add_argument("--sizes", nargs="+", default=None, help="e.g. 8K 1M 64M (default 8K..64M)")
@@ -577,8 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--label", default="")
     la.add_argument("--hang-rank", type=int, default=None, help="debug: this rank never joins")
     la.add_argument("--dry-run", action="store_true", help="ranks dump their environment, no torch")
-    la.add_argument("--nccl-debug", action="store_true",
-                    help="add NCCL_DEBUG=INFO to report the transports NCCL chose")
+    la.add_argument("--nccl-debug", action="store_true", help="add NCCL_DEBUG=INFO to report the transports NCCL chose")
     la.add_argument("--keep-env", action="append", default=[], metavar="NAME",
                     help="keep this inherited NCCL_* variable too (NCCL_NVLS_ENABLE always is)")
     la.add_argument("--json", action="store_true")
@@ -611,19 +678,26 @@ def main(argv=None) -> int:
         nccl_env.update(_pairs(args.nccl))
         unit_env = _pairs(args.env)
         sizes = parse_sizes(args.sizes) if args.sizes else list(DEFAULT_SIZES)
-        if args.nranks < 1 or args.timeout <= 0:
+        groups = parse_groups(args.groups) if args.groups is not None else None
+        check_layout(args.nranks, groups, args.hang_group, args.hang_rank)
+        if args.timeout <= 0:
             raise ValueError("--nranks and --timeout must be positive")
-        if args.hang_rank is not None and not 0 <= args.hang_rank < args.nranks:
-            raise ValueError(f"--hang-rank must be in 0..{args.nranks - 1}")
     except (OSError, ValueError) as exc:
         print(f"nccl_probe: {exc}", file=sys.stderr)
         return 2
     exit_on_term()
-    res = launch(nranks=args.nranks, nccl_env=nccl_env, unit_env=unit_env, python=args.python,
-                 sizes=sizes, dtype=args.dtype, timeout_s=args.timeout, label=args.label,
-                 hang_rank=args.hang_rank, dry_run=args.dry_run, nccl_debug=args.nccl_debug,
-                 keep_inherited=KEEP_INHERITED + tuple(args.keep_env))
-    print(json.dumps(res, indent=2) if args.json else format_result(res), end="" if not args.json else "\n")
+    common = dict(nccl_env=nccl_env, unit_env=unit_env, python=args.python, sizes=sizes, dtype=args.dtype,
+                  timeout_s=args.timeout, label=args.label, hang_rank=args.hang_rank, dry_run=args.dry_run,
+                  nccl_debug=args.nccl_debug, keep_inherited=KEEP_INHERITED + tuple(args.keep_env))
+    if groups is None:
+        res = launch(nranks=args.nranks, **common)
+        text = format_result(res)
+    else:
+        res = launch_groups(groups, hang_group=args.hang_group, alone=not args.no_alone, **common)
+        text = "".join([*map(format_result, res["together"]["runs"]),
+                        *("alone: " + format_result(r) for r in res["alone"]),
+                        f"{len(groups)} groups at once: {'OK' if res['ok'] else 'FAILED'}\n"])
+    print(json.dumps(res, indent=2) if args.json else text, end="" if not args.json else "\n")
     return 0 if res["ok"] else 1
 
 

@@ -29,5 +29,7 @@ def nccl_probe(r: Rollout) -> None:
     files.put(name="NCCL env of the new release", src=StringIO(r.rendered.nccl_env), dest=env_file, mode="644")
     argv = probe_argv(r.data, script=script, env_file=env_file,
                       timeout_s=float(host.data.get("nccl_probe_timeout_s", 60)))
-    server.shell(name=f"all-reduce 8 KiB..64 MiB on {argv[argv.index('--nranks') + 1]} GPUs (hard timeout)",
+    where = (f"GPU sets {argv[argv.index('--groups') + 1]} at once and alone" if "--groups" in argv
+             else f"{argv[argv.index('--nranks') + 1]} GPUs")
+    server.shell(name=f"all-reduce 8 KiB..64 MiB on {where} (hard timeout)",
                  commands=[" ".join(shlex.quote(a) for a in argv)])
