@@ -23,7 +23,6 @@ from __future__ import annotations
 import configparser
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -1105,8 +1104,3 @@ def inventory_hosts() -> list[tuple[str, dict[str, Any]]]:
         raise SimError(f"no CT200 twin is running (state in {hosts_dir()}); "
                        "start one with `make sim-up` (or `dsv4deploy sim up`)")
     return [h.inventory_entry() for h in hosts]
-
-
-def fingerprint() -> str:
-    """Short hash of the rootfs recipe (handy in CI cache keys)."""
-    return hashlib.sha256(json.dumps(_recipe(), sort_keys=True).encode()).hexdigest()[:12]

@@ -16,7 +16,6 @@ import hmac
 import importlib.util
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -24,7 +23,7 @@ import sys
 import time
 import uuid
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,17 +124,14 @@ class ModelFacts:
     max_context: int
     model_type: str
     hybrid_nvfp4: bool
-    config_found: bool
 
 
 def read_model(model_path: str) -> ModelFacts:
     p = Path(model_path)
     cfg: dict[str, Any] = {}
-    found = False
     if p.is_dir() and (p / "config.json").is_file():
         try:
             cfg = json.loads((p / "config.json").read_text())
-            found = True
         except (OSError, json.JSONDecodeError):
             cfg = {}
     q = cfg.get("quantization_config") or {}
@@ -146,7 +142,6 @@ def read_model(model_path: str) -> ModelFacts:
         max_context=int(cfg.get("max_position_embeddings") or DSV4_MAX_CONTEXT),
         model_type=str(cfg.get("model_type") or "deepseek_v4"),
         hybrid_nvfp4=bool(hybrid),
-        config_found=found,
     )
 
 
@@ -205,7 +200,6 @@ class Resolved:
     model_path: str
     served_model_name: str
     graphs_enabled: bool
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def perf_config(self) -> PerfConfig:
         # --num-continuous-decode-steps is parsed (and shown in /server_info) but, as in SGLang
@@ -352,7 +346,6 @@ class Engine:
         self.gen_throughput = 0.0
         self._last_log_t: float | None = None
         self._last_log_tokens = 0
-        self.num_requests_total = 0
         self.ttft: list[float] = []
         self.e2e: list[float] = []
         self.task: asyncio.Task | None = None
@@ -484,7 +477,6 @@ class TwinServer:
         self.completed_user = 0     # user generations completed (crash_after_requests)
         self.started_at = time.time()
         self.startup_time = 0.0
-        self._rid = 0
         self.crashing = False
         self.api_key = res.args.api_key
         self.ready_endpoint = targs.has_ready_endpoint(res.args.version)
@@ -528,10 +520,6 @@ class TwinServer:
                                      status=e.status)
 
     # ------------------------------------------------------------------ helpers
-    def _new_rid(self) -> str:
-        self._rid += 1
-        return uuid.uuid4().hex
-
     def _check_len(self, input_len: int, max_new: int) -> None:
         ctx = self.res.context_len
         if input_len >= ctx:
@@ -551,7 +539,7 @@ class TwinServer:
         fail_at = None
         if self.res.faults.fails(n):
             fail_at = max(1, max_new // 2)
-        req = Req(rid=self._new_rid(), input_len=input_len, max_new_tokens=max_new, fail_at=fail_at)
+        req = Req(rid=uuid.uuid4().hex, input_len=input_len, max_new_tokens=max_new, fail_at=fail_at)
         group.add(req, seed)
         return req
 
