@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import hmac
-import importlib.util
 import json
 import os
 import signal
@@ -32,9 +30,10 @@ if __name__ == "__main__":  # a SIGTERM while still importing: clean exit, as la
 
 from aiohttp import web  # noqa: E402
 
-from ..patches import MASK, mask_secrets_applied  # noqa: E402
+from ..patches import MASK  # noqa: E402
 from . import args as targs  # noqa: E402
 from .faults import FaultFileError, Faults, load_faults
+from .logs import _SG, SECRET_FIELDS, Log, StartupFailure, _traceback, secrets_masked
 from .memory import KVCacheError, MemoryInputs, MemoryPlan, plan_memory
 from .perf import DSV4_MAX_CONTEXT, IDLE_WAKE_S, PerfConfig, Req, Scheduler
 
@@ -45,76 +44,6 @@ _WORDS = ("the model serves tokens from a sparse mixture of experts while the in
           "compressed attention blocks across every layer and the scheduler batches running "
           "requests into one decode step on four blackwell cards over pcie with nccl ring "
           "all reduce and cuda graphs for small batches").split()
-LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
-
-
-# ------------------------------------------------------------------------------------ logging
-SECRET_FIELDS = ("api_key", "admin_api_key", "ssl_keyfile_password")
-
-
-@functools.cache
-def secrets_masked() -> bool:
-    """Whether the SGLang installed next to the twin (the venv's real wheel, which the deploy
-    patches) carries the mask-secrets patch: the twin then masks as the patched SGLang does."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    site = Path(list(spec.submodule_search_locations)[0]).parent
-    return mask_secrets_applied(site) is True
-
-
-class Log:
-    """SGLang-like log lines on stderr (the journal under systemd)."""
-
-    def __init__(self, level: str = "info"):
-        self.level = LEVELS.get(str(level).lower(), 20)
-
-    def _emit(self, lvl: int, msg: str, tp: bool) -> None:
-        if lvl < self.level:
-            return
-        ts = time.strftime("%Y-%m-%d %H:%M:%S")
-        prefix = f"[{ts} TP0] " if tp else f"[{ts}] "
-        if lvl >= 30:
-            prefix += ("WARNING " if lvl == 30 else "ERROR ")
-        sys.stderr.write(prefix + msg + "\n")
-        sys.stderr.flush()
-
-    def debug(self, msg: str, tp: bool = False) -> None:
-        self._emit(10, msg, tp)
-
-    def info(self, msg: str, tp: bool = False) -> None:
-        self._emit(20, msg, tp)
-
-    def warning(self, msg: str, tp: bool = False) -> None:
-        self._emit(30, msg, tp)
-
-    def error(self, msg: str, tp: bool = False) -> None:
-        self._emit(40, msg, tp)
-
-    @staticmethod
-    def raw(text: str) -> None:
-        sys.stderr.write(text if text.endswith("\n") else text + "\n")
-        sys.stderr.flush()
-
-
-def _traceback(frames: list[tuple[str, int, str, str]], final: str) -> str:
-    lines = ["Traceback (most recent call last):"]
-    for path, line, func, code in frames:
-        lines.append(f'  File "{path}", line {line}, in {func}')
-        lines.append(f"    {code}")
-    lines.append(final)
-    return "\n".join(lines)
-
-
-_SG = "/opt/sglang/lib/python3.11/site-packages/sglang/srt"
-
-
-class StartupFailure(Exception):
-    """Fatal startup error: message already logged, exit with ``code``."""
-
-    def __init__(self, code: int = 1):
-        super().__init__(code)
-        self.code = code
 
 
 # --------------------------------------------------------------------------------- the model
