@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import configparser
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -30,7 +29,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -39,11 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .errors import SimError
+from .files import _guard, _mkdir, _safe_rmtree, _tail, _write
+from .layout import (PACKAGE_DIR, _locked, client_key, deploy_key, hosts_dir, known_hosts_file, sim_dir,
+                     ssh_dir, twin_address, twin_name)
+from .processes import _CHILDREN, _container_inits, _is_nspawn_of, _nspawn_exit, _port_in_use, _proc_stat
 
 log = logging.getLogger("dsv4deploy.sim")
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PACKAGE_DIR.parent.parent
 NVIDIA_SMI_SCRIPT = PACKAGE_DIR / "nvidia_smi.py"
 
 SUITE = "bookworm"
@@ -78,153 +79,8 @@ DEPLOY_USER = "deploy"          # the inventory's account on the twins (sudo), l
 STOP_WAIT_S = 60.0
 
 
-class SimError(Exception):
-    """A failed twin operation; ``exit_code`` 1 (operation failed) or 2 (bad input)."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-# ------------------------------------------------------------------ paths
-
-def sim_dir() -> Path:
-    env = os.environ.get("DSV4_SIM_DIR")
-    return Path(env).resolve() if env else REPO_ROOT / ".sim"
-
-
 def rootfs_dir() -> Path:
     return sim_dir() / "rootfs" / SUITE
-
-
-def ssh_dir() -> Path:
-    return sim_dir() / "ssh"
-
-
-def client_key() -> Path:
-    return ssh_dir() / "id_ed25519"
-
-
-def deploy_key() -> Path:
-    return ssh_dir() / "deploy_ed25519"
-
-
-def known_hosts_file() -> Path:
-    return ssh_dir() / "known_hosts"
-
-
-def hosts_dir() -> Path:
-    return sim_dir() / "hosts"
-
-
-def twin_name(index: int) -> str:
-    return f"twin-{index}"
-
-
-def twin_address(index: int) -> str:
-    if not 1 <= index <= 253:
-        raise SimError(f"twin index must be 1..253, got {index}", 2)
-    return f"127.0.0.{index + 1}"
-
-
-# ------------------------------------------------------------ processes
-
-_CHILDREN: dict[int, subprocess.Popen] = {}
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks) of a process, None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[19])
-
-
-def _reap(pid: int) -> None:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        if child.poll() is not None:
-            _CHILDREN.pop(pid, None)
-        return
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _is_nspawn_of(pid: int, name: str, starttime: int | None = None) -> bool:
-    """True if PID is alive and is the systemd-nspawn that runs twin NAME."""
-    _reap(pid)
-    st = _proc_stat(pid)
-    if st is None or st[0] in ("Z", "X"):
-        return False
-    if starttime is not None and st[1] != starttime:
-        return False
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    if not argv or not argv[0].endswith(b"systemd-nspawn"):
-        return False
-    return any(a == b"-M" and b == name.encode() for a, b in zip(argv, argv[1:]))
-
-
-def _pidns(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-
-def _container_inits(root: Path) -> list[int]:
-    """PIDs of the init processes (PID 1 of another PID namespace) whose root directory is ROOT.
-
-    A container is found by what it runs in, not by a name: an nspawn that died (SIGKILL) leaves
-    its init and everything under it running, holding the twin's address.
-    """
-    try:
-        want = os.stat(root)
-    except OSError:
-        return []
-    mine = _pidns(os.getpid())
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        try:
-            st = os.stat(f"/proc/{pid}/root")
-            if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino) or _pidns(pid) in (None, mine):
-                continue
-            nspid = next((ln.split()[1:] for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
-                          if ln.startswith("NSpid:")), [])
-        except OSError:
-            continue
-        if nspid and nspid[-1] == "1":
-            found.append(pid)
-    return found
-
-
-def _nspawn_exit(pid: int) -> str:
-    """How our nspawn child PID ended, for an error message ("" if unknown or still running)."""
-    child = _CHILDREN.get(pid)
-    rc = child.poll() if child is not None else None
-    if rc is None:
-        return ""
-    return f" (killed by {signal.Signals(-rc).name})" if rc < 0 else f" (exit status {rc})"
-
-
-# ----------------------------------------------------------------- locking
-
-@contextlib.contextmanager
-def _locked():
-    sim_dir().mkdir(parents=True, exist_ok=True)
-    with open(sim_dir() / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ------------------------------------------------------------------ checks
@@ -242,100 +98,6 @@ def require_tools() -> None:
         need = sorted({pkgs[m] for m in missing})
         raise SimError(f"missing {', '.join(missing)}: install the Debian packages {' '.join(need)} "
                        f"(apt-get install -y {' '.join(need)}; `make` does this)")
-
-
-def _port_in_use(address: str, port: int = 22) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((address, port))
-        except OSError:
-            return True
-    return False
-
-
-# --------------------------------------------------------------- file utils
-
-def _twin_root_of(path: Path) -> Path | None:
-    """The twin (or cached) root that PATH lies in, if any."""
-    try:
-        rel = path.relative_to(sim_dir())
-    except ValueError:
-        return None
-    parts = rel.parts
-    if len(parts) >= 3 and parts[0] == "hosts" and parts[2] in ("root", "root.tmp"):
-        return sim_dir().joinpath(*parts[:3])
-    if len(parts) >= 2 and parts[0] == "rootfs":
-        return sim_dir().joinpath(*parts[:2])
-    return None
-
-
-def _guard(path: Path, is_dir: bool = False) -> Path:
-    """Refuse PATH if a symlink inside a twin root would lead it out of the root.
-
-    The twins are written to from this machine while code running inside them
-    (as root) may have changed them: an absolute symlink there points here.
-    """
-    root = _twin_root_of(path)
-    if root is None:
-        return path
-    real_root = root.resolve()
-    probe = path if is_dir else path.parent      # a file's own symlink gets replaced, not followed
-    while not probe.exists() and probe != root:
-        probe = probe.parent
-    real = probe.resolve()
-    if real != real_root and real_root not in real.parents:
-        raise SimError(f"refusing to write {path}: a symlink in the twin leads to {real}")
-    return path
-
-
-def _write(path: Path, data: str | bytes, mode: int | None = None) -> None:
-    _guard(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink():
-        path.unlink()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    if isinstance(data, str):
-        tmp.write_text(data)
-    else:
-        tmp.write_bytes(data)
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def _mkdir(path: Path) -> Path:
-    _guard(path, is_dir=True).mkdir(parents=True, exist_ok=True)
-    return _guard(path, is_dir=True)
-
-
-def _mounts_under(path: Path) -> list[str]:
-    prefix = str(path.resolve())
-    out = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/mounts").read_text().splitlines():
-            mnt = line.split()[1].replace("\\040", " ")
-            if mnt == prefix or mnt.startswith(prefix + "/"):
-                out.append(mnt)
-    return sorted(out, key=len, reverse=True)
-
-
-def _safe_rmtree(path: Path) -> None:
-    if not path.exists() and not path.is_symlink():
-        return
-    for mnt in _mounts_under(path):
-        subprocess.run(["umount", "-l", mnt], check=False)
-    if _mounts_under(path):
-        raise SimError(f"refusing to delete {path}: something is still mounted under it")
-    shutil.rmtree(path)
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(text[-lines:])
 
 
 # ------------------------------------------------------------------ rootfs
