@@ -1,21 +1,12 @@
-"""The CT200 twin host: Debian bookworm booted with systemd-nspawn, reached over SSH.
+"""The CT200 twins' lifecycle: ``up`` (root built once, each twin copied, configured, booted
+with systemd-nspawn, then reached over ssh), ``down`` (by recorded PID only: SIGTERM to the
+nspawn, SIGKILL after a timeout), ``status`` and the pyinfra ``inventory_hosts``.
 
-State layout (``sim_dir()``, by default ``<repo>/.sim``, env ``DSV4_SIM_DIR``)::
-
-    .sim/
-      .lock                      flock taken by up/down/gpus
-      rootfs/bookworm/           debootstrap root, built once (marker .dsv4deploy-rootfs.json)
-      rootfs/debootstrap.log     log of the last build
-      ssh/id_ed25519[.pub]       client key pair (root's authorized_keys in every twin)
-      ssh/known_hosts            the twins' host keys (host-key checking stays on)
-      hosts/twin-N/root/         twin N's own copy of the root
-      hosts/twin-N/console.log   nspawn + boot console
-      hosts/twin-N/nspawn.pid    PID of the systemd-nspawn process (only while running)
-      hosts/twin-N/host.json     name, address, PID start time of the nspawn
-
-Twin N listens on 127.0.0.(N+1):22 (twin-1 -> 127.0.0.2).  The container shares
-this machine's network namespace, so sshd is pinned with ListenAddress.
-Stopping is by recorded PID only (SIGTERM to nspawn, SIGKILL after a timeout).
+It is also where the rest of the project imports the sim from (``from dsv4deploy.sim.host
+import ...``, ``dsv4deploy.sim``): its parts live in ``layout`` (state dir, names, addresses,
+lock), ``rootfs`` (the cached Debian root), ``twin_host`` (``SimHost``), ``twin_setup``,
+``host_env``, ``gpu_settings``, ``processes``, ``files`` and ``errors``.  Stdlib only at module
+level, like every part: ``prebuild_root`` runs with a bare python3.
 """
 
 from __future__ import annotations
@@ -24,31 +15,32 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shlex
 import shutil
 import signal
 import subprocess
 import time
-import uuid
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from .errors import SimError
-from .files import _mkdir, _safe_rmtree, _tail, _write
-from .gpu_settings import GPU_DEFAULTS, NVIDIA_SMI_SCRIPT, TWIN_NVIDIA_SMI_LIB, _apply_gpus, _install_twin_tools, _read_gpus
-from .host_env import _sync_host_environment, bind_mounts
-from .layout import (_locked, client_key, deploy_key, hosts_dir, known_hosts_file, sim_dir,
-                     ssh_dir, twin_address, twin_name)
+from .files import _safe_rmtree, _tail, _write
+from .host_env import bind_mounts
+from .layout import _locked, client_key, hosts_dir, known_hosts_file, sim_dir, twin_address
 from .processes import _CHILDREN, _container_inits, _is_nspawn_of, _nspawn_exit, _port_in_use, _proc_stat
-from .rootfs import ROOTFS_MARKER, ensure_rootfs, prebuild_root, rootfs_dir, rootfs_ready
+from .rootfs import ensure_rootfs, prebuild_root, rootfs_dir, rootfs_ready
+from .twin_host import SimHost, existing_hosts, running_hosts
+from .twin_setup import _configure_twin, _create_twin, ensure_client_key
+
+# What the project imports from here (dsv4deploy.sim, sim/cli.py, inventory/sim.py, bench/, tests/,
+# the Makefile's prebuild_root).  The tests also reach for helpers this module uses itself
+# (_locked, _port_in_use, _proc_stat, _is_nspawn_of, _container_inits).
+__all__ = ["SSH_WAIT_S", "STOP_WAIT_S", "SimError", "SimHost", "client_key", "down", "ensure_rootfs",
+           "existing_hosts", "inventory_hosts", "known_hosts_file", "prebuild_root", "rootfs_dir",
+           "rootfs_ready", "running_hosts", "set_gpus", "sim_dir", "status", "twin_address", "up"]
 
 log = logging.getLogger("dsv4deploy.sim")
 
-
 SSH_WAIT_S = 120.0
-DEPLOY_USER = "deploy"          # the inventory's account on the twins (sudo), like an operator's
 STOP_WAIT_S = 60.0
 
 
@@ -69,280 +61,7 @@ def require_tools() -> None:
                        f"(apt-get install -y {' '.join(need)}; `make` does this)")
 
 
-# ------------------------------------------------------------- ssh client
-
-def ensure_client_key() -> Path:
-    """root's key (the sim's own checks) and the deploy user's key (what the inventory uses)."""
-    for key, comment in ((client_key(), "dsv4deploy-sim"), (deploy_key(), "dsv4deploy-sim-deploy")):
-        if not key.exists() or not key.with_suffix(".pub").exists():
-            ssh_dir().mkdir(parents=True, exist_ok=True)
-            os.chmod(ssh_dir(), 0o700)
-            for p in (key, key.with_suffix(".pub")):
-                p.unlink(missing_ok=True)
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)],
-                           check=True)
-    return client_key()
-
-
-def _ensure_deploy_user(root: Path) -> None:
-    """The operator's account on the twin, as on a real host: `deploy`, its own key, and
-    passwordless sudo (the deploy runs every host effect through sudo)."""
-    passwd = (root / "etc/passwd").read_text()
-    if not any(line.split(":", 1)[0] == DEPLOY_USER for line in passwd.splitlines()):
-        subprocess.run(["useradd", "--root", str(root), "--create-home", "--shell", "/bin/bash",
-                        "--user-group", DEPLOY_USER], check=True, capture_output=True)
-        passwd = (root / "etc/passwd").read_text()
-    entry = next(line.split(":") for line in passwd.splitlines() if line.split(":", 1)[0] == DEPLOY_USER)
-    uid, gid, home = int(entry[2]), int(entry[3]), entry[5]
-    ssh = root / home.lstrip("/") / ".ssh"
-    _mkdir(ssh)
-    _write(ssh / "authorized_keys", deploy_key().with_suffix(".pub").read_text(), 0o600)
-    for path in (ssh, ssh / "authorized_keys"):
-        os.lchown(path, uid, gid)
-    os.chmod(ssh, 0o700)
-    _write(root / "etc/sudoers.d/dsv4deploy-twin", f"# written by dsv4deploy sim\n{DEPLOY_USER} ALL=(ALL) NOPASSWD:ALL\n",
-           0o440)
-
-
-def _record_host_key(address: str, pubkey_line: str) -> None:
-    kh = known_hosts_file()
-    keytype, keydata = pubkey_line.split()[:2]
-    lines = []
-    if kh.exists():
-        lines = [ln for ln in kh.read_text().splitlines()
-                 if ln.strip() and ln.split()[0] != address]
-    lines.append(f"{address} {keytype} {keydata}")
-    _write(kh, "\n".join(sorted(lines)) + "\n", 0o644)
-
-
-# ------------------------------------------------------------------ twins
-
-@dataclass(frozen=True)
-class SimHost:
-    """One twin: ``SimHost(1)`` is twin-1 at 127.0.0.2."""
-
-    index: int
-
-    @property
-    def name(self) -> str:
-        return twin_name(self.index)
-
-    @property
-    def address(self) -> str:
-        return twin_address(self.index)
-
-    @property
-    def dir(self) -> Path:
-        return hosts_dir() / self.name
-
-    @property
-    def root(self) -> Path:
-        return self.dir / "root"
-
-    @property
-    def console_log(self) -> Path:
-        return self.dir / "console.log"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.dir / "nspawn.pid"
-
-    @property
-    def state_file(self) -> Path:
-        return self.dir / "host.json"
-
-    # -- state
-    def _state(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    @property
-    def pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def running(self) -> bool:
-        pid = self.pid
-        return pid is not None and _is_nspawn_of(pid, self.name, self._state().get("starttime"))
-
-    def exists(self) -> bool:
-        return (self.root / "usr/sbin/sshd").exists()
-
-    # -- ssh
-    def ssh_options(self) -> list[str]:
-        return ["-F", "/dev/null",
-                "-o", "BatchMode=yes",
-                "-o", f"UserKnownHostsFile={known_hosts_file()}",
-                "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", "StrictHostKeyChecking=yes",
-                "-o", "IdentitiesOnly=yes",
-                "-o", "ConnectTimeout=5",
-                "-o", "LogLevel=ERROR",
-                "-i", str(client_key())]
-
-    def ssh_argv(self, command: str | Sequence[str] | None = None) -> list[str]:
-        """argv for ``ssh root@ADDRESS [command]`` with the sim key and known_hosts."""
-        argv = ["ssh", *self.ssh_options(), f"root@{self.address}"]
-        if command is not None:
-            argv.append(command if isinstance(command, str) else shlex.join(command))
-        return argv
-
-    def run(self, command: str | Sequence[str], check: bool = True, timeout: float | None = 120,
-            input: str | None = None) -> subprocess.CompletedProcess:
-        """Run COMMAND (a shell string, or argv that gets quoted) in the twin over ssh."""
-        proc = subprocess.run(self.ssh_argv(command), capture_output=True, text=True,
-                              timeout=timeout, input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
-        if check and proc.returncode != 0:
-            raise SimError(f"{self.name}: `{command}` exited {proc.returncode}: "
-                           f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
-        return proc
-
-    def write_file(self, path: str, text: str, mode: int | None = None) -> None:
-        """Write TEXT to PATH in the twin over ssh (parent directories created)."""
-        cmd = f"mkdir -p {shlex.quote(os.path.dirname(path) or '/')} && cat > {shlex.quote(path)}"
-        if mode is not None:
-            cmd += f" && chmod {mode:o} {shlex.quote(path)}"
-        self.run(cmd, input=text)
-
-    def read_file(self, path: str) -> str:
-        return self.run(["cat", path]).stdout
-
-    def ssh_ok(self, timeout: float = 10) -> bool:
-        try:
-            return subprocess.run(self.ssh_argv("true"), stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout).returncode == 0
-        except subprocess.TimeoutExpired:
-            return False
-
-    # -- GPUs
-    def gpus(self) -> dict[str, Any]:
-        """The twin's nvidia-smi settings (defaults filled in)."""
-        return dict(GPU_DEFAULTS, uuid_seed=self.name) | _read_gpus(self.root)
-
-    def set_gpus(self, *, count: int | None = None, memory_mib: int | None = None,
-                 memory_used_mib: int | list[int] | None = None, driver_version: str | None = None,
-                 driver_installed: bool | None = None, name: str | None = None,
-                 compute_cap: str | None = None, reset: bool = False) -> dict[str, Any]:
-        """Change what nvidia-smi reports in this twin (effective at once; running or not).
-
-        ``driver_installed=False`` removes /usr/bin/nvidia-smi, True (or a
-        ``driver_version``) puts it back.  ``reset`` starts from CT200's defaults.
-        """
-        if count is not None and not 0 <= count <= 64:
-            raise SimError(f"--count must be 0..64, got {count}", 2)
-        if memory_mib is not None and memory_mib <= 0:
-            raise SimError(f"--memory-mib must be positive, got {memory_mib}", 2)
-        if compute_cap is not None and not re.fullmatch(r"\d+\.\d+", compute_cap):
-            raise SimError(f"--compute-cap must look like 12.0, got {compute_cap!r}", 2)
-        if driver_version is not None and not re.fullmatch(r"\d+(\.\d+){1,2}", driver_version):
-            raise SimError(f"--driver must look like 580.95.05, got {driver_version!r}", 2)
-        if not self.exists():
-            raise SimError(f"{self.name} does not exist; run `dsv4deploy sim up --hosts {self.index}` first")
-        with _locked():
-            settings = dict(GPU_DEFAULTS, uuid_seed=self.name)
-            if not reset:
-                settings.update(_read_gpus(self.root))
-            changes = {"count": count, "memory_mib": memory_mib, "memory_used_mib": memory_used_mib,
-                       "driver_version": driver_version, "name": name, "compute_cap": compute_cap}
-            settings.update({k: v for k, v in changes.items() if v is not None})
-            if driver_version is not None:
-                settings["driver_installed"] = True
-            if driver_installed is not None:
-                settings["driver_installed"] = bool(driver_installed)
-            if not (self.root / TWIN_NVIDIA_SMI_LIB).exists():
-                _write(self.root / TWIN_NVIDIA_SMI_LIB, NVIDIA_SMI_SCRIPT.read_bytes(), 0o755)
-            _apply_gpus(self.root, settings)
-        return settings
-
-    # -- status
-    def status(self, check_ssh: bool = True) -> dict[str, Any]:
-        running = self.running()
-        return {"name": self.name, "index": self.index, "address": self.address,
-                "pid": self.pid if running else None, "running": running,
-                "ssh": bool(running and check_ssh and self.ssh_ok(timeout=8)),
-                "root": str(self.root), "console_log": str(self.console_log)}
-
-    def inventory_entry(self) -> tuple[str, dict[str, Any]]:
-        """As an operator connects: the `deploy` account with sudo (DSV4_SIM_USER=root: as root)."""
-        user = os.environ.get("DSV4_SIM_USER", DEPLOY_USER)
-        as_root = user == "root"
-        return (self.address, {
-            "ssh_user": "root" if as_root else DEPLOY_USER,
-            **({} if as_root else {"_sudo": True}),
-            "ssh_port": 22,
-            "ssh_key": str(client_key() if as_root else deploy_key()),
-            "ssh_known_hosts_file": str(known_hosts_file()),
-            "ssh_strict_host_key_checking": "yes",
-            "ssh_allow_agent": False,
-            "ssh_look_for_keys": False,
-            "sim": True,
-            "sim_name": self.name,
-            "sim_index": self.index,
-            "sim_root": str(self.root),
-        })
-
-
-def existing_hosts() -> list[SimHost]:
-    out = []
-    for d in hosts_dir().glob("twin-*"):
-        m = re.fullmatch(r"twin-(\d+)", d.name)
-        if m and d.is_dir():
-            out.append(SimHost(int(m.group(1))))
-    return sorted(out, key=lambda h: h.index)
-
-
-def running_hosts() -> list[SimHost]:
-    return [h for h in existing_hosts() if h.running()]
-
-
 # ------------------------------------------------------------------- up
-
-def _create_twin(host: SimHost, cache: Path) -> None:
-    host.dir.mkdir(parents=True, exist_ok=True)
-    tmp = host.dir / "root.tmp"
-    _safe_rmtree(tmp)
-    if host.root.exists():                      # incomplete copy from an interrupted run
-        _safe_rmtree(host.root)
-    log.info("%s: copying the root", host.name)
-    subprocess.run(["cp", "-a", "--reflink=auto", str(cache), str(tmp)], check=True)
-    (tmp / ROOTFS_MARKER).unlink(missing_ok=True)
-    _write(tmp / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
-    _write(tmp / "etc/hostname", host.name + "\n", 0o644)
-    key = tmp / "etc/ssh/ssh_host_ed25519_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}",
-                    "-f", str(key)], check=True)
-    os.chmod(tmp, 0o755)
-    os.rename(tmp, host.root)
-
-
-def _configure_twin(host: SimHost) -> None:
-    """Per-boot sync: sshd config and keys, host environment, twin tools."""
-    root = host.root
-    _write(root / "etc/ssh/sshd_config.d/00-dsv4deploy-twin.conf",
-           f"# written by dsv4deploy sim: twin {host.name}\n"
-           f"ListenAddress {host.address}\n"
-           "Port 22\n"
-           "HostKey /etc/ssh/ssh_host_ed25519_key\n"
-           "PermitRootLogin prohibit-password\n"
-           "PasswordAuthentication no\n"
-           "KbdInteractiveAuthentication no\n"
-           "UseDNS no\n", 0o644)
-    auth = root / "root/.ssh/authorized_keys"
-    _mkdir(auth.parent)
-    os.chmod(auth.parent, 0o700)
-    _write(auth, client_key().with_suffix(".pub").read_text(), 0o600)
-    _ensure_deploy_user(root)
-    _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n"
-                               "::1\tlocalhost ip6-localhost ip6-loopback\n", 0o644)
-    _sync_host_environment(root)
-    _install_twin_tools(root, host.name)
-    _record_host_key(host.address, (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text())
-
 
 def _kill_orphans(host: SimHost) -> bool:
     """SIGKILL the init of a container of HOST whose nspawn is gone (nothing else would ever stop
