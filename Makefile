@@ -131,9 +131,8 @@ bench: venv
 	$(BIN)/dsv4deploy bench $(PROFILE) --inventory $(INVENTORY) $(ARGS)
 
 # PLAN=1 lists the candidates (to try / refused by the validator and memory budget) and touches no
-# host; without it the search measures on the inventory's host (docs/tune.md).
-# PLAN=1 lists the candidates (and the refused ones) without a host; without it every candidate
-# is deployed as a release on the host (on the twin: booted first, like `make deploy`).
+# host; without it every candidate is deployed as a release on the inventory's host (on the twin:
+# booted first, like `make deploy`); docs/tune.md.
 tune: $(if $(PLAN),,$(TWIN)) venv
 	$(if $(PLAN),,$(if $(SIM),$(BIN)/dsv4deploy sim up --hosts $(HOSTS)))
 	$(BIN)/dsv4deploy tune $(PROFILE) --inventory $(INVENTORY) $(if $(PLAN),--plan) $(TUNE_ARGS)

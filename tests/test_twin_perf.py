@@ -8,8 +8,9 @@ import pytest
 
 from dsv4deploy.twin import args as targs
 from dsv4deploy.twin import perf
-from dsv4deploy.twin import server as tserver
+from dsv4deploy.twin import resolved as tresolved
 from dsv4deploy.twin.faults import Faults
+from dsv4deploy.twin.logs import Log
 from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
 
 pytestmark = pytest.mark.timing
@@ -34,7 +35,7 @@ def test_perf_config_has_no_continuous_decode_steps():
 def test_continuous_decode_steps_flag_changes_nothing(monkeypatch, tmp_path, context):
     """The twin accepts --num-continuous-decode-steps (SGLang does) and shows the parsed value,
     but the server's perf config and its predicted throughput are the same with and without it."""
-    monkeypatch.setattr(tserver, "query_gpus", lambda log: (97887, 8))
+    monkeypatch.setattr(tresolved, "query_gpus", lambda log: (97887, 8))
     base = ["--model-path", str(tmp_path), "--tp-size", "4", "--mem-fraction-static", "0.7",
             "--cuda-graph-max-bs-decode", "32", "--moe-runner-backend", "marlin"]
     if context:
@@ -44,7 +45,7 @@ def test_continuous_decode_steps_flag_changes_nothing(monkeypatch, tmp_path, con
         argv = base + (["--num-continuous-decode-steps", steps] if steps else [])
         parsed = targs.parse_args(argv)
         assert parsed.num_continuous_decode_steps == int(steps or 1)  # parsed, like SGLang's
-        configs[steps] = tserver.resolve(parsed, Faults(), tserver.Log("error")).perf_config()
+        configs[steps] = tresolved.resolve(parsed, Faults(), Log("error")).perf_config()
     assert len(set(configs.values())) == 1, configs
     cfg = configs[None]
     for c, n, out in ((1, 4, 64), (16, 32, 32), (64, 64, 16)):
