@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated fault numbers (default: all)")
     ap.add_argument("--keep", action="store_true", help="do not wipe the twin's releases first")
+    ap.add_argument("--outputs", help="folder to write every run's output to (one file per run)")
     args = ap.parse_args(argv)
     try:
         only = {int(x) for x in args.only.split(",")} if args.only else None
@@ -83,6 +84,11 @@ def main(argv=None) -> int:
         print(f"fault {number}: {'recovered' if row.recovered else 'NOT recovered'} "
               f"({time.monotonic() - t:.0f} s){'' if row.recovered else ': ' + '; '.join(row.why_not)}", flush=True)
         rows.append(row)
+        if args.outputs:
+            folder = Path(args.outputs)
+            folder.mkdir(parents=True, exist_ok=True)
+            for key, text in row.outputs.items():
+                (folder / f"{number:02d}-{''.join(c if c.isalnum() else '-' for c in key)[:80]}.log").write_text(text)
         details += row.details
     lab.baseline()
     skipped = faultlab.fault_14()

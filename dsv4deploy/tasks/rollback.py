@@ -55,8 +55,8 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0) -> dict:
                         f"test -d {folder}/files || echo 'its kept files ({folder}/files)'")
         gone = [line for line in out.splitlines() if line.strip()]
         if gone:
-            raise RollbackError(f"release {rec['release']:04d} cannot be restored: {' and '.join(gone)} "
-                                f"{'is' if len(gone) == 1 else 'are'} gone")
+            raise RollbackError(f"release {rec['release']:04d} cannot be restored: gone from the host: "
+                                + ", ".join(gone))
     except RollbackError as exc:
         save_record(h, RELEASES, releases.with_status(new, releases.FAILED, f"rollback failed: {exc}"))
         raise
