@@ -40,7 +40,7 @@ def test_a_control_process_killed_mid_gate_leaves_no_gate_client_running(lab):
     still sending load. It now sees its SSH session go and exits; the re-run settles the release the
     cut run left pending and converges."""
     t0, before = faultlab._start(lab)
-    first, state, rerun = faultlab.cut_at(lab, "f6cut", None, mid_gate=True)
+    first, state, rerun = faultlab.cut_at(lab, "f6gate", None, mid_gate=True)
     assert first.rc == -9 and first.struck == faultlab.VERIFY_STEP
     serving_after_cut, left = state
     assert left == [], left                       # nothing of ours outlived the cut run
@@ -49,7 +49,7 @@ def test_a_control_process_killed_mid_gate_leaves_no_gate_client_running(lab):
     recovered(row)
     recs = faultlab.releases(lab.twin)
     assert [r["status"] for r in recs[-2:]] == ["unverified", "deployed"]
-    assert recs[-1]["profile"] == "f6cut"
+    assert recs[-1]["profile"] == "f6gate"
 
 
 def test_a_control_process_killed_at_the_restart_step_is_settled_by_the_rerun(lab):

@@ -111,6 +111,15 @@ def deploy_lock(label: str) -> None:
 
 # --- releases ---------------------------------------------------------------------------------
 
+def _lost_connection() -> tuple[type[BaseException], ...]:
+    from paramiko.ssh_exception import SSHException
+    from pyinfra.api.exceptions import ConnectError
+    return (EOFError, ConnectionError, TimeoutError, SSHException, ConnectError)
+
+
+LOST_CONNECTION = _lost_connection()
+
+
 def reported(callback):
     """A python.call callback that fails the operation with its message instead of a traceback
     (pyinfra fails an operation whose (state, host) callback returns False)."""
@@ -121,6 +130,10 @@ def reported(callback):
         except DeployError as exc:
             for line in str(exc).splitlines():
                 logger.error(f"    [{host.name}] {line}")
+            return False
+        except LOST_CONNECTION as exc:   # the host rebooted or the link dropped mid-step: no traceback
+            logger.error(f"    [{host.name}] lost the connection to the host ({type(exc).__name__}: "
+                         f"{str(exc) or 'the link closed'}): it rebooted, or the network dropped")
             return False
     wrapper.__name__ = callback.__name__
     return wrapper
