@@ -113,8 +113,9 @@ def deploy_lock(label: str) -> None:
 
 def _lost_connection() -> tuple[type[BaseException], ...]:
     from paramiko.ssh_exception import SSHException
-    from pyinfra.api.exceptions import ConnectError
-    return (EOFError, ConnectionError, TimeoutError, SSHException, ConnectError)
+    from pyinfra.api.exceptions import ConnectError, PyinfraError
+    # PyinfraError: a fact the step reads failed on the host ("No hosts remaining!")
+    return (EOFError, ConnectionError, TimeoutError, SSHException, ConnectError, PyinfraError)
 
 
 LOST_CONNECTION = _lost_connection()
@@ -133,7 +134,8 @@ def reported(callback):
             return False
         except LOST_CONNECTION as exc:   # the host rebooted or the link dropped mid-step: no traceback
             logger.error(f"    [{host.name}] lost the connection to the host ({type(exc).__name__}: "
-                         f"{str(exc) or 'the link closed'}): it rebooted, or the network dropped")
+                         f"{str(exc) or 'the link closed'}): it rebooted, or the network dropped, or it stopped "
+                         "answering")
             return False
     wrapper.__name__ = callback.__name__
     return wrapper
