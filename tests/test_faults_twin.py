@@ -30,6 +30,7 @@ def lab(sim_twin, tmp_path_factory):  # noqa: F811
     lab.baseline()
     yield lab
     lab.reset_host()
+    sim_twin.run(f"rm -f {faultlab.FAULTS}", check=False)
 
 
 def recovered(row: faultlab.Row) -> None:
@@ -41,7 +42,7 @@ def test_a_control_process_killed_mid_gate_leaves_no_gate_client_running(lab):
     """The bug seen on the twin: SIGKILL to pyinfra during the gate left the gate client on the host,
     still sending load. It now sees its SSH session go and exits; the re-run settles the release the
     cut run left pending and converges."""
-    t0, before = faultlab._start(lab)
+    t0, before = faultlab.start(lab)
     first, state, rerun = faultlab.cut_at(lab, "f6gate", None, mid_gate=True)
     assert first.rc == -9 and first.struck == faultlab.VERIFY_STEP
     serving_after_cut, left = state

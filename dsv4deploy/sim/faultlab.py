@@ -515,7 +515,7 @@ def _ctx(name: str) -> str:
     return f"--context-length {ctx}"
 
 
-def _start(lab: Lab) -> tuple[float, dict[int, str]]:
+def start(lab: Lab) -> tuple[float, dict[int, str]]:
     lab.baseline()
     return time.monotonic(), release_files(lab.twin)
 
@@ -525,7 +525,7 @@ def fault_with_knobs(lab: Lab, number: str, fault: str, name: str, knobs: dict, 
     """Faults 1-4: a twin knob that hits the new release only; then the knobs are cleared and the
     same deploy is run again."""
     row = Row(number, fault, strikes=strikes)
-    t0, before = _start(lab)
+    t0, before = start(lab)
     lab.faults(**knobs, match_argv=_ctx(name))
     first = lab.deploy(name)
     state = lab.after(first)
@@ -559,7 +559,7 @@ def fault_5(lab):
     """A stale server from an old run holds the port: refused by PID before anything changes; the
     operator stops it as told, and the same deploy converges."""
     row = Row("5", "stale server holds the port", strikes="preflight")
-    t0, before = _start(lab)
+    t0, before = start(lab)
     twin = lab.twin
     venv = live_venv(twin)
     twin.run("systemctl stop sglang.service")
@@ -630,7 +630,7 @@ def fault_6(lab, steps: list[str] | None = None) -> Row:
     row.strikes = f"each of {len(steps)} step boundaries + mid-gate"
     t_all, worst, dids = [], [], set()
     for step, mid in cases:
-        t0, before = _start(lab)
+        t0, before = start(lab)
         first, state, rerun = cut_at(lab, "f6gate" if mid else "f6cut", None if mid else step, mid_gate=mid)
         sub = Row("6", f"cut at {step}")
         lab.judge(sub, first, state, t0=t0, before=before, rerun=rerun)
@@ -658,7 +658,7 @@ def fault_6(lab, steps: list[str] | None = None) -> Row:
 def fault_7(lab) -> Row:
     """Two deploys started at once: one refuses with the holder's PID, the other finishes."""
     row = Row("7", "two deploys at once", strikes="deploy lock")
-    t0, before = _start(lab)
+    t0, before = start(lab)
     env = {**os.environ, "DSV4_PROFILES_DIR": str(lab.profiles)}
     procs = [subprocess.Popen(deploy_argv("f7twice"), cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
@@ -709,7 +709,7 @@ def fault_8(lab, cases=("crash", "files")) -> Row:
 
 
 def _fault_8a(lab, row):
-    t0, before = _start(lab)
+    t0, before = start(lab)
     lab.faults(crash_on_start="simulated CUDA error")
     first = lab.deploy("f8rollback")
     state = lab.after(first)
@@ -724,7 +724,7 @@ def _fault_8a(lab, row):
 
 def _fault_8b(lab, row):
     """(b) the files of the release it would restore are gone."""
-    t0, before = _start(lab)
+    t0, before = start(lab)
     live = serving(lab.twin).release
     lab.twin.run(f"rm -rf {RELEASES_DIR}/{live['release']:04d}/files")
     lab.faults(crash_on_start="simulated CUDA error", match_argv=_ctx("f8rollback"))
@@ -757,7 +757,7 @@ def fault_9(lab, cases=("truncated", "corrupted")) -> Row:
     strikes = {"truncated": f"truncate -s 1000 {folder}/{shard}",
                "corrupted": f"printf 'XXXXXXXX' | dd of={folder}/{shard} bs=1 seek=4096 conv=notrunc status=none"}
     for how in cases:
-        t0, before = _start(lab)
+        t0, before = start(lab)
         lab.twin.run(strikes[how])
         first = lab.deploy("f9weights")
         state = lab.after(first)
@@ -802,7 +802,7 @@ def fault_10(lab, cases=("before", "vanish")) -> Row:
 
 
 def _fault_10a(lab, row):
-    t0, before = _start(lab)
+    t0, before = start(lab)
     lab.twin.set_gpus(count=2)
     first = lab.deploy("f10gpus")
     state = lab.after(first)
@@ -815,7 +815,7 @@ def _fault_10a(lab, row):
 
 
 def _fault_10b(lab, row):
-    t0, before = _start(lab)
+    t0, before = start(lab)
     first_b = deploy_and_strike("f10gpus-b", lambda s, _i: s.startswith("Restart | restart"),
                                 lambda _p, _s: lab.twin.set_gpus(count=2), profiles_dir=lab.profiles)
     state_b = lab.after(first_b)
@@ -837,7 +837,7 @@ def fault_11(lab) -> Row:
     is freed the same deploy converges. Bounded: nothing on this machine's disk is filled."""
     row = Row("11", "disk fills during the weights step", strikes="weights")
     folder = _model_dir(lab, "f11disk")
-    t0, before = _start(lab)
+    t0, before = start(lab)
     lab.twin.run(f"umount {folder} 2>/dev/null; rm -rf {folder}", check=False)
     pid = main_pid(lab.twin)
 
@@ -859,7 +859,7 @@ def fault_12(lab, reboot: Callable[[], None], step: str = VERIFY_STEP) -> Row:
     """The host reboots in the middle of a deploy (after the switch, at the verify step): the run
     fails; once the host is back, the same deploy settles the cut release and converges."""
     row = Row("12", "host reboots mid-deploy", strikes=f"at '{step}'")
-    t0, before = _start(lab)
+    t0, before = start(lab)
     first = deploy_and_strike("f12reboot", lambda s, _i: s == step, lambda _p, _s: reboot(),
                               profiles_dir=lab.profiles)
     if first.struck is None:
@@ -877,7 +877,7 @@ def fault_13(lab) -> Row:
     the client stops itself, the gate fails with the budget named and the release rolls back; with
     the budget back to normal (f13ok, same server) the deploy converges."""
     row = Row("13", "gate runs out of wall-clock budget", strikes="gate")
-    t0, before = _start(lab)
+    t0, before = start(lab)
     first = lab.deploy("f13budget")
     state = lab.after(first)
     rerun = lab.deploy("f13ok") if lab.rerun else None
