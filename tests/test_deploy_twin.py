@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,30 +16,15 @@ from sim_fixtures import sim_twin  # noqa: F401
 
 from dsv4deploy.patches import MASK_SECRETS_PATCH as MASK
 
-REPO = Path(__file__).resolve().parent.parent
-PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
+from dsv4deploy.sim.faultlab import (FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, changed_ops, deploy,  # noqa: F401
+                                     health, live_venv, main_pid, releases, run, served_context)
+
 pytestmark = pytest.mark.slow
 
-
-def run(cmd: list[str], env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
-
-
-QUICK_GATE = """gate:
-  levels:
-    - {concurrency: 1, num_prompts: 2, input_len: 256, output_len: 32, min_output_throughput: 10}
-    - {concurrency: 16, num_prompts: 16, input_len: 256, output_len: 32, min_output_throughput: 120}
-    - {concurrency: 64, num_prompts: 64, input_len: 256, output_len: 32, min_output_throughput: 300}
-"""
 # Test profiles: the shipped ones plus variants with a shorter gate (same floors' methodology,
 # fewer prompts); each fault variant has its own context length, which the twin's fault file
 # matches (match_argv), so the fault hits that release and not the one a rollback restores.
 FIRST_DEPLOY: dict = {}
-FAULTS = "/etc/dsv4deploy-twin/faults.json"
-# The twin's simulated weight load + warm-up (3 s + 1.5 s by default) shortened for these tests:
-# every start, restart and rollback waits for it, and none of them measures it.
-FAST_START = {"load_seconds": 0.5, "warmup_seconds": 0.3}
 VARIANTS = {
     "quick16k": 16384, "crash20k": 20480, "never12k": 12288, "errors24k": 24576, "midgate28k": 28672,
 }
@@ -59,13 +42,6 @@ def profiles(tmp_path_factory):
     return folder
 
 
-def deploy(profile: str, *extra: str, env=None, dry=False, profiles_dir=None) -> subprocess.CompletedProcess:
-    mode = ["--dry", "--diff"] if dry else ["-y"]
-    env = {**(env or {}), **({"DSV4_PROFILES_DIR": str(profiles_dir)} if profiles_dir else {})}
-    return run([PYINFRA, *mode, "inventory/sim.py", "deploy/serve.py", "--data", f"profile={profile}",
-                "--data", "health_poll_s=0.5", *extra], env=env)
-
-
 def with_faults(twin, faults: dict, profile: str, profiles_dir):
     twin.write_file(FAULTS, json.dumps({**FAST_START, **faults}))
     try:
@@ -74,42 +50,6 @@ def with_faults(twin, faults: dict, profile: str, profiles_dir):
         return out, time.monotonic() - start
     finally:
         twin.write_file(FAULTS, json.dumps(FAST_START))
-
-
-def served_context(twin):
-    info = json.loads(twin.run("sed 's/^/Authorization: Bearer /' /etc/dsv4deploy/secrets/sglang-api-key | "
-                               "curl -s -H @- http://127.0.0.1:30000/server_info").stdout)
-    return info["context_length"]
-
-
-def live_venv(twin) -> str:
-    return json.loads(twin.run("cat /etc/dsv4deploy/sglang/manifest.json").stdout)["venv"]
-
-
-def main_pid(twin) -> int:
-    return int(twin.run("systemctl show -p MainPID --value sglang.service").stdout.strip() or 0)
-
-
-def releases(twin) -> list[dict]:
-    out = twin.run("cat /var/lib/dsv4deploy/releases/*/status.json 2>/dev/null | python3 -c "
-                   "\"import sys,json; d=sys.stdin.read().replace('}\\n{', '}\\x00{'); "
-                   "print(json.dumps([json.loads(x) for x in d.split('\\x00') if x.strip()]))\"", check=False)
-    return sorted(json.loads(out.stdout or "[]"), key=lambda r: r["release"])
-
-
-def health(twin) -> str:
-    return twin.run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health", check=False).stdout
-
-
-def changed_ops(output: str) -> list[str]:
-    """Names of operations that reported Success (i.e. changed something)."""
-    names, current = [], None
-    for line in output.splitlines():
-        if line.startswith("--> Starting operation:"):
-            current = line.split(":", 1)[1].strip()
-        elif line.strip().endswith("] Success") and current:
-            names.append(current)
-    return names
 
 
 @pytest.fixture(scope="module")

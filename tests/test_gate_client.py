@@ -182,3 +182,35 @@ def test_api_key_from_the_key_file_not_argv_nor_environment():
     assert all("k-123456" not in c for c in seen)
     assert "--api-key-fd 3" in seen[-1] and "API_KEY=" not in seen[-1]
     assert not bad.passed and bad.result.levels[0].reason.startswith("warm-up failed: HTTP 401")
+
+
+def test_the_client_exits_when_its_session_is_gone():
+    """The control node killed mid-gate: sshd closes the session's pipes. The client notices on its
+    next heartbeat (a newline on stderr that fails with EPIPE), exits 141 and stops loading the server."""
+    import subprocess
+
+    from dsv4deploy.gate.runner import builtin_command, install_client
+
+    spec = GateSpec(levels=(LevelSpec(4, 64, 256, 256),), warmup_requests=0, budget_s=600)
+    with twin(context=None) as t:                     # ~1M context: the level takes minutes
+        client_dir = str(t.tmp / "gate-client")
+        install_client(local_execute, local_upload, client_dir, as_root=False)
+        cmd = builtin_command(spec, client_path=f"{client_dir}/client.py", base_url=t.url,
+                              host_python=sys.executable, api_key_file=str(t.tmp / "api-key"))
+        assert "--heartbeat-s 1" in cmd
+        p = subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            got = b""
+            while b"\n\n" not in got and p.poll() is None:    # running, heartbeats on stderr
+                got += p.stderr.read1(4096)
+            assert p.poll() is None, got.decode(errors="replace")
+            p.stdout.close()
+            p.stderr.close()                                   # the session is gone
+            rc = p.wait(timeout=30)
+        finally:
+            if p.poll() is None:
+                import os
+                import signal
+                os.killpg(p.pid, signal.SIGKILL)
+    assert rc == 141

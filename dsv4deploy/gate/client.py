@@ -34,7 +34,11 @@ Usage:
   python3 client.py --base-url http://127.0.0.1:30000 --levels '[{"concurrency": 64,
       "num_prompts": 128, "input_len": 256, "output_len": 256, "min_output_throughput": 400}]'
       [--api-key-fd 3] [--warmup-requests 2] [--max-failed 0] [--budget-s 1800]
-      [--fail-fast] [--no-early-stop] [--seed 42]
+      [--fail-fast] [--no-early-stop] [--seed 42] [--heartbeat-s 1]
+With --heartbeat-s S the client writes one newline to stderr every S seconds and exits at once
+(status 141, in-flight requests cut) when that write fails: the SSH session that started it is
+gone (the control node was killed or lost its link), and nothing of the gate may keep loading the
+server after the run that started it.
 The API key is read from the file descriptor named by --api-key-fd (opened by the calling shell,
 before it drops privileges), never from argv or the environment.
 Prints ONE JSON document on stdout (the gate result); progress lines go to stderr.
@@ -683,6 +687,27 @@ async def run_gate(opts, levels: list) -> dict:
     }
 
 
+HEARTBEAT_EXIT = 141   # as a shell reports a process killed by SIGPIPE
+
+
+def start_heartbeat(interval_s: float, fd: int = 2) -> None:
+    """Write one newline to `fd` every `interval_s` from a daemon thread; when the write fails
+    (EPIPE: the reader, sshd's channel or sudo's relay, is gone) leave at once with os._exit, so
+    the sockets close and the server stops generating for this client. A thread, so a busy event
+    loop cannot delay it."""
+    import threading
+
+    def beat() -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                os.write(fd, b"\n")
+            except OSError:
+                os._exit(HEARTBEAT_EXIT)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", required=True)
@@ -698,6 +723,8 @@ def parse_args(argv=None):
     p.add_argument("--early-pass-min", type=int, default=None,
                    help="completed requests before an early pass (default: the concurrency, at least 2)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--heartbeat-s", type=float, default=0.0,
+                   help="write a newline to stderr this often; exit when it fails (the session is gone)")
     return p.parse_args(argv)
 
 
@@ -714,6 +741,8 @@ def main(argv=None) -> int:
     # last resort: whatever happens, this process is gone shortly after the budget
     if hasattr(signal, "SIGALRM"):
         signal.alarm(int(opts.budget_s + 20))
+    if opts.heartbeat_s > 0:
+        start_heartbeat(opts.heartbeat_s)
     doc = asyncio.run(run_gate(opts, levels))
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()

@@ -33,6 +33,7 @@ DEFAULT_CLIENT_DIR = "/opt/dsv4deploy/gate"      # root-owned 0700: nobody else 
 CLIENT_MISMATCH_RC = 96
 PROBE_TIMEOUT_S = 60.0         # the probe imports nothing (no torch): python starts and looks at files
 SSH_SLACK_S = 30.0
+HEARTBEAT_S = 1.0              # the client's heartbeat on stderr: it exits when its session is gone
 
 Execute = Callable[[str, float], "tuple[int, str, str]"]
 Upload = Callable[[str, str], object]
@@ -147,7 +148,8 @@ def builtin_command(spec: GateSpec, *, client_path: str, base_url: str, host_pyt
         host_python, "-", "--base-url", base_url,
         "--levels", json.dumps(client_levels(spec, order), separators=(",", ":")),
         "--warmup-requests", str(spec.warmup_requests),
-        "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}", "--seed", str(seed)]
+        "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}", "--seed", str(seed),
+        "--heartbeat-s", f"{HEARTBEAT_S:g}"]
     if fail_fast:
         argv.append("--fail-fast")
     if not early_stop:
@@ -233,6 +235,7 @@ def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str
                                   api_key_file=api_key_file, run_as=run_as, order=order, fail_fast=fail_fast,
                                   early_stop=early_stop, early_pass=early_pass, budget_s=remaining)
             rc, out, err = execute(cmd, remaining + SSH_SLACK_S)
+            err = "\n".join(line for line in (err or "").splitlines() if line.strip())   # heartbeats
         except Exception as e:  # noqa: BLE001 - upload failed, the SSH call timed out or broke: a failed gate
             rc, out, err = None, "", f"{type(e).__name__}: {e}"
         result = parse_client_output(rc, out, err, spec, order=order, base_url=base_url, budget_s=remaining)

@@ -111,9 +111,12 @@ class HostState:
 
 def read_state(h, r: Rollout) -> HostState:
     """Read everything with one command (the inventory's privileges apply)."""
-    hub = None
+    hub = None      # what every file must be, by size and sha256: the hub's metadata, or the rsync source's
     if r.weights_source.get("type") == "hf":
         from ..tasks.weights import hub_expectation
         hub = json.dumps(hub_expectation(r.weights_source, r.data["model"]["repo"], r.data["model"]["revision"]))
+    elif r.weights_source.get("type") == "rsync":
+        from ..tasks.weights import local_expectation, rsync_folder
+        hub = json.dumps(local_expectation(rsync_folder(r.weights_source)))
     snap = snapshot.read(h, queries(r, hub))
     return HostState(values=snap.values, commands=snap.commands)

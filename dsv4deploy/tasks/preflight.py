@@ -64,5 +64,6 @@ def preflight(r: Rollout, state: HostState) -> dict:
                         f"(a stale server?): stop it by its PID or its unit, then deploy again")
 
     if problems:
-        raise DeployError("preflight refused the host:\n  - " + "\n  - ".join(problems))
+        raise DeployError("preflight refused the host:\n  - " + "\n  - ".join(problems)
+                          + "\nNothing was changed on the host: fix the above, then deploy again.")
     return {"driver_needed": driver_needed, "gpus": gpus}

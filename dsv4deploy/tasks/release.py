@@ -49,8 +49,9 @@ def _pid_alive(pid: int) -> bool:
 class _ReleaseLock(BaseStateCallback):
     """Gives the lock back when the run's last operation ends, or when an operation fails."""
 
-    def __init__(self, h):
+    def __init__(self, h, label: str = ""):
         self.host = h
+        self.label = label
         self.held = True
         atexit.register(self._release)  # a run that ends early (declined prompt, ^C) still gives it back
 
@@ -71,6 +72,11 @@ class _ReleaseLock(BaseStateCallback):
     def operation_host_error(self, st, h, op_hash, retry_count=0, max_retries=0):
         if h is self.host and not st.get_op_data_for_host(h, op_hash).global_arguments.get("_ignore_errors"):
             self._release()
+            # what to do next, whatever the step: pyinfra's own error line says only what failed
+            step = ", ".join(sorted(st.get_op_meta(op_hash).names)) or "an operation"
+            logger.error(f"    [{h.name}] stopped at {step}: fix what the lines above say (disk space, network, "
+                         f"the host), then run make {_make_target(self.label)} again; a release this run left "
+                         "half done is settled by the next run")
 
 
 def _make_target(label: str) -> str:
@@ -90,7 +96,7 @@ def deploy_lock(label: str) -> None:
         ok, _ = sh(host, f"mkdir -p {STATE} && mkdir {LOCK} 2>/dev/null && "
                          f"printf '%s\\n' {shlex.quote(owner)} > {LOCK}/owner.json")
         if ok:
-            ctx_state.get().add_callback_handler(_ReleaseLock(ctx_host.get()))  # the real Host, not the proxy
+            ctx_state.get().add_callback_handler(_ReleaseLock(ctx_host.get(), label))  # the real Host, not the proxy
             return
         holder = read_json(host, f"{LOCK}/owner.json") or {}
         stale = holder.get("controller") == me["controller"] and not _pid_alive(int(holder.get("pid", 0)))
@@ -105,6 +111,16 @@ def deploy_lock(label: str) -> None:
 
 # --- releases ---------------------------------------------------------------------------------
 
+def _lost_connection() -> tuple[type[BaseException], ...]:
+    from paramiko.ssh_exception import SSHException
+    from pyinfra.api.exceptions import ConnectError, PyinfraError
+    # PyinfraError: a fact the step reads failed on the host ("No hosts remaining!")
+    return (EOFError, ConnectionError, TimeoutError, SSHException, ConnectError, PyinfraError)
+
+
+LOST_CONNECTION = _lost_connection()
+
+
 def reported(callback):
     """A python.call callback that fails the operation with its message instead of a traceback
     (pyinfra fails an operation whose (state, host) callback returns False)."""
@@ -115,6 +131,11 @@ def reported(callback):
         except DeployError as exc:
             for line in str(exc).splitlines():
                 logger.error(f"    [{host.name}] {line}")
+            return False
+        except LOST_CONNECTION as exc:   # the host rebooted or the link dropped mid-step: no traceback
+            logger.error(f"    [{host.name}] lost the connection to the host ({type(exc).__name__}: "
+                         f"{str(exc) or 'the link closed'}): it rebooted, or the network dropped, or it stopped "
+                         "answering")
             return False
     wrapper.__name__ = callback.__name__
     return wrapper

@@ -32,19 +32,33 @@ def target_of(h, rec: dict) -> Target:
     return Target.of(doc["data"])
 
 
+# A checkpoint is complete when the weights step left its marker: sizes (rsync, local sources) or
+# sizes and digests (hf, tasks/weights.py and weights_check.py).
+CHECKPOINT_MARKERS = (".dsv4deploy-complete.json", ".dsv4deploy-verified.json")
+
+
 def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0) -> dict:
-    """Bring release `rec` back: its files, daemon-reload, restart, health, identity, probe."""
-    t = target_of(h, rec)
-    folder = releases.release_dir(RELEASES, rec["release"])
-    ok, _ = sh(h, f"test -x {t.layout.python} && test -f {t.layout.model_dir}/.dsv4deploy-complete.json "
-                  f"&& test -d {folder}/files")
-    if not ok:
-        raise RollbackError(f"release {rec['release']:04d} cannot be restored: its venv ({t.layout.venv}) or "
-                            f"weights ({t.layout.model_dir}) or files are gone")
+    """Bring release `rec` back: its files, daemon-reload, restart, health, identity, probe. The
+    attempt is a history entry whatever happens: a release that cannot be restored leaves a
+    `failed` rollback entry saying why."""
     new = releases.new_record(records(h, RELEASES), profile=rec["profile"], content_hash=rec["content_hash"],
                               manifest_sha256=rec["manifest_sha256"], sglang_version=rec["sglang_version"],
                               kind="rollback", restores=rec.get("restores") or rec["release"])
     new["reason"] = cause
+    folder = releases.release_dir(RELEASES, rec["release"])
+    try:
+        t = target_of(h, rec)
+        marker = " || ".join(f"test -f {t.layout.model_dir}/{m}" for m in CHECKPOINT_MARKERS)
+        ok, out = sh(h, f"test -x {t.layout.python} || echo 'its venv ({t.layout.venv})'; "
+                        f"{{ {marker}; }} || echo 'its weights ({t.layout.model_dir})'; "
+                        f"test -d {folder}/files || echo 'its kept files ({folder}/files)'")
+        gone = [line for line in out.splitlines() if line.strip()]
+        if gone:
+            raise RollbackError(f"release {rec['release']:04d} cannot be restored: gone from the host: "
+                                + ", ".join(gone))
+    except RollbackError as exc:
+        save_record(h, RELEASES, releases.with_status(new, releases.FAILED, f"rollback failed: {exc}"))
+        raise
     save_record(h, RELEASES, new)
     # The rollback entry carries its own copy of what it restored: it can be restored in turn.
     sh(h, f"cp -a {folder}/files {folder}/profile.json {releases.release_dir(RELEASES, new['release'])}/")
@@ -80,7 +94,9 @@ def after_failure(h, failed: dict | None, failed_target: Target, reason: str, po
             sh(h, f"systemctl disable --now {failed_target.unit}")
         new = restore(h, previous, cause=f"automatic rollback: {what} failed: {reason}", poll_s=poll_s)
     except RollbackError as exc:
-        return f"{exc}\nNOTHING IS SERVING; the history records the failed rollback"
+        return (f"{exc}\nNOTHING IS SERVING; the history records the failed rollback. Fix what is named above, "
+                f"then deploy a profile again (make deploy PROFILE={previous['profile']}: it rebuilds what is "
+                f"missing and gates it)")
     return (f"rolled back: release {new['release']:04d} (restores {new['restores']:04d}, profile "
             f"{previous['profile']}) is serving on {prev_target.base_url}")
 

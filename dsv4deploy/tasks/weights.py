@@ -63,6 +63,12 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
     repo, rev = r.data["model"]["repo"], r.data["model"]["revision"]
     if state.checkpoint_complete:
         host.noop(f"{repo}@{rev[:12]} complete at {dest}")
+        if src["type"] == "rsync" and (state["checkpoint"] or {}).get("hashed"):
+            # complete, but some file was hashed (no marker yet, e.g. pushed by an older release of
+            # this tool): record the marker once, so a re-deploy hashes nothing. Not a change.
+            verified_checkpoint(name="record the verified checkpoint's marker", path=dest,
+                                expected=json.dumps(local_expectation(rsync_folder(src))),
+                                source=str(rsync_folder(src)))
         return []
     if src["type"] == "hf":
         return [hf_checkpoint(name=f"{repo}@{rev[:12]} from the hub, verified by size and sha256", path=dest,
@@ -73,14 +79,69 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
     expected = ""
     ops.directory(name="model dir", path=dest, state=state.file(dest))
     if src["type"] == "rsync":
-        folder = Path(src["path"])
-        folder = folder if folder.is_absolute() else REPO_ROOT / folder
-        expected = json.dumps(_local_sizes(folder))
+        folder = rsync_folder(src)
+        expected = json.dumps(local_expectation(folder))
+        # files.sync uploads every file whose sha1 differs: a truncated or corrupted copy is replaced
         changed.append(files.sync(name=f"push {folder} (rsync source)", src=str(folder), dest=dest))
-    else:  # local
-        changed.append(_copy_local(src["path"], dest))
+        verified_checkpoint(name="verify every file by size and sha256 against the source", path=dest,
+                            expected=expected, source=str(folder))
+        return changed
+    changed.append(_copy_local(src["path"], dest))   # local
     checkpoint_marker(name="verify every shard is present with its size", path=dest, expected=expected)
     return changed
+
+
+# --- source: rsync --------------------------------------------------------------------------------
+# The source folder on the control node is the truth: every file's size and sha256 (hashed once and
+# kept under .cache/rsync-digests/ by size, mtime and inode, so a re-deploy hashes nothing) is what
+# the host's copy must match, checked by weights_check.py on the host exactly as for the hub.
+
+def rsync_folder(src: dict) -> Path:
+    folder = Path(src["path"])
+    return folder if folder.is_absolute() else REPO_ROOT / folder
+
+
+def local_expectation(folder: Path) -> dict:
+    """{"commit": None, "files": {name: {size, sha256}}} of the source folder (DeployError when it
+    is not a complete safetensors checkpoint)."""
+    import hashlib
+
+    _local_sizes(folder)                     # index present, every shard it names present
+    cache = REPO_ROOT / ".cache" / "rsync-digests" / (hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+                                                       + ".json")
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    out, fresh = {}, {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not any(
+            part.startswith(".") for part in p.relative_to(folder).parts)):
+        rel = str(path.relative_to(folder))
+        st = path.stat()
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        seen = known.get(rel)
+        if isinstance(seen, dict) and seen.get("stat") == key:
+            digest = seen["sha256"]
+        else:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(8 << 20):
+                    h.update(chunk)
+            digest = h.hexdigest()
+        fresh[rel] = {"stat": key, "sha256": digest}
+        out[rel] = {"size": st.st_size, "sha256": digest}
+    if fresh != known:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(fresh, sort_keys=True))
+    return {"commit": None, "files": out}
+
+
+@operation()
+def verified_checkpoint(path: str, expected: str, source: str):
+    """Prove every file of the pushed checkpoint by size and sha256 and leave weights_check's marker;
+    otherwise fail naming the files (only added when the host's state says it is not complete)."""
+    q = shlex.quote
+    yield (f"{checker_command(path, expected, '--write-marker')} >&2 || {{ echo {q(f'{path} does not match {source} after the push (size or sha256): see the files named above; deploy again')} >&2; exit 1; }}")
 
 
 # --- source: hf ---------------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""The fault matrix (issue 12) on the CT200 twin: each fault of bench/faults.py that
+tests/test_deploy_twin.py does not already cover (crash at start, never healthy, error rate,
+crash mid-gate, stale server, too few GPUs are there), one test each, from a good release serving.
+
+Every test asserts what an operator sees: the exit and the message, the release serving after the
+same deploy is run again, a history with nothing pending and nothing `deployed` that did not pass
+its gate, earlier releases' files intact, and no process of ours left on the host
+(dsv4deploy/sim/faultlab.py judges all of it: `Row.recovered`, `Row.why_not`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4deploy.sim import faultlab
+from dsv4deploy.sim import host as simhost
+from sim_fixtures import sim_twin  # noqa: F401
+
+pytestmark = pytest.mark.slow
+BASE = "fbase"      # the baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
+
+
+@pytest.fixture(scope="module")
+def lab(sim_twin, tmp_path_factory):  # noqa: F811
+    profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"),
+                                       {**faultlab.VARIANTS, BASE: faultlab.variant(7680)})
+    # any release that passed its gate is a clean start (each test leaves one), and a fault that
+    # ends with one serving is not deployed a second time: bench/faults.py does both in full
+    lab = faultlab.Lab(sim_twin, profiles, baseline=BASE, any_good=True, rerun=False)
+    lab.baseline()
+    yield lab
+    lab.reset_host()
+    sim_twin.run(f"rm -f {faultlab.FAULTS}", check=False)
+
+
+def recovered(row: faultlab.Row) -> None:
+    tails = "\n".join(f"--- {k} ---\n{v[-2500:]}" for k, v in row.outputs.items())
+    assert row.recovered, "; ".join(row.why_not) + "\n" + tails
+
+
+def test_a_control_process_killed_mid_gate_leaves_no_gate_client_running(lab):
+    """The bug seen on the twin: SIGKILL to pyinfra during the gate left the gate client on the host,
+    still sending load. It now sees its SSH session go and exits; the re-run settles the release the
+    cut run left pending and converges."""
+    t0, before = faultlab.start(lab)
+    first, state, rerun = faultlab.cut_at(lab, "f6gate", None, mid_gate=True)
+    assert first.rc == -9 and first.struck == faultlab.VERIFY_STEP
+    serving_after_cut, left = state
+    assert left == [], left                       # nothing of ours outlived the cut run
+    assert "interrupted after the switch, before its gate passed" in rerun.output
+    row = lab.judge(faultlab.Row("6", "cut mid-gate"), first, state, t0=t0, before=before, rerun=rerun)
+    recovered(row)
+    recs = faultlab.releases(lab.twin)
+    assert [r["status"] for r in recs[-2:]] == ["unverified", "deployed"]
+    assert recs[-1]["profile"] == "f6gate"
+
+
+def test_two_deploys_at_once_one_refuses_with_the_holders_pid(lab):
+    row = faultlab.fault_7(lab)
+    recovered(row)
+    assert "another deploy holds the lock on this host: PID" in row.outputs["refused"]
+    assert "break_lock=true" in row.outputs["refused"]     # what to do if the holder is gone
+
+
+def test_the_release_a_rollback_restores_is_broken(lab):
+    """Its kept files are gone (the restored release crashing at start is fault 10's second half):
+    a clear error that says what to do, and the failed rollback is in the history."""
+    row = faultlab.fault_8(lab, cases=("files",))
+    recovered(row)
+    gone = row.outputs["restored release's files removed"]
+    assert "cannot be restored: gone from the host: its kept files" in gone
+    assert "NOTHING IS SERVING" in gone and "make deploy PROFILE=" in gone
+    recs = faultlab.releases(lab.twin)
+    failed_rollbacks = [r for r in recs if r["kind"] == "rollback" and r["status"] == "failed"]
+    assert failed_rollbacks and "cannot be restored" in failed_rollbacks[-1]["reason"]
+
+
+def test_a_corrupted_shard_is_pushed_again_and_verified(lab):
+    """Corrupted with its size kept (a truncated one is found by its size as before): the deploy
+    finds it by sha256 against the rsync source, pushes it again and restarts on good weights."""
+    row = faultlab.fault_9(lab, cases=("corrupted",))
+    recovered(row)
+    text = row.outputs["corrupted"]
+    assert "Weights | push" in text and "restart sglang.service (weights changed" in text
+
+
+def test_gpus_that_vanish_after_the_deploy_started_end_in_a_clear_error(lab):
+    """The restored release crashes at start too: the rollback fails, clearly, and says what to do."""
+    row = faultlab.fault_10(lab, cases=("vanish",))
+    recovered(row)
+    text = row.outputs["6 of 8 GPUs vanish at the restart"]
+    assert "4 needed)" in text and "NOTHING IS SERVING" in text
+
+
+def test_the_disk_filling_during_the_weights_step_stops_before_any_restart(lab):
+    row = faultlab.fault_11(lab)
+    recovered(row)
+    assert "Restart | restart" not in row.outputs["first"]
+
+
+def test_the_host_rebooting_mid_deploy_is_settled_by_the_rerun(lab):
+    def reboot():
+        simhost.down([1])
+        simhost.up(1)
+    row = faultlab.fault_12(lab, reboot=reboot)
+    recovered(row)
+    assert row.outputs["first"] and "interrupted" in row.outputs["rerun"]
+
+
+def test_the_gate_budget_running_out_mid_gate_rolls_back(lab):
+    row = faultlab.fault_13(lab)
+    recovered(row)
+    assert "exhausted during C=4" in row.outputs["first"]
