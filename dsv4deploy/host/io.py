@@ -49,12 +49,17 @@ def put(h, src, dest: str) -> bool:
     return bool(h.put_file(src, dest, **privileged(h)))
 
 
-def write_json(h, path: str, doc: dict) -> None:
-    """Write DOC to PATH atomically, in one command (records and owner files: no secrets, small)."""
+def json_write_command(path: str, doc: dict) -> str:
+    """One command that writes DOC to PATH atomically (records and owner files: no secrets, small)."""
     q = shlex.quote
     text = json.dumps(doc, indent=2, sort_keys=True)
-    ok, _ = sh(h, f"mkdir -p {q(path.rsplit('/', 1)[0])} && printf '%s\\n' {q(text)} > {q(path)}.tmp "
-                  f"&& mv {q(path)}.tmp {q(path)}")
+    return (f"mkdir -p {q(path.rsplit('/', 1)[0])} && printf '%s\\n' {q(text)} > {q(path)}.tmp "
+            f"&& mv {q(path)}.tmp {q(path)}")
+
+
+def write_json(h, path: str, doc: dict) -> None:
+    """Write DOC to PATH atomically, in one command."""
+    ok, _ = sh(h, json_write_command(path, doc))
     if not ok:
         raise DeployError(f"cannot write {path}")
 

@@ -25,7 +25,7 @@ from .. import releases
 from ..errors import rerun_with
 from ..host.state import LOCK, PIP_FREEZE, HostState
 from ..health import HealthError
-from ..host.io import read_json, records, save_record, sh
+from ..host.io import json_write_command, read_json, records, save_record, sh
 from ..layout import MODELS, OPT, STATE, Layout
 from ..rollout import Rollout
 from ..host.gate import gate_record, run_release_gate
@@ -177,10 +177,8 @@ def release_write_command(folder: str, venv: str, files: dict[str, str], profile
              f"{{ [ -s {q(freeze)} ] || {q(venv)}/bin/python -m pip freeze --all --disable-pip-version-check "
              f"> {q(freeze)} 2>&1; }}", f"cp {q(freeze)} {q(folder)}/pip-freeze.txt"]
     parts += [f"printf '%s' {q(text)} > {q(f'{folder}/files{path}')}" for path, text in files.items()]
-    parts.append(f"printf '%s\\n' {q(json.dumps(profile_doc, indent=2, sort_keys=True))} > {q(folder)}/profile.json")
-    status = f"{folder}/status.json"
-    parts.append(f"printf '%s\\n' {q(json.dumps(rec, indent=2, sort_keys=True))} > {q(status)}.tmp && "
-                 f"mv {q(status)}.tmp {q(status)}")
+    parts += [json_write_command(f"{folder}/profile.json", profile_doc),
+              json_write_command(f"{folder}/status.json", rec)]
     return " && ".join(parts)
 
 
