@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..weights_source import hub_expectation, local_expectation, rsync_folder
 from ..layout import ETC, GATE_USER, MODELS, OPT, STATE
 from ..rollout import Rollout
 from . import snapshot
@@ -113,10 +114,8 @@ def read_state(h, r: Rollout) -> HostState:
     """Read everything with one command (the inventory's privileges apply)."""
     hub = None      # what every file must be, by size and sha256: the hub's metadata, or the rsync source's
     if r.weights_source.get("type") == "hf":
-        from ..tasks.weights import hub_expectation
         hub = json.dumps(hub_expectation(r.weights_source, r.data["model"]["repo"], r.data["model"]["revision"]))
     elif r.weights_source.get("type") == "rsync":
-        from ..tasks.weights import local_expectation, rsync_folder
         hub = json.dumps(local_expectation(rsync_folder(r.weights_source)))
     snap = snapshot.read(h, queries(r, hub))
     return HostState(values=snap.values, commands=snap.commands)
