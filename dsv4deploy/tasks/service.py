@@ -6,6 +6,7 @@ Every file is compared with the host's state by sha256, mode and owner (host/ops
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import shlex
 import sys
@@ -90,8 +91,6 @@ def restart_if_changed(r: Rollout, state: HostState, reasons: list[str]) -> Oper
 def files_differ(r: Rollout, state: HostState) -> list[str]:
     """Labels of the unit's files whose content differs on the host (what config_files will
     upload), known before they are written: the release is recorded before the switch."""
-    import hashlib
-
     out = []
     for label, path, content in unit_files(r):
         have = state.file(path)
