@@ -73,8 +73,9 @@ def _kill_orphans(host: SimHost) -> bool:
         log.warning("%s: container init pid %d outlived its nspawn; SIGKILL", host.name, pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    # the namespace's processes (sshd on the twin's address among them) go after their init
     deadline = time.monotonic() + 10
-    while inits and _container_inits(host.root) and time.monotonic() < deadline:
+    while inits and (_container_inits(host.root) or _port_in_use(host.address)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return bool(inits)
 
