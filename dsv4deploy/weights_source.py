@@ -25,7 +25,7 @@ def hub_expectation(src: dict, repo: str, revision: str) -> dict:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
-    from ..hftoken import HfTokenError, hf_token_from_env
+    from .hftoken import HfTokenError, hf_token_from_env
 
     endpoint = src.get("endpoint") or os.environ.get("HF_ENDPOINT")
     try:
