@@ -7,9 +7,9 @@ until a release that passed its gate served again.
     .venv/bin/python bench/faults.py [--only 1,6,12] [--keep]
 
 The first run wipes the twin's releases (venv and weights stay) and deploys nvfp4-ctx8k with its
-own gate; each fault then deploys its own variant (dsv4deploy/sim/faultlab.py VARIANTS: the
-baseline with another context length and a one-level gate) and runs the same deploy again once
-the fault is gone. "Recovered" is defined in docs/faults.md. Fault 14 needs replicas on the host:
+own gate; each fault then deploys its own variant (dsv4deploy/sim/faultlab/variants.py
+VARIANTS: the baseline with another context length and a one-level gate) and runs the same deploy
+again once the fault is gone. "Recovered" is defined in docs/faults.md. Fault 14 needs replicas on the host:
 not run, and not counted. Prints figures; asserts nothing; the last line is
 `faults: N/M recovered`.
 """

@@ -5,7 +5,7 @@ crash mid-gate, stale server, too few GPUs are there), one test each, from a goo
 Every test asserts what an operator sees: the exit and the message, the release serving after the
 same deploy is run again, a history with nothing pending and nothing `deployed` that did not pass
 its gate, earlier releases' files intact, and no process of ours left on the host
-(dsv4deploy/sim/faultlab.py judges all of it: `Row.recovered`, `Row.why_not`).
+(dsv4deploy/sim/faultlab/recovered.py judges all of it: `Row.recovered`, `Row.why_not`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""Running the tool as a user does (`pyinfra -y inventory/sim.py deploy/serve.py`), and striking
+it at a step boundary: every fault drives the real command, never an import of it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[3]
+PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
+OP_LINE = "--> Starting operation: "
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def deploy_argv(profile: str, *extra: str, dry: bool = False) -> list[str]:
+    mode = ["--dry", "--diff"] if dry else ["-y"]
+    return [PYINFRA, *mode, "inventory/sim.py", "deploy/serve.py", "--data", f"profile={profile}",
+            "--data", "health_poll_s=0.5", *extra]
+
+
+def deploy(profile: str, *extra: str, env=None, dry=False, profiles_dir=None, timeout: int = 600):
+    env = {**(env or {}), **({"DSV4_PROFILES_DIR": str(profiles_dir)} if profiles_dir else {})}
+    return run(deploy_argv(profile, *extra, dry=dry), env=env, timeout=timeout)
+
+
+def changed_ops(output: str) -> list[str]:
+    """Names of operations that reported Success (i.e. changed something)."""
+    names, current = [], None
+    for line in output.splitlines():
+        if line.startswith(OP_LINE.rstrip()):
+            current = line.split(":", 1)[1].strip()
+        elif line.strip().endswith("] Success") and current:
+            names.append(current)
+    return names
+
+
+def operations(output: str) -> list[str]:
+    """Every operation the run started, in order (the step boundaries a strike can hit)."""
+    return [line[len(OP_LINE):].strip() for line in output.splitlines() if line.startswith(OP_LINE)]
+
+
+@dataclass
+class Run:
+    """A finished run of the tool: exit code, its whole output, where a strike hit, its wall time."""
+
+    rc: int
+    output: str
+    struck: str | None = None
+    wall_s: float = 0.0
+    pid: int = 0
+
+
+def deploy_and_strike(profile: str, strike: Callable[[str, int], bool] | None, action: Callable, *,
+                      profiles_dir=None, env=None, timeout: float = 600, extra: tuple = ()) -> Run:
+    """Run a deploy, watch its output for "--> Starting operation: <step>" and call
+    `action(popen, step)` once, at the first step for which `strike(step, index)` is true."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+           **({"DSV4_PROFILES_DIR": str(profiles_dir)} if profiles_dir else {})}
+    t0 = time.monotonic()
+    p = subprocess.Popen(deploy_argv(profile, *extra), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    timer = threading.Timer(timeout, lambda: p.poll() is None and os.killpg(p.pid, signal.SIGKILL))
+    timer.start()
+    lines, struck, index = [], None, 0
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith(OP_LINE) and struck is None and strike is not None:
+                step = line[len(OP_LINE):].strip()
+                if strike(step, index):
+                    struck = step
+                    action(p, step)
+                index += 1
+        rc = p.wait()
+    finally:
+        timer.cancel()
+    return Run(rc=rc, output="".join(lines), struck=struck, wall_s=time.monotonic() - t0, pid=p.pid)
+
+
+def kill(p: subprocess.Popen, _step: str = "") -> None:
+    """The control process dies at once (SIGKILL to pyinfra: its SSH connection drops with it)."""
+    os.kill(p.pid, signal.SIGKILL)
