@@ -26,10 +26,12 @@ tasks.host_packages(rollout, state)                   # python3-venv, curl, patc
 tasks.driver(rollout, needed=found["driver_needed"])  # nvidia-open at the profile's branch; no surprise reboot
 tasks.service_user(rollout, state)                    # service user and directories
 changes.notify("venv", tasks.sglang_venv(rollout, state))   # pinned SGLang + patches, in a venv named by both
+gateway_venv = changes.notify("gateway venv", tasks.gateway_venv(rollout, state))  # replicas: smg, pinned
 changes.notify("secrets", tasks.secrets(rollout, state))    # 0600 root secrets: HF token; API key made on the host
 changes.notify("weights", tasks.weights(rollout, state))    # pinned checkpoint, verified complete
 changes.notify("release", tasks.needs_release(rollout, state))      # the deployed release renders differently
-changes.notify("unit files", *tasks.files_differ(rollout, state))   # NCCL env, manifest, unit
+differ = tasks.files_differ(rollout, state)
+changes.notify("unit files", *differ)                 # NCCL env, manifest, unit (replicas: theirs, the gateway's)
 
 tasks.show_plan(rollout, state, changes)              # what follows and why (make plan prints it too)
 if changes:
@@ -37,6 +39,10 @@ if changes:
     tasks.nccl_probe(rollout)                         # all-reduce with the new NCCL env, bounded in time
     tasks.begin_release(rollout)                      # release NNNN: pending, before the switch
 tasks.config_files(rollout, state)                    # NCCL env, launch manifest, unit
-started = tasks.restart_if_changed(rollout, state, changes.reasons)  # daemon-reload + restart only with a reason
-if changes or started.will_change:
-    tasks.verify_and_record(rollout)                  # health, identity, gate; a failure rolls back
+if rollout.target.is_set:                             # replicas behind the gateway: one at a time, each gated
+    tasks.switch_set(rollout, state, changes.reasons,
+                     restart_gateway=gateway_venv or tasks.gateway_files_differ(differ))
+else:
+    started = tasks.restart_if_changed(rollout, state, changes.reasons)  # daemon-reload + restart only with a reason
+    if changes or started.will_change:
+        tasks.verify_and_record(rollout)              # health, identity, gate; a failure rolls back

@@ -26,12 +26,14 @@ class Changes:
 
     _notes: list[tuple[str, list[Any]]] = field(default_factory=list)
 
-    def notify(self, what: str, *items: Any) -> None:
-        """WHAT changed if any of ITEMS changes (operations, lists of them, bools, reason strings)."""
+    def notify(self, what: str, *items: Any) -> bool:
+        """WHAT changed if any of ITEMS changes (operations, lists of them, bools, reason strings);
+        returns whether it did."""
         flat: list[Any] = []
         for item in items:
             flat += item if isinstance(item, list) else [item]
         self._notes.append((what, flat))
+        return any(_changes(i) for i in flat)
 
     @property
     def reasons(self) -> list[str]:

@@ -155,7 +155,7 @@ def _gateway(profile: Profile, layout: Layout, plan, keyed: bool) -> RenderedGat
     service = layout.gateway_service
     first, last = layout.instance(0), layout.instance(len(plan.replicas) - 1)
     inputs = dict(
-        profile=profile.name, content_hash=profile.content_hash, smg_version=spec.version,
+        smg_version=spec.version,
         instances=first if first == last else f"{first}..{plan.replicas[-1].index}", manifest=layout.manifest,
         environment=[systemd_env(k, v) for k, v in GATEWAY_ENV.items()],
         credentials=[(gateway.KEY_CREDENTIAL, layout.api_key_file)] if keyed else [],

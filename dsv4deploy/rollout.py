@@ -15,29 +15,70 @@ from .inventories import placeholder_problem
 from .layout import Layout
 from .profiles import Profile, load_profile
 from .render import SGLANG_MODULE, Rendered, render
+from .replicas import ReplicaPlan
+from . import replicas
 from .validate import Report, validate
 
 
 @dataclass(frozen=True)
 class Target:
-    """One release's service on the host: its paths and how to reach and recognise it."""
+    """One release's service on the host: its paths and how to reach and recognise it. For a
+    profile with `replicas:` the Target is the whole set (reached through the gateway), and
+    `replica(i)` is instance i alone (reached on its own loopback port)."""
 
     data: dict
     layout: Layout
+    index: int | None = None          # a replica of the set, or None
 
     @classmethod
     def of(cls, data: dict) -> "Target":
         return cls(data=data, layout=Layout.of(data))
 
     @property
+    def plan(self) -> ReplicaPlan | None:
+        return replicas.plan(self.data)
+
+    @property
+    def is_set(self) -> bool:
+        return self.plan is not None and self.index is None
+
+    def replica(self, index: int) -> "Target":
+        return Target(data=self.data, layout=self.layout, index=index)
+
+    @property
+    def replica_targets(self) -> list["Target"]:
+        return [self.replica(r.index) for r in self.plan.replicas] if self.plan else []
+
+    @property
     def unit(self) -> str:
+        if self.index is not None:
+            return f"{self.layout.instance(self.index)}.service"
+        if self.plan is not None:
+            return f"{self.layout.gateway_service}.service"
         return f"{self.layout.service}.service"
 
     @property
+    def units(self) -> list[str]:
+        """Every unit this release runs: the server, or each replica's instance and the gateway."""
+        return [t.unit for t in self.replica_targets] + [self.unit] if self.is_set else [self.unit]
+
+    @property
+    def port(self) -> int:
+        plan = self.plan
+        if plan is None:
+            return self.data["server"]["port"]
+        return plan.gateway.port if self.index is None else plan.replicas[self.index].port
+
+    @property
     def base_url(self) -> str:
-        host = self.data["server"]["host"]
-        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        return f"http://{host}:{self.data['server']['port']}"
+        plan = self.plan
+        if plan is not None:
+            return plan.replicas[self.index].url if self.index is not None else _url(plan.gateway.host, plan.gateway.port)
+        return _url(self.data["server"]["host"], self.data["server"]["port"])
+
+    @property
+    def label(self) -> str:
+        return f"replica {self.index} ({self.unit})" if self.index is not None else self.unit
 
     @property
     def expected_server_info(self) -> dict:
@@ -48,6 +89,11 @@ class Target:
         if server.get("context_length"):
             expected["context_length"] = server["context_length"]
         return expected
+
+
+def _url(host: str, port: int) -> str:
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -93,11 +139,6 @@ def rollout_for(host_data) -> Rollout:
         raise DeployError(f"invalid profile {name}:\n{exc}") from None
     if report.errors:
         raise DeployError(f"invalid profile {name}:\n" + "\n".join(map(str, report.problems)))
-    if profile.data.get("replicas") is not None:
-        # Remove when the tasks deploy <service>@.service, the replica files and the gateway.
-        raise DeployError(f"profile {name} declares replicas: they validate and render (docs/replicas.md), but "
-                          "this deploy does not roll them out yet; it would install the template unit as the "
-                          "single server's unit")
     if not host_data.get("weights_source") and (unpinned := placeholder_problem(profile)):
         raise DeployError(f"invalid profile {name} for this host:\n{unpinned}")
     stand_ins = dict(host_data.get("stand_ins") or {})

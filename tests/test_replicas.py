@@ -154,12 +154,15 @@ def test_loopback(host, loop):
     assert replicas.is_loopback(host) is loop
 
 
-def test_the_deploy_refuses_replicas_until_the_on_host_rollout_exists():
-    """deploy/serve.py would otherwise install the template unit as the single server's unit."""
-    from pyinfra.api import DeployError
-
+def test_a_replica_set_rollout_targets_the_gateway_and_each_instance():
+    """The rollout of a replicas profile is a set: users reach it through the gateway, each replica
+    on its own port and unit; a profile without replicas keeps its single unit."""
     from dsv4deploy.rollout import rollout_for
 
-    with pytest.raises(DeployError, match="declares replicas"):
-        rollout_for({"profile": "nvfp4-ctx8k-dp2", "weights_source": {"type": "hf"}})
-    assert rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}}).rendered.replicas == ()
+    t = rollout_for({"profile": "nvfp4-ctx8k-dp2", "weights_source": {"type": "hf"}}).target
+    assert t.is_set and t.unit == "sglang-gateway.service" and t.base_url == "http://127.0.0.1:30000"
+    assert [(rt.unit, rt.base_url, rt.port) for rt in t.replica_targets] == [
+        ("sglang@0.service", "http://127.0.0.1:30001", 30001), ("sglang@1.service", "http://127.0.0.1:30002", 30002)]
+    assert t.units == ["sglang@0.service", "sglang@1.service", "sglang-gateway.service"]
+    single = rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}}).target
+    assert not single.is_set and single.units == ["sglang.service"] and single.base_url == "http://127.0.0.1:30000"

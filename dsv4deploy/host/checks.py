@@ -57,7 +57,7 @@ def _authorized_curl(t: Target, path: str, data: str | None = None) -> str:
 
 
 def identity(h, t: Target) -> list[str]:
-    port = t.data["server"]["port"]
+    port = t.port
     _, out = sh(h, f"ss -Htlnp 'sport = :{port}' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u; echo ---; "
                    f"systemctl show -p MainPID --value {t.unit}; echo ---; {_authorized_curl(t, '/server_info')}")
     pids_txt, main_txt, info_txt = (out.split("---\n") + ["", "", ""])[:3]

@@ -44,21 +44,24 @@ def _warm_plotting() -> None:
         import matplotlib.pyplot  # noqa: F401
 
 
-def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile_name: str):
-    """Run the profile's gate against the release's server; write and fetch its reports."""
+def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile_name: str, part: str | None = None):
+    """Run the profile's gate against the release's server (or one PART of a replica set, e.g.
+    `replica-0`, on its own port); write and fetch its reports."""
     threading.Thread(target=_warm_plotting, name="warm-plotting", daemon=True).start()
     spec = GateSpec.from_profile(target.data)
     outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
                        venv_python=target.layout.python, upload=lambda src, dst: put(h, src, dst),
                        api_key_file=target.layout.api_key_file, run_as=GATE_USER)
     number = f"{rec['release']:04d}" if rec else "adhoc"
-    local = REPO_ROOT / "reports" / h.name / f"{number}-{profile_name}"
+    gate_dir = f"gate-{part}" if part else "gate"
+    local = REPO_ROOT / "reports" / h.name / (f"{number}-{profile_name}" + (f"-{part}" if part else ""))
     prev_doc = None
     if previous:
-        prev_doc = read_json(h, f"{releases.release_dir(target.layout.releases_dir, previous['release'])}/gate/gate.json")
-    files = write_report(outcome, local, previous=prev_doc, title=f"{profile_name} release {number} on {h.name}")
+        prev_doc = read_json(h, f"{releases.release_dir(target.layout.releases_dir, previous['release'])}/{gate_dir}/gate.json")
+    title = f"{profile_name} release {number}" + (f" ({part})" if part else "") + f" on {h.name}"
+    files = write_report(outcome, local, previous=prev_doc, title=title)
     if rec:
-        keep_reports(h, f"{releases.release_dir(target.layout.releases_dir, rec['release'])}/gate",
+        keep_reports(h, f"{releases.release_dir(target.layout.releases_dir, rec['release'])}/{gate_dir}",
                      [Path(p) for p in (files.json, files.markdown, files.png) if p])
     for line in outcome.verdict.lines():
         print(f"[{h.name}] {line}")

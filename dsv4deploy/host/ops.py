@@ -159,12 +159,13 @@ def unit_running(unit: str, info: dict):
 
 
 @operation()
-def restart(unit: str, reasons: list[str]):
-    """daemon-reload, a fresh start-limit counter, restart: only with a reason (the collector's)."""
+def restart(unit: str, reasons: list[str], first: str = ""):
+    """daemon-reload, a fresh start-limit counter, restart: only with a reason (the collector's).
+    FIRST: a command to run before (stopping a replica set that holds the port)."""
     if not reasons:
         host.noop(f"{unit}: nothing changed")
         return
-    yield StringCommand(f"systemctl daemon-reload && {{ systemctl reset-failed {q(unit)} || true; }} && "
+    yield StringCommand(f"{first}systemctl daemon-reload && {{ systemctl reset-failed {q(unit)} || true; }} && "
                         f"systemctl restart {q(unit)}")
 
 

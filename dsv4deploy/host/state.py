@@ -52,7 +52,19 @@ def managed_paths(r: Rollout) -> list[str]:
               f"{L.venv}/lib/python3*/site-packages/{STAND_IN_PTH}",
               f"{L.model_dir}"]
     paths += [f for f, _ in patch_files(r)]
+    paths += list(r.rendered.files)             # replicas: the template unit, each replica's files, the gateway's
+    if r.rendered.gateway is not None:
+        paths += [f"{r.rendered.gateway.venv}/bin/python"]
     return list(dict.fromkeys(paths))
+
+
+def unit_names(r: Rollout) -> list[str]:
+    """The units whose state the rollout reads: the release's own (the server; or each replica's
+    instance and the gateway) and the other shape's, which a switch between them stops."""
+    L = r.layout
+    names = [u.removesuffix(".service") for u in r.target.units]
+    names.append(L.service if r.target.is_set else L.gateway_service)
+    return names
 
 
 def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Query]:
@@ -62,8 +74,8 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
     q: dict[str, snapshot.Query] = {
         "basics": (HostBasics, {}),
         "gpus": (NvidiaSmi, {}),
-        "unit": (UnitInfo, {"service": L.service}),
-        "port": (PortOwners, {"port": r.data["server"]["port"]}),
+        "unit": (UnitInfo, {"service": r.target.unit.removesuffix(".service")}),
+        "port": (PortOwners, {"port": r.target.port}),
         "releases": (Releases, {"releases_dir": L.releases_dir}),
         "lock": (JsonFile, {"path": f"{LOCK}/owner.json"}),
         "files": (FileStates, {"paths": managed_paths(r)}),
@@ -72,6 +84,9 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
         "venv": (JsonFile, {"path": f"{L.venv}/{VENV_MARKER}"}),
         "disk_mib": (FreeDiskMib, {"path": MODELS}),
     }
+    q |= {f"unit:{name}": (UnitInfo, {"service": name}) for name in unit_names(r)}
+    if r.target.is_set:
+        q["gateway_venv"] = (JsonFile, {"path": f"{r.rendered.gateway.venv}/{VENV_MARKER}"})
     if r.data["server"].get("api_key"):
         q["api_key"] = (ApiKeyState, {"key_file": L.api_key_file, "config_file": L.sglang_config_secret})
     if patch_files(r):
@@ -89,6 +104,7 @@ class HostState:
 
     values: dict[str, Any]
     commands: int = 1
+    units: tuple[str, ...] = ()     # a replica set's units (instances and gateway): all must be active
 
     def __getitem__(self, key: str) -> Any:
         return self.values.get(key)
@@ -97,14 +113,26 @@ class HostState:
         """FileStates' entry for PATH (None: it does not exist)."""
         return (self.values.get("files") or {}).get(path)
 
+    def unit(self, name: str) -> dict:
+        """UnitInfo of NAME (without .service), read for a replica set."""
+        return self.values.get(f"unit:{name}") or {}
+
     @property
     def unit_active(self) -> bool:
+        if self.units:
+            return all(self.unit(name).get("ActiveState") == "active" for name in self.units)
         return (self.values.get("unit") or {}).get("ActiveState") == "active"
 
     @property
     def checkpoint_complete(self) -> bool:
         c = self.values.get("checkpoint") or {}
         return bool(c.get("complete")) and c.get("marker", True) is not False
+
+    @property
+    def our_pids(self) -> set[int]:
+        """Main PIDs of our running units (the server, or a replica set's instances and gateway)."""
+        infos = [self.values.get("unit") or {}] + [v or {} for k, v in self.values.items() if k.startswith("unit:")]
+        return {i["MainPID"] for i in infos if isinstance(i.get("MainPID"), int) and i["MainPID"] > 0}
 
     def patch_applied(self, patch_file: str) -> bool:
         return bool((self.values.get("patches") or {}).get(patch_file))
@@ -118,4 +146,5 @@ def read_state(h, r: Rollout) -> HostState:
     elif r.weights_source.get("type") == "rsync":
         hub = json.dumps(local_expectation(rsync_folder(r.weights_source)))
     snap = snapshot.read(h, queries(r, hub))
-    return HostState(values=snap.values, commands=snap.commands)
+    units = tuple(u.removesuffix(".service") for u in r.target.units) if r.target.is_set else ()
+    return HostState(values=snap.values, commands=snap.commands, units=units)

@@ -40,7 +40,7 @@ def preflight(r: Rollout, state: HostState) -> dict:
         if gpus and driver_branch(gpus[0].driver_version) < branch:
             driver_needed = True
         expect = profile_expectations(data, compute_cap=r.expect_compute_cap)
-        if state.unit_active:
+        if state.unit_active or state.our_pids:
             expect["min_free_mib"] = None  # our running server holds that memory until the restart
         if driver_needed:
             expect["min_driver_branch"] = None  # the driver step upgrades it
@@ -53,14 +53,13 @@ def preflight(r: Rollout, state: HostState) -> dict:
             problems.append(f"not enough disk for the weights under {MODELS}: {free / 1024:.1f} GiB free, "
                             f"{need_gib * 1.05:.1f} GiB needed")
 
-    port = data["server"]["port"]
+    port = r.target.port
     owners = state["port"] or []
-    unit = state["unit"] or {}
-    ours = unit.get("MainPID") or 0
-    strangers = sorted({pid for _, pid in owners if pid != ours}, key=lambda p: p or 0)
+    ours = state.our_pids
+    strangers = sorted({pid for _, pid in owners if pid not in ours}, key=lambda p: p or 0)
     if owners and (strangers or not ours):
         who = ", ".join(f"PID {p}" if p else "an unknown process" for p in strangers) or "a process"
-        problems.append(f"port {port} is already held by {who}, not by {r.layout.service}.service "
+        problems.append(f"port {port} is already held by {who}, not by {r.target.unit} "
                         f"(a stale server?): stop it by its PID or its unit, then deploy again")
 
     if problems:

@@ -18,6 +18,9 @@ from ..host.facts import Releases
 from ..layout import RELEASES
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, probe
+from ..host.replicas import ReplicaFailed, roll, start_set, unit_active
+from ..layout import Layout
+from .. import gateway
 
 
 
@@ -37,10 +40,11 @@ def target_of(h, rec: dict) -> Target:
 CHECKPOINT_MARKERS = (".dsv4deploy-complete.json", ".dsv4deploy-verified.json")
 
 
-def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0) -> dict:
+def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int] | None = None) -> dict:
     """Bring release `rec` back: its files, daemon-reload, restart, health, identity, probe. The
     attempt is a history entry whatever happens: a release that cannot be restored leaves a
-    `failed` rollback entry saying why."""
+    `failed` rollback entry saying why. A replica set is restored one replica at a time behind
+    its gateway (only INDICES, the replicas a failed rolling update touched, when given)."""
     new = releases.new_record(records(h, RELEASES), profile=rec["profile"], content_hash=rec["content_hash"],
                               manifest_sha256=rec["manifest_sha256"], sglang_version=rec["sglang_version"],
                               kind="rollback", restores=rec.get("restores") or rec["release"])
@@ -49,7 +53,8 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0) -> dict:
     try:
         t = target_of(h, rec)
         marker = " || ".join(f"test -f {t.layout.model_dir}/{m}" for m in CHECKPOINT_MARKERS)
-        ok, out = sh(h, f"test -x {t.layout.python} || echo 'its venv ({t.layout.venv})'; "
+        gw = f"test -x {Layout.gateway_venv(t.plan.gateway.version, gateway.lock_sha256(t.plan.gateway.version))}/bin/python || echo 'its gateway venv'; " if t.is_set else ""
+        ok, out = sh(h, f"{gw}test -x {t.layout.python} || echo 'its venv ({t.layout.venv})'; "
                         f"{{ {marker}; }} || echo 'its weights ({t.layout.model_dir})'; "
                         f"test -d {folder}/files || echo 'its kept files ({folder}/files)'")
         gone = [line for line in out.splitlines() if line.strip()]
@@ -63,13 +68,19 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0) -> dict:
     # The rollback entry carries its own copy of what it restored: it can be restored in turn.
     sh(h, f"cp -a {folder}/files {folder}/profile.json {releases.release_dir(RELEASES, new['release'])}/")
     try:
-        ok, out = sh(h, f"cp -a {folder}/files/. / && systemctl daemon-reload && systemctl reset-failed {t.unit}; "
-                        f"systemctl restart {t.unit}")
-        if not ok:
-            raise HealthError(f"could not restore the files or restart {t.unit}: {out.strip()[-300:]}")
-        confirm(h, t, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)
-        probe(h, t)
-    except HealthError as exc:
+        if t.is_set:
+            ok, out = sh(h, f"cp -a {folder}/files/. / && systemctl daemon-reload")
+            if not ok:
+                raise HealthError(f"could not restore the files: {out.strip()[-300:]}")
+            restore_set(h, t, indices, poll_s)
+        else:
+            ok, out = sh(h, f"cp -a {folder}/files/. / && systemctl daemon-reload && {stop_set_units(t)}"
+                            f"systemctl reset-failed {t.unit}; systemctl restart {t.unit}")
+            if not ok:
+                raise HealthError(f"could not restore the files or restart {t.unit}: {out.strip()[-300:]}")
+            confirm(h, t, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)
+            probe(h, t)
+    except (HealthError, ReplicaFailed) as exc:
         save_record(h, RELEASES, releases.with_status(new, releases.FAILED, f"rollback failed: {exc}"))
         raise RollbackError(f"rollback to release {rec['release']:04d} failed: {exc}\n--- last journal lines of "
                             f"{t.unit} ---\n{journal_tail(h, t)}") from None
@@ -78,21 +89,44 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0) -> dict:
     return new
 
 
-def after_failure(h, failed: dict | None, failed_target: Target, reason: str, poll_s: float = 2.0) -> str:
+def stop_set_units(t: Target) -> str:
+    """A command prefix that stops and disables a replica set of T's service, if one runs (the
+    single server takes its port and GPUs back)."""
+    s = t.layout.service
+    return (f"systemctl disable --now $(systemctl list-units --all --plain --no-legend --type=service "
+            f"'{s}@*' '{s}-gateway.service' | cut -d' ' -f1) >/dev/null 2>&1; ")
+
+
+def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
+    """Restore a replica set: behind a running gateway one replica at a time (each probed before it
+    rejoins); with no gateway running (a switch back from the single server), all at once."""
+    log = lambda m: print(f"[{h.name}] {m}")  # noqa: E731
+    if unit_active(h, t.unit):
+        every = [rt.index for rt in t.replica_targets]
+        roll(h, t, indices if indices is not None else every, lambda rt: probe(h, rt), poll_s, log)
+    else:
+        sh(h, f"systemctl disable --now {t.layout.service}.service")
+        start_set(h, t, lambda rt: probe(h, rt), poll_s, log)
+
+
+def after_failure(h, failed: dict | None, failed_target: Target, reason: str, poll_s: float = 2.0,
+                  indices: list[int] | None = None) -> str:
     """A release failed (health or gate): record it, restore the last good one, say what serves now."""
     if failed:
         save_record(h, RELEASES, releases.with_status(failed, releases.FAILED, reason))
     previous = releases.current(records(h, RELEASES))
     if previous is None:
-        sh(h, f"systemctl stop {failed_target.unit}")
-        return (f"no earlier release passed, so nothing to roll back to: {failed_target.unit} is stopped and "
-                f"left stopped")
+        sh(h, f"systemctl stop {' '.join(failed_target.units)}")
+        return (f"no earlier release passed, so nothing to roll back to: {', '.join(failed_target.units)} "
+                f"{'is' if len(failed_target.units) == 1 else 'are'} stopped and left stopped")
     what = f"release {failed['release']:04d}" if failed else "the new release"
     try:
         prev_target = target_of(h, previous)
-        if prev_target.unit != failed_target.unit:
-            sh(h, f"systemctl disable --now {failed_target.unit}")
-        new = restore(h, previous, cause=f"automatic rollback: {what} failed: {reason}", poll_s=poll_s)
+        if prev_target.is_set != failed_target.is_set:
+            indices = None      # a switch of shape: the whole previous release comes back
+            sh(h, f"systemctl disable --now {' '.join(failed_target.units)}")
+        new = restore(h, previous, cause=f"automatic rollback: {what} failed: {reason}", poll_s=poll_s,
+                      indices=indices)
     except RollbackError as exc:
         return (f"{exc}\nNOTHING IS SERVING; the history records the failed rollback. Fix what is named above, "
                 f"then deploy a profile again (make deploy PROFILE={previous['profile']}: it rebuilds what is "

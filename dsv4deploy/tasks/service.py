@@ -20,6 +20,7 @@ from ..host import ops
 from ..host.io import sh
 from ..host.state import HostState
 from ..layout import ETC
+from .rollback import stop_set_units
 from ..rollout import Rollout
 
 LEGACY_SECRETS_ENV = f"{ETC}/secrets.env"   # before systemd credentials: adopted once, never read by the unit
@@ -51,11 +52,31 @@ def secrets(r: Rollout, state: HostState) -> list[OperationMeta]:
 
 
 def unit_files(r: Rollout) -> list[tuple[str, str, bytes]]:
-    """(label, path, content) of the files the unit reads and the unit itself."""
-    L = r.layout
-    return [("NCCL env file", L.nccl_env, r.rendered.nccl_env.encode()),
-            ("launch manifest", L.manifest, r.rendered.manifest.encode()),
-            (f"unit {L.service}.service", L.unit, r.rendered.unit.encode())]
+    """(label, path, content) of the files the unit reads and the unit itself; for a replica set,
+    the template unit, each replica's two env files, the gateway's unit and launcher."""
+    L, rendered = r.layout, r.rendered
+    if rendered.gateway is None:
+        return [("NCCL env file", L.nccl_env, rendered.nccl_env.encode()),
+                ("launch manifest", L.manifest, rendered.manifest.encode()),
+                (f"unit {L.service}.service", L.unit, rendered.unit.encode())]
+    files = rendered.files
+    out = []
+    for rep in rendered.replicas:
+        out += [(f"replica {rep.index} env file", rep.env_file, files[rep.env_file].encode()),
+                (f"replica {rep.index} NCCL env file", rep.nccl_env_file, files[rep.nccl_env_file].encode())]
+    gw = rendered.gateway
+    return out + [("launch manifest", L.manifest, rendered.manifest.encode()),
+                  (f"unit {L.service}@.service", L.template_unit, rendered.unit.encode()),
+                  (GATEWAY_LAUNCHER, gw.launcher, files[gw.launcher].encode()),
+                  (f"{GATEWAY_UNIT} {gw.service}.service", gw.unit_path, gw.unit.encode())]
+
+
+GATEWAY_LAUNCHER, GATEWAY_UNIT = "gateway launcher", "gateway unit"
+
+
+def gateway_files_differ(labels: list[str]) -> bool:
+    """Whether the gateway's own files are among the changed LABELS (it restarts only then)."""
+    return any(label == GATEWAY_LAUNCHER or label.startswith(GATEWAY_UNIT) for label in labels)
 
 
 @deploy("Unit and its files")
@@ -81,7 +102,10 @@ def restart_if_changed(r: Rollout, state: HostState, reasons: list[str]) -> Oper
     """Restart only with a reason from this run; a stopped or failed unit is started either way.
     Returns the "running" operation: it changes when it had to start a stopped unit."""
     unit = f"{r.layout.service}.service"
-    ops.restart(name=f"restart {unit}" + (f" ({'; '.join(reasons)})" if reasons else ""), unit=unit, reasons=reasons)
+    set_running = state.unit(r.layout.gateway_service).get("ActiveState") == "active"
+    first = stop_set_units(r.target) if set_running else ""    # a replica set gives back the port and GPUs
+    ops.restart(name=f"restart {unit}" + (f" ({'; '.join(reasons)})" if reasons else "")
+                + (" after stopping the replica set" if set_running else ""), unit=unit, reasons=reasons, first=first)
     info = dict(state["unit"] or {})
     if reasons:
         info["ActiveState"] = "active"     # the restart starts it

@@ -127,8 +127,9 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
 def launch_check(r: Rollout) -> None:
     """The host's own server module parses the rendered argv before anything restarts. The API
     key's credential exists only while the unit runs: the check reads its source file (as root)."""
-    credential = r.layout.credential_path(SGLANG_CONFIG_CREDENTIAL)
-    argv = [r.layout.sglang_config_secret if a == credential else a for a in r.rendered.argv[3:]]
+    credentials = {r.layout.credential_path(SGLANG_CONFIG_CREDENTIAL),
+                   r.layout.instance_credential_path(0, SGLANG_CONFIG_CREDENTIAL)}   # replica 0's argv
+    argv = [r.layout.sglang_config_secret if a in credentials else a for a in r.rendered.argv[3:]]
     args = " ".join(shlex.quote(a) for a in argv)
     check = r.stand_ins.get("launch_check_module")
     cmd = (f"{r.layout.python} -m {check} {args}" if check

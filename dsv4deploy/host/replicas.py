@@ -1,0 +1,165 @@
+"""A replica set on the host: start it, roll it one replica at a time behind the gateway, stop it.
+
+A rolling step for replica i: take it out of the gateway and wait for its in-flight requests
+(gateway.drain: smg itself does not wait), restart its instance, health and identity on its own
+port, the caller's check (the gate for a new release, a probe for a restore), and add it back
+(gateway.readmit). The other replicas serve throughout. The gateway's HTTP calls run on the host
+(host/gateway_http.py): the key never reaches the control node.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import gateway
+from ..health import HealthError
+from ..rollout import Target
+from .checks import confirm, journal_tail
+from .gateway_http import KEY, host_http
+from .io import sh
+
+GATEWAY_READY_S = 60.0      # smg registers a listed worker within a second (docs/replicas.md)
+
+
+class ReplicaFailed(Exception):
+    """Replica `index` failed its restart, health, identity or check; `done` were switched before it."""
+
+    def __init__(self, index: int, message: str, done: list[int]):
+        super().__init__(message)
+        self.index, self.done = index, done
+
+
+@dataclass
+class Step:
+    """What happened to one replica in a roll (kept in the release record)."""
+
+    index: int
+    instance: str
+    status: str = "untouched"        # untouched | switched | failed
+    drained_s: float | None = None
+    in_flight_left: int = 0
+    seconds: float = 0.0
+    detail: dict = field(default_factory=dict)
+
+    def record(self) -> dict:
+        doc = {"index": self.index, "instance": self.instance, "status": self.status,
+               "seconds": round(self.seconds, 1)}
+        if self.drained_s is not None:
+            doc["drained_s"] = round(self.drained_s, 1)
+        if self.in_flight_left:
+            doc["in_flight_left"] = self.in_flight_left
+        return {**doc, **self.detail}
+
+
+def api(h, t: Target):
+    """(http, endpoint, key) for gateway.py's worker API against the set's gateway on the host."""
+    keyed = bool(t.data["server"].get("api_key"))
+    return host_http(h, t.layout.api_key_file if keyed else None), t.base_url, KEY if keyed else None
+
+
+def unit_active(h, unit: str) -> bool:
+    return sh(h, f"systemctl is-active --quiet {unit}")[0]
+
+
+def wait_all_routable(h, t: Target, timeout_s: float = GATEWAY_READY_S) -> None:
+    """Until the gateway routes to every replica of the set (its /health answers before any is)."""
+    http, endpoint, key = api(h, t)
+    urls = {rt.base_url for rt in t.replica_targets}
+    last: list = []
+
+    def ready() -> bool:
+        try:
+            last[:] = gateway.list_workers(http, endpoint, key)
+        except (gateway.GatewayError, OSError):
+            return False
+        return urls <= {w.url for w in last if w.routable}
+
+    if not gateway.wait_for(ready, timeout_s, poll_s=0.3):
+        seen = ", ".join(f"{w.url} {w.status}" for w in last) or "no worker"
+        raise HealthError(f"the gateway {endpoint} does not route to every replica after {timeout_s:g} s ({seen})")
+
+
+def start_gateway(h, t: Target, restart: bool) -> None:
+    """Enable and (re)start the gateway, then wait until it routes to every replica."""
+    verb = "restart" if restart else "start"
+    ok, out = sh(h, f"systemctl enable --quiet {t.unit} && systemctl reset-failed {t.unit} 2>/dev/null; "
+                    f"systemctl {verb} {t.unit}")
+    if not ok:
+        raise HealthError(f"could not {verb} {t.unit}: {out.strip()[-300:]}\n{journal_tail(h, t)}")
+    wait_all_routable(h, t)
+
+
+def start_set(h, t: Target, check: Callable[[Target], None], poll_s: float, log: Callable[[str], None],
+              steps: list[Step] | None = None) -> list[Step]:
+    """Start every replica at once (nothing serves yet: a first deploy, or a switch from the single
+    server), health and identity each, the check on each, then the gateway in front."""
+    steps = steps if steps is not None else [Step(rt.index, rt.unit.removesuffix(".service"))
+                                             for rt in t.replica_targets]
+    units = " ".join(rt.unit for rt in t.replica_targets)
+    start = time.monotonic()
+    ok, out = sh(h, f"systemctl enable --quiet {units} && systemctl reset-failed {units} 2>/dev/null; "
+                    f"systemctl restart {units}")
+    for step, rt in zip(steps, t.replica_targets):
+        try:
+            if not ok:
+                raise HealthError(f"could not start {units}: {out.strip()[-300:]}")
+            confirm(h, rt, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)
+            check(rt)
+        except HealthError as exc:
+            step.status = "failed"
+            raise ReplicaFailed(rt.index, f"{rt.label}: {exc}\n--- last journal lines of {rt.unit} ---\n"
+                                          f"{journal_tail(h, rt)}", done=[]) from None
+        step.status, step.seconds = "switched", time.monotonic() - start
+        log(f"{rt.label} healthy on {rt.base_url}")
+    start_gateway(h, t, restart=unit_active(h, t.unit))
+    log(f"gateway {t.unit} routes to {len(steps)} replicas on {t.base_url}")
+    return steps
+
+
+def roll(h, t: Target, indices: list[int], check: Callable[[Target], None], poll_s: float,
+         log: Callable[[str], None], steps: list[Step] | None = None) -> list[Step]:
+    """Replace the replicas INDICES one at a time while the others serve (see the module doc).
+    Raises ReplicaFailed at the first that fails; the steps say what each went through."""
+    http, endpoint, key = api(h, t)
+    steps = steps if steps is not None else [Step(rt.index, rt.unit.removesuffix(".service"))
+                                             for rt in t.replica_targets]
+    by_index = {s.index: s for s in steps}
+    gateway_up = unit_active(h, t.unit)
+    done: list[int] = []
+    for i in indices:
+        rt, step = t.replica(i), by_index[i]
+        start = time.monotonic()
+        try:
+            # a replica the gateway does not list gets no traffic: nothing to drain (it may be down)
+            listed = gateway_up and gateway.find(gateway.list_workers(http, endpoint, key), rt.base_url)
+            if listed:
+                drained = gateway.drain(http, endpoint, key, rt.base_url, t.plan.drain_timeout_s, poll_s=0.3)
+                step.drained_s, step.in_flight_left = drained.idle_s or drained.removed_s, drained.in_flight
+                if drained.idle_s is None:
+                    log(f"{rt.label}: {drained.in_flight} requests still running after the drain budget "
+                        f"({t.plan.drain_timeout_s} s): restarting it cuts them off")
+                else:
+                    log(f"{rt.label} drained from the gateway in {drained.idle_s:.1f} s")
+            ok, out = sh(h, f"systemctl reset-failed {rt.unit} 2>/dev/null; systemctl enable --quiet {rt.unit}; "
+                            f"systemctl restart {rt.unit}")
+            if not ok:
+                raise HealthError(f"could not restart {rt.unit}: {out.strip()[-300:]}")
+            confirm(h, rt, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)
+            check(rt)
+            if gateway_up:
+                gateway.readmit(http, endpoint, key, rt.base_url, GATEWAY_READY_S, poll_s=0.3)
+        except (HealthError, gateway.GatewayError, OSError) as exc:
+            step.status, step.seconds = "failed", time.monotonic() - start
+            raise ReplicaFailed(i, f"{rt.label}: {exc}\n--- last journal lines of {rt.unit} ---\n"
+                                   f"{journal_tail(h, rt)}", done=done) from None
+        step.status, step.seconds = "switched", time.monotonic() - start
+        done.append(i)
+        log(f"{rt.label} switched in {step.seconds:.1f} s" + (", back in the gateway" if gateway_up else ""))
+    return steps
+
+
+def stop_set(h, t: Target) -> None:
+    """Stop and disable the gateway and every instance of the set (the single server takes over)."""
+    sh(h, f"systemctl disable --now {t.unit} {' '.join(rt.unit for rt in t.replica_targets)}")

@@ -1,0 +1,185 @@
+"""A profile with `replicas:` (docs/replicas.md): the gateway's pinned venv, and the switch of the
+replica set, which replaces deploy/serve.py's restart and verify steps for it.
+
+The switch, when this run has a reason to restart:
+- a set already serves behind the gateway (same replica URLs): a rolling update, one replica at
+  a time (host/replicas.py roll), each gated on its own port before it rejoins the gateway;
+- otherwise (first deploy, or a switch from the single server, which stops first): every
+  replica starts, then the gateway, then the gate runs through the gateway as users see it.
+A failure marks the release failed and restores the last good release (tasks/rollback.py): in a
+rolling update only the replicas already touched, one at a time, while the others serve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pyinfra import host
+from pyinfra.api import DeployError, deploy
+from pyinfra.api.operation import OperationMeta
+from pyinfra.operations import python
+
+from .. import gateway, releases
+from ..health import HealthError
+from ..host import ops
+from ..host.gate import gate_record, run_release_gate
+from ..host.io import records, save_record, sh
+from ..host.replicas import ReplicaFailed, Step, roll, start_gateway, start_set, unit_active
+from ..host.state import VENV_MARKER, HostState
+from ..rollout import Rollout, Target
+from .release import prune, reported
+from .rollback import RollbackError, after_failure, target_of
+from .venv import PIP
+
+
+def gateway_venv_marker(r: Rollout) -> dict:
+    inst = gateway.venv_install(r.rendered.gateway.version)
+    pip = f"{inst.venv}/bin/pip install {PIP} -c {inst.lock_dest} {inst.spec}"
+    return {"installs": [pip], "lock_sha256": hashlib.sha256(inst.lock_src.read_bytes()).hexdigest()}
+
+
+@deploy("Gateway venv")
+def gateway_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
+    """smg at the profile's release in its own venv, pinned by its lock file (a new lock: a new
+    venv). Returns the operations whose change means the gateway must restart."""
+    if r.rendered.gateway is None:
+        return []
+    inst = gateway.venv_install(r.rendered.gateway.version)
+    lock = ops.file(name=f"smg {r.rendered.gateway.version} lock file", dest=inst.lock_dest,
+                    content=inst.lock_src.read_bytes(), state=state.file(inst.lock_dest))
+    venv = ops.venv(name=f"venv {inst.venv}: {inst.spec}", path=inst.venv, marker=gateway_venv_marker(r),
+                    marker_file=f"{inst.venv}/{VENV_MARKER}", marker_state=state["gateway_venv"],
+                    exists=bool(state.file(f"{inst.venv}/bin/python")))
+    return [lock, venv]
+
+
+def down_units(r: Rollout, state: HostState) -> list[str]:
+    """The set's units that are not active (a crashed replica, a stopped gateway)."""
+    return [name for name in state.units if state.unit(name).get("ActiveState") != "active"]
+
+
+@deploy("Replica set")
+def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway: bool) -> None:
+    """Roll the set (see the module doc); with no reason and every unit active: nothing at all."""
+    down = down_units(r, state)
+    if not reasons and not down:
+        return
+    what = "rolling update" if reasons else f"start {', '.join(down)}"
+
+    def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
+        Switch(host, r, reasons, restart_gateway).run()
+
+    python.call(name=f"replica set: {what}", function=reported(run))
+
+
+class Switch:
+    """One run's switch of the set: which path, the gate per replica, the record."""
+
+    def __init__(self, h, r: Rollout, reasons: list[str], restart_gateway: bool):
+        self.h, self.r, self.t, self.reasons = h, r, r.target, reasons
+        self.restart_gateway = restart_gateway
+        self.poll = float(h.data.get("health_poll_s", 2.0))
+        self.rec = r.run.get("release")
+        self.previous = releases.current(records(h, r.layout.releases_dir))
+        self.gates: dict[int, object] = {}
+
+    def log(self, message: str) -> None:
+        print(f"[{self.h.name}] {message}")
+
+    def _previous_target(self) -> Target | None:
+        if self.previous is None:
+            return None
+        try:
+            return target_of(self.h, self.previous)
+        except RollbackError:
+            return None
+
+    def gate_replica(self, rt: Target) -> None:
+        """The profile's gate against one replica on its own port, before it rejoins the gateway."""
+        outcome = run_release_gate(self.h, rt, self.rec, self.previous, self.r.profile.name, part=f"replica-{rt.index}")
+        self.gates[rt.index] = outcome
+        if not outcome.passed:
+            raise HealthError(f"smoke gate failed: {outcome.verdict.message}")
+
+    def run(self) -> None:
+        t, L = self.t, self.r.layout
+        if unit_active(self.h, f"{L.service}.service"):
+            sh(self.h, f"systemctl disable --now {L.service}.service")
+            self.log(f"stopped {L.service}.service: the replica set takes its GPUs, and the gateway its port")
+        sh(self.h, "systemctl daemon-reload")
+        if not self.reasons:
+            return self.start_down()
+        prev = self._previous_target()
+        rolling = (prev is not None and prev.is_set and unit_active(self.h, t.unit)
+                   and [x.base_url for x in prev.replica_targets] == [x.base_url for x in t.replica_targets])
+        steps: list[Step] = [Step(rt.index, rt.unit.removesuffix(".service")) for rt in t.replica_targets]
+        try:
+            if rolling:
+                self.log(f"rolling update of {len(steps)} replicas behind {t.unit}, one at a time")
+                roll(self.h, t, [s.index for s in steps], self.gate_replica, self.poll, self.log, steps)
+                if self.restart_gateway:
+                    start_gateway(self.h, t, restart=True)
+                    self.log(f"restarted {t.unit} (its unit or venv changed)")
+                gate = None
+            else:
+                start_set(self.h, t, lambda rt: None, self.poll, self.log, steps)
+                gate = run_release_gate(self.h, t, self.rec, self.previous, self.r.profile.name)
+                if not gate.passed:
+                    self.fail(steps, f"smoke gate through the gateway failed: {gate.verdict.message}", None)
+        except ReplicaFailed as exc:
+            self.fail(steps, str(exc), exc if rolling else None)
+        except HealthError as exc:
+            self.fail(steps, str(exc), None)
+        self.record(steps, gate)
+
+    def start_down(self) -> None:
+        """No new release: start what is down, each checked, and gate the set through the gateway."""
+        t = self.t
+        down = [rt.index for rt in t.replica_targets if not unit_active(self.h, rt.unit)]
+        try:
+            roll(self.h, t, down, lambda rt: None, self.poll, self.log)
+            if not unit_active(self.h, t.unit):
+                start_gateway(self.h, t, restart=False)
+        except (ReplicaFailed, HealthError) as exc:
+            raise DeployError(f"the deployed release's replica set could not be started: {exc}") from None
+        gate = run_release_gate(self.h, t, None, self.previous, self.r.profile.name)
+        if not gate.passed:
+            raise DeployError(f"the replica set serves but fails the smoke gate: {gate.verdict.message}")
+
+    def _summary(self, steps: list[Step]) -> list[dict]:
+        out = []
+        for s in steps:
+            doc = s.record()
+            if s.index in self.gates:
+                doc["gate"] = gate_record(self.gates[s.index])
+            out.append(doc)
+        return out
+
+    def fail(self, steps: list[Step], reason: str, failed: ReplicaFailed | None) -> None:
+        """Record the release failed and restore the last good one (only the replicas it touched,
+        one at a time, when it was a rolling update); raise with what serves now."""
+        rec = {**self.rec, "replicas": self._summary(steps)} if self.rec else None
+        indices = None
+        if failed is not None:
+            indices = [failed.index] + failed.done     # the one out of the gateway first
+        outcome = after_failure(self.h, rec, self.t, reason, poll_s=self.poll, indices=indices)
+        name = f"release {self.rec['release']:04d}" if self.rec else "the new release"
+        raise DeployError(f"{name} ({self.r.profile.name}) failed: {reason}\n{outcome}")
+
+    def record(self, steps: list[Step], gate) -> None:
+        if not self.rec:
+            return
+        L = self.r.layout
+        if gate is not None:
+            summary = gate_record(gate)
+        else:
+            gates = [self.gates[s.index] for s in steps if s.index in self.gates]
+            summary = {"passed": all(g.passed for g in gates),
+                       "summary": "; ".join(f"replica {i}: {g.summary}" for i, g in sorted(self.gates.items()))}
+        rec = {**self.rec, "gate": summary, "replicas": self._summary(steps)}
+        save_record(self.h, L.releases_dir, rec)
+        for doc in releases.mark_deployed(records(self.h, L.releases_dir), rec["release"]):
+            save_record(self.h, L.releases_dir, doc)
+        self.log(f"release {rec['release']:04d} deployed: {self.r.profile.name} serves from {len(steps)} replicas "
+                 f"through {self.t.unit} on {self.t.base_url}")
+        prune(self.h, L.releases_dir)

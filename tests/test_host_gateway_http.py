@@ -1,0 +1,87 @@
+"""The gateway's HTTP callable that runs on the host: the key is swapped in on the host, from its
+0600 file, and is in no argv; answers and transport failures come back as gateway.py expects."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dsv4deploy import gateway
+from dsv4deploy.host.gateway_http import KEY, parse_answer, request_command
+
+SECRET = "k3y-Abc_123"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def _answer(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append((self.command, self.path, self.headers.get("Authorization"), body))
+        if self.headers.get("Authorization") != f"Bearer {SECRET}":
+            self.send_response(401)
+            self.end_headers()
+            self.wfile.write(b'{"error": {"code": "invalid_api_key", "message": "Invalid API key"}}')
+            return
+        self.send_response(200 if self.command == "GET" else 202)
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(json.dumps({"workers": [{"id": "w1", "url": "http://127.0.0.1:30001",
+                                                      "status": "ready", "is_healthy": True, "load": 0}],
+                                         "total": 1}).encode())
+        else:
+            self.wfile.write(json.dumps({"status": "accepted", "worker_id": "w2"}).encode())
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture()
+def server():
+    _Handler.seen = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def local_http(key_file):
+    """The callable as host_http builds it, with the shell run here instead of over SSH."""
+
+    def http(method, url, headers, body, timeout):
+        cmd = request_command(method, url, headers, body, timeout, key_file)
+        assert SECRET not in cmd
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60).stdout
+        return parse_answer(out)
+    return http
+
+
+def test_the_key_is_read_on_the_host_and_swapped_into_headers_and_body(server, tmp_path):
+    key_file = tmp_path / "api-key"
+    key_file.write_text(SECRET + "\n")
+    key_file.chmod(0o600)
+    http = local_http(str(key_file))
+    workers = gateway.list_workers(http, server, KEY)
+    assert [(w.id, w.url, w.routable) for w in workers] == [("w1", "http://127.0.0.1:30001", True)]
+    assert gateway.add_worker(http, server, KEY, "http://127.0.0.1:30002") == "w2"
+    method, path, auth, body = _Handler.seen[-1]
+    assert (method, path, auth) == ("POST", "/workers", f"Bearer {SECRET}")
+    assert json.loads(body) == {"url": "http://127.0.0.1:30002", "api_key": SECRET}
+
+
+def test_a_wrong_key_is_the_gateways_error_not_a_crash(server, tmp_path):
+    key_file = tmp_path / "api-key"
+    key_file.write_text("wrong\n")
+    with pytest.raises(gateway.GatewayError, match="401"):
+        gateway.list_workers(local_http(str(key_file)), server, KEY)
+
+
+def test_nothing_listening_is_an_oserror(tmp_path):
+    with pytest.raises(OSError):
+        local_http(None)("GET", "http://127.0.0.1:9/workers", {}, None, 2)
