@@ -59,6 +59,15 @@ class ReplicaPlan:
         return [r.url for r in self.replicas]
 
 
+def gateway_venv(data: dict) -> str | None:
+    """The smg venv a replicas profile runs its gateway from (None without `replicas:`): what
+    pruning keeps and a restore needs."""
+    from .layout import Layout
+
+    p = plan(data)
+    return Layout.gateway_venv(p.gateway.version, gateway.lock_sha256(p.gateway.version)) if p else None
+
+
 def _gpu_sets(block: dict, tp: int) -> list[list[int]]:
     if block.get("gpus"):
         return [list(s) for s in block["gpus"]]

@@ -63,6 +63,12 @@ def directory(path: str, state: dict | None, user: str = "root", group: str = "r
     yield StringCommand(f"mkdir -p {q(path)} && chown {q(user)}:{q(group)} {q(path)} && chmod {mode} {q(path)}")
 
 
+def make_parent(dest: str) -> str:
+    """mkdir -p of DEST's folder, readable by all (a venv's folder made for its lock file must let the
+    service user reach its python); folders that hold secrets are made 0700 by their own step."""
+    return f"umask 022; mkdir -p {q(dest.rsplit('/', 1)[0] or '/')}"
+
+
 INLINE_MAX = 32 << 10   # a text file this small travels inside its one command (not a secret)
 
 
@@ -70,7 +76,7 @@ def inline_write(dest: str, text: str, user: str = "root", group: str = "root", 
     """One command that writes TEXT to DEST atomically (temp file, owner, mode, rename). For files
     that hold no secret: the content is in the command line, which `ps` on the host can show."""
     tmp = f"{dest}.dsv4deploy-tmp"
-    return (f"umask 077; mkdir -p {q(dest.rsplit('/', 1)[0] or '/')} && printf '%s' {q(text)} > {q(tmp)} && "
+    return (f"{make_parent(dest)} && umask 077 && printf '%s' {q(text)} > {q(tmp)} && "
             f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}")
 
 
@@ -94,7 +100,7 @@ def file(dest: str, content: bytes, state: dict | None, user: str = "root", grou
         except UnicodeDecodeError:
             pass
     tmp = f"{dest}.dsv4deploy-tmp"
-    yield StringCommand(f"umask 077; mkdir -p {q(dest.rsplit('/', 1)[0] or '/')} && : > {q(tmp)}")
+    yield StringCommand(f"{make_parent(dest)} && umask 077 && : > {q(tmp)}")
     yield FileUploadCommand(BytesIO(content), tmp)
     yield StringCommand(f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}")
 

@@ -54,7 +54,7 @@ def managed_paths(r: Rollout) -> list[str]:
     paths += [f for f, _ in patch_files(r)]
     paths += list(r.rendered.files)             # replicas: the template unit, each replica's files, the gateway's
     if r.rendered.gateway is not None:
-        paths += [f"{r.rendered.gateway.venv}/bin/python"]
+        paths += [f"{r.rendered.gateway.venv}/bin/python", f"{r.rendered.gateway.venv}/dsv4deploy.lock"]
     return list(dict.fromkeys(paths))
 
 

@@ -16,11 +16,12 @@ def plan_lines(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
     """Pure: the plan for rollout R against STATE with the collector's REASONS."""
     recs = state["releases"] or []
     live = releases.current(recs)
-    unit = f"{r.layout.service}.service"
+    t = r.target
+    unit = ", ".join(t.units)
     if not reasons:
         if live and state.unit_active:
             return [f"nothing to change: release {live['release']:04d} ({live['profile']}) is deployed and "
-                    f"{unit} is active"]
+                    f"{unit} {'is' if len(t.units) == 1 else 'are'} active"]
         return [f"nothing changed, but {unit} is not active: start it, then health, identity and the gate"]
     number = max((rec["release"] for rec in recs), default=0) + 1
     spec = GateSpec.from_profile(r.data)
@@ -31,6 +32,19 @@ def plan_lines(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
              if spec.early_pass_margin is not None else "; every level runs to the end")
     fallback = (f"roll back to release {live['release']:04d} ({live['profile']}), the last that passed"
                 if live else "stop the unit (no earlier release passed) and exit non-zero")
+    if t.is_set:
+        rolling = state.unit_active and live is not None and live.get("replicas")
+        switch = ([f"rolling update behind {t.unit}, one replica at a time: take it out of the gateway, wait for "
+                   f"its requests (at most {t.plan.drain_timeout_s} s), restart it, health, identity and the smoke "
+                   f"gate on its own port, add it back; the others serve throughout"] if rolling else
+                  [f"start {', '.join(rt.unit for rt in t.replica_targets)} at once (no replica set serves yet"
+                   + (f"; {r.layout.service}.service stops first" if state.unit(r.layout.service).get("ActiveState")
+                      == "active" else "") + f"), then {t.unit} on {t.base_url}, then the smoke gate through it"])
+        return [f"switch the replica set because: " + "; ".join(reasons),
+                f"record release {number:04d} ({r.profile.name}) as pending before the switch", *switch,
+                f"smoke gate {floors}{early}",
+                f"gate passed: release {number:04d} deployed; failed: {fallback}"
+                + (" (only the replicas it touched, one at a time)" if rolling else "")]
     return [f"restart {unit} because: " + "; ".join(reasons),
             f"record release {number:04d} ({r.profile.name}) as pending before the switch",
             f"after the restart: health within {r.data['service']['health_timeout_s']} s, identity "

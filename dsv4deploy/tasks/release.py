@@ -21,7 +21,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
-from .. import releases
+from .. import releases, replicas
 from ..errors import rerun_with
 from ..host.state import LOCK, PIP_FREEZE, HostState
 from ..health import HealthError
@@ -251,8 +251,9 @@ def prune(h, releases_dir: str) -> None:
     used: set[str] = set()
     for line in docs.splitlines():        # one JSON document per line
         if line.strip():
-            layout = Layout.of(json.loads(line)["data"])
-            used |= {layout.venv, layout.model_dir}
+            data = json.loads(line)["data"]
+            layout = Layout.of(data)
+            used |= {layout.venv, layout.model_dir, replicas.gateway_venv(data)} - {None}
     gone = [f"{releases.release_dir(releases_dir, n)}/files {releases.release_dir(releases_dir, n)}/profile.json"
             for n in dropped]
     unused = releases.unused(on_disk.split(), used)

@@ -64,7 +64,7 @@ def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway
     down = down_units(r, state)
     if not reasons and not down:
         return
-    what = "rolling update" if reasons else f"start {', '.join(down)}"
+    what = "switch to the new release" if reasons else f"start {', '.join(down)}"
 
     def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
         Switch(host, r, reasons, restart_gateway).run()

@@ -19,8 +19,7 @@ from ..layout import RELEASES
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, probe
 from ..host.replicas import ReplicaFailed, roll, start_set, unit_active
-from ..layout import Layout
-from .. import gateway
+from .. import replicas
 
 
 
@@ -53,7 +52,7 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int]
     try:
         t = target_of(h, rec)
         marker = " || ".join(f"test -f {t.layout.model_dir}/{m}" for m in CHECKPOINT_MARKERS)
-        gw = f"test -x {Layout.gateway_venv(t.plan.gateway.version, gateway.lock_sha256(t.plan.gateway.version))}/bin/python || echo 'its gateway venv'; " if t.is_set else ""
+        gw = f"test -x {replicas.gateway_venv(t.data)}/bin/python || echo 'its gateway venv'; " if t.is_set else ""
         ok, out = sh(h, f"{gw}test -x {t.layout.python} || echo 'its venv ({t.layout.venv})'; "
                         f"{{ {marker}; }} || echo 'its weights ({t.layout.model_dir})'; "
                         f"test -d {folder}/files || echo 'its kept files ({folder}/files)'")
