@@ -16,15 +16,29 @@ def gate_summary(rec: dict) -> str:
     return f"{verdict}: {gate.get('level', '?')} {gate['output_throughput']:.1f} tok/s vs floor {gate.get('floor', '-')}"
 
 
+def replicas_summary(rec: dict) -> str:
+    """Each replica's part in a replica set's release: `0 switched 91s (gate pass), 1 untouched`."""
+    parts = []
+    for r in rec.get("replicas") or []:
+        gate = r.get("gate")
+        said = f" (gate {'pass' if gate.get('passed') else 'FAIL'})" if gate else ""
+        took = f" {r['seconds']:.0f}s" if r.get("status") != "untouched" and r.get("seconds") else ""
+        parts.append(f"{r['index']} {r['status']}{took}{said}")
+    return ", ".join(parts) or "-"
+
+
 def table(host_name: str, records: list[dict]) -> Table:
     t = Table(title=f"releases on {host_name}")
-    for col in ("release", "kind", "profile", "sglang", "status", "time", "gate", "reason"):
+    sets = any(r.get("replicas") for r in records)
+    for col in ("release", "kind", "profile", "sglang", "status", "time", "gate", *(["replicas"] if sets else []),
+                "reason"):
         t.add_column(col)
     for r in records:
         kind = r.get("kind", "deploy") + (f" of {r['restores']:04d}" if r.get("restores") else "")
         style = {"deployed": "green", "failed": "red", "pending": "yellow"}.get(r["status"])
         t.add_row(f"{r['release']:04d}", kind, r["profile"], r.get("sglang_version", "?"), r["status"],
-                  r.get("updated", "")[:16].replace("T", " "), gate_summary(r), (r.get("reason") or "")[:120], style=style)
+                  r.get("updated", "")[:16].replace("T", " "), gate_summary(r),
+                  *([replicas_summary(r)] if sets else []), (r.get("reason") or "")[:120], style=style)
     return t
 
 

@@ -31,7 +31,8 @@ def plan_lines(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
     early = (f"; a level stops early {spec.early_pass_margin:.0%} above its floor"
              if spec.early_pass_margin is not None else "; every level runs to the end")
     fallback = (f"roll back to release {live['release']:04d} ({live['profile']}), the last that passed"
-                if live else "stop the unit (no earlier release passed) and exit non-zero")
+                if live else f"stop {'the units' if r.target.is_set else 'the unit'} (no earlier release passed) and "
+                             "exit non-zero")
     if t.is_set:
         rolling = state.unit_active and live is not None and live.get("replicas")
         switch = ([f"rolling update behind {t.unit}, one replica at a time: take it out of the gateway, wait for "

@@ -173,8 +173,10 @@ class Switch:
         if gate is not None:
             summary = gate_record(gate)
         else:
+            # the weakest replica's headline stands for the release (history shows one line)
             gates = [self.gates[s.index] for s in steps if s.index in self.gates]
-            summary = {"passed": all(g.passed for g in gates),
+            worst = min(gates, key=lambda g: gate_record(g).get("output_throughput") or 0.0)
+            summary = {**gate_record(worst), "passed": all(g.passed for g in gates),
                        "summary": "; ".join(f"replica {i}: {g.summary}" for i, g in sorted(self.gates.items()))}
         rec = {**self.rec, "gate": summary, "replicas": self._summary(steps)}
         save_record(self.h, L.releases_dir, rec)

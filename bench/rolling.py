@@ -1,0 +1,114 @@
+"""Zero-downtime rolling update, measured on the CT200 twin (issue 13): a constant streaming load
+on the gateway (C=32, random 256/256 on /generate) while a changed profile rolls out across the
+replicas, then while `make rollback` rolls the set back the same way.
+
+    make sim-up
+    .venv/bin/python bench/rolling.py [--concurrency 32] [--no-rollback]
+
+Two replicas (nvfp4-ctx8k-dp2, the shipped profile, with a shorter gate so that the run takes
+minutes) run behind the real smg gateway; the changed profile differs in its chunked prefill
+size, so every replica restarts. The load runs from this machine to the twin's loopback
+endpoint (127.0.0.1:30000) with the API key read from the twin. Prints figures; asserts
+nothing; the last line is `rolling: failed_requests=N max_gap_s=X duration_s=Y` for the update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from dsv4deploy.layout import Layout  # noqa: E402
+from dsv4deploy.profiles import load_profile  # noqa: E402
+from dsv4deploy.sim.faultlab.tool import deploy, run  # noqa: E402
+from dsv4deploy.sim.faultlab.variants import QUICK_GATE, write_profiles  # noqa: E402
+from dsv4deploy.sim.host import SimHost, up  # noqa: E402
+from dsv4deploy.sim.load import StreamingLoad  # noqa: E402
+
+BASE, CHANGED = "rolling-a", "rolling-b"
+VARIANTS = {BASE: f"extends: nvfp4-ctx8k-dp2\n{QUICK_GATE}",
+            CHANGED: f"extends: nvfp4-ctx8k-dp2\nserver:\n  chunked_prefill_size: 4096\n{QUICK_GATE}"}
+STAGGER_S = 15.0     # about one request's duration at C=32: the clients' starts spread over it
+FAST_START = '{"load_seconds": 0.5, "warmup_seconds": 0.3}'
+
+
+def measured(label: str, action, url: str, key: str, concurrency: int, settle_s: float) -> tuple[dict, str]:
+    """Run ACTION (a deploy) under the load, once the load is steady; the figures between its
+    start and end."""
+    load = StreamingLoad(url, concurrency=concurrency, api_key=key, stagger_s=STAGGER_S).start()
+    time.sleep(STAGGER_S + settle_s)
+    t0 = time.monotonic()
+    out = action()
+    t1 = time.monotonic()
+    time.sleep(settle_s)
+    res = load.stop()
+    fig = {"what": label, "rc": out.returncode, "duration_s": t1 - t0, "sent": res.sent, "completed": res.completed,
+           "failed": res.failed, "max_gap_s": res.max_gap_s(t0, t1), "max_token_gap_s": res.max_token_gap_s(t0, t1),
+           "errors": sorted(set(res.errors))[:5]}
+    return fig, out.stdout + out.stderr
+
+
+def _idle(seconds: float):
+    """The steady row's action: nothing changes for SECONDS (the load's own baseline)."""
+    import subprocess
+    time.sleep(seconds)
+    return subprocess.CompletedProcess([], 0, "", "")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--settle-s", type=float, default=5.0, help="load before and after each switch (default 5)")
+    ap.add_argument("--no-rollback", action="store_true", help="measure the update only")
+    args = ap.parse_args(argv)
+
+    up(1)
+    twin = SimHost(1)
+    twin.write_file("/etc/dsv4deploy-twin/faults.json", FAST_START)
+    profiles = write_profiles(Path(tempfile.mkdtemp(prefix="rolling-profiles-")), VARIANTS)
+    os.environ["DSV4_PROFILES_DIR"] = str(profiles)
+    first = deploy(BASE, profiles_dir=profiles)
+    if first.returncode != 0:
+        print((first.stdout + first.stderr)[-3000:])
+        print(f"rolling: cannot deploy {BASE} to start from (exit {first.returncode})", file=sys.stderr)
+        return 1
+    data = load_profile(BASE).data
+    key = twin.run(f"cat {Layout.of(data).api_key_file}").stdout.strip() if data["server"].get("api_key") else None
+    url = f"http://127.0.0.1:{data['server']['port']}"
+
+    figures = []
+    steady, _ = measured("steady (no switch, 30 s)", lambda: _idle(30.0), url, key, args.concurrency, args.settle_s)
+    figures.append(steady)
+    fig, out = measured(f"update {BASE} -> {CHANGED}", lambda: deploy(CHANGED, profiles_dir=profiles), url, key,
+                        args.concurrency, args.settle_s)
+    figures.append(fig)
+    if fig["rc"] != 0:
+        print(out[-3000:])
+    if not args.no_rollback:
+        fig_rb, out_rb = measured("make rollback", lambda: run(["make", "rollback", "ARGS=--data health_poll_s=0.5"]),
+                                  url, key, args.concurrency, args.settle_s)
+        figures.append(fig_rb)
+        if fig_rb["rc"] != 0:
+            print(out_rb[-3000:])
+
+    print(f"| switch | exit | duration s | requests sent | completed | failed | max gap between completions s "
+          f"| max gap between tokens s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for f in figures:
+        print(f"| {f['what']} | {f['rc']} | {f['duration_s']:.1f} | {f['sent']} | {f['completed']} | {f['failed']} "
+              f"| {f['max_gap_s']:.2f} | {f['max_token_gap_s']:.2f} |")
+        for e in f["errors"]:
+            print(f"  {f['what']}: {e}")
+    u = figures[1]
+    print(f"rolling: failed_requests={u['failed']} max_gap_s={u['max_gap_s']:.2f} duration_s={u['duration_s']:.1f}")
+    return 0 if all(f["rc"] == 0 for f in figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
