@@ -1,0 +1,109 @@
+"""The rolling step on a fake host and a fake gateway: the order an operator relies on (out of the
+gateway and idle before the restart, back in only after health, identity and the check), and a
+failure that stops the roll with the replicas already switched named."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from dsv4deploy.health import HealthError
+from dsv4deploy.host import replicas as hr
+from dsv4deploy.profiles import load_profile
+from dsv4deploy.rollout import Target
+
+
+class FakeHost:
+    """Records every shell command and gateway call in one event list."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.events: list[str] = []
+        self.workers = {"w0": "http://127.0.0.1:30001", "w1": "http://127.0.0.1:30002"}
+        self.draining: dict[str, int] = {}     # worker url -> polls of /metrics until idle
+        self.active = {"sglang-gateway.service": True}
+        self.n = 2
+
+    def sh(self, h, command, timeout=None):
+        if command.startswith("systemctl is-active"):
+            unit = command.split()[-1]
+            return self.active.get(unit, False), ""
+        self.events.append(f"sh {command.split('systemctl ')[-1]}")
+        return True, ""
+
+    def http(self, method, url, headers, body, timeout):
+        path = re.sub(r"^http://[^/]+", "", url)
+        if path == "/workers" and method == "GET":
+            doc = {"workers": [{"id": i, "url": u, "status": "ready", "is_healthy": True} for i, u in self.workers.items()]}
+            return 200, json.dumps(doc).encode()
+        if path.startswith("/workers/") and method == "DELETE":
+            url_gone = self.workers.pop(path.rsplit("/", 1)[1])
+            self.events.append(f"remove {url_gone}")
+            return 202, json.dumps({"status": "accepted", "worker_id": "x1"}).encode()
+        if path == "/workers" and method == "POST":
+            spec = json.loads(body)
+            self.n += 1
+            self.workers[f"w{self.n}"] = spec["url"]
+            self.events.append(f"add {spec['url']}")
+            return 202, json.dumps({"status": "accepted", "worker_id": f"w{self.n}"}).encode()
+        if path == "/metrics":
+            left = self.draining.get(url, 0)
+            self.draining[url] = max(0, left - 1)
+            self.events.append(f"metrics {url.split(':')[-1].split('/')[0]} in flight {left}")
+            return 200, f"sglang:num_running_reqs {left}\nsglang:num_queue_reqs 0\n".encode()
+        raise AssertionError(f"unexpected {method} {url}")
+
+
+@pytest.fixture()
+def fake(monkeypatch):
+    f = FakeHost()
+    monkeypatch.setattr(hr, "sh", f.sh)
+    monkeypatch.setattr(hr, "host_http", lambda h, key_file: f.http)
+    monkeypatch.setattr(hr, "confirm", lambda h, t, budget_s, poll_s: f.events.append(f"healthy {t.unit}"))
+    monkeypatch.setattr(hr, "journal_tail", lambda h, t: "(journal)")
+    monkeypatch.setattr(hr.gateway.time, "sleep", lambda s: None)
+    return f
+
+
+def target() -> Target:
+    return Target.of(load_profile("nvfp4-ctx8k-dp2").data)
+
+
+def test_each_replica_leaves_the_gateway_goes_idle_restarts_passes_and_comes_back(fake):
+    fake.draining["http://127.0.0.1:30001/metrics"] = 2       # two requests still running on replica 0
+    checked = []
+    steps = hr.roll(fake, target(), [0, 1], lambda rt: (checked.append(rt.unit), fake.events.append(f"gate {rt.unit}")),
+                    poll_s=0, log=lambda m: None)
+    assert [s.status for s in steps] == ["switched", "switched"]
+    e = fake.events
+    r0 = e[:e.index("add http://127.0.0.1:30001") + 1]
+    assert r0[:4] == ["remove http://127.0.0.1:30001", "metrics 30001 in flight 2", "metrics 30001 in flight 1",
+                      "metrics 30001 in flight 0"]                  # restarted only once idle
+    assert r0[4].startswith("sh ") and r0[4].endswith("restart sglang@0.service")
+    assert r0[5:] == ["healthy sglang@0.service", "gate sglang@0.service", "add http://127.0.0.1:30001"]
+    # replica 1 is touched only once replica 0 is back
+    assert e.index("remove http://127.0.0.1:30002") > e.index("add http://127.0.0.1:30001")
+    assert checked == ["sglang@0.service", "sglang@1.service"]
+
+
+def test_a_failed_check_stops_the_roll_and_names_what_was_switched(fake):
+    def gate(rt):
+        if rt.index == 1:
+            raise HealthError("smoke gate failed: C=64 12.0 tok/s < 400")
+
+    with pytest.raises(hr.ReplicaFailed) as err:
+        hr.roll(fake, target(), [0, 1], gate, poll_s=0, log=lambda m: None)
+    assert err.value.index == 1 and err.value.done == [0]
+    assert "replica 1 (sglang@1.service): smoke gate failed" in str(err.value)
+    # the failed replica is not put back into the gateway: users never reach the release that failed
+    assert "add http://127.0.0.1:30002" not in fake.events and "add http://127.0.0.1:30001" in fake.events
+
+
+def test_a_replica_the_gateway_does_not_list_is_restarted_without_a_drain(fake):
+    del fake.workers["w0"]                         # e.g. it crashed and smg dropped it, or a failed run left it out
+    hr.roll(fake, target(), [0], lambda rt: None, poll_s=0, log=lambda m: None)
+    assert not any(e.startswith("metrics") or e.startswith("remove") for e in fake.events)
+    assert fake.events[-1] == "add http://127.0.0.1:30001"

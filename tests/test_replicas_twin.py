@@ -1,0 +1,124 @@
+"""Replicas on the CT200 twin (issue 13): two twin servers as sglang@0 and sglang@1 behind the
+real smg gateway, deployed, re-run, rolled one replica at a time under load, and a replica whose
+new release fails its gate restored while the other keeps serving.
+
+The profiles are nvfp4-ctx8k-dp2 with a short gate, on their own ports (31000 for the gateway,
+31001-31002 for the replicas, 31009 for its metrics) so that nothing here touches the single
+server the other twin tests deploy on port 30000.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsv4deploy.sim import faultlab
+from dsv4deploy.sim.load import StreamingLoad
+from sim_fixtures import sim_twin  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+GATE = """gate:
+  warmup_requests: 1
+  levels:
+    - {concurrency: 16, num_prompts: 16, input_len: 128, output_len: 16, min_output_throughput: 50}
+"""
+PORTS = """server:
+  port: 31000
+  context_length: %d
+replicas:
+  base_port: 31001
+  gateway:
+    metrics_port: 31009
+"""
+BASE, CHANGED, BROKEN = "rset-a", "rset-b", "rset-broken"
+PROFILES = {name: f"extends: nvfp4-ctx8k-dp2\n{PORTS % ctx}{GATE}"
+            for name, ctx in ((BASE, 8192), (CHANGED, 7168), (BROKEN, 6144))}
+GATEWAY = "http://127.0.0.1:31000"
+UNITS = ("sglang@0.service", "sglang@1.service", "sglang-gateway.service")
+
+
+@pytest.fixture(scope="module")
+def rset(sim_twin, tmp_path_factory):  # noqa: F811
+    profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"), PROFILES)
+    lab = faultlab.Lab(sim_twin, profiles, baseline=BASE)
+    lab.reset_host()
+    # the single server of the other twin tests gives the host back; this module's set goes at the end
+    sim_twin.run("systemctl stop sglang.service 2>/dev/null; true", check=False)
+    yield lab
+    sim_twin.run(f"systemctl disable --now {' '.join(UNITS)} 2>/dev/null; rm -f {faultlab.FAULTS}; true", check=False)
+
+
+def pids(twin) -> dict[str, int]:
+    out = twin.run(f"for u in {' '.join(UNITS)}; do systemctl show -p MainPID --value $u; done").stdout.split()
+    return dict(zip(UNITS, map(int, out)))
+
+
+def workers(twin) -> list[tuple[str, str]]:
+    out = twin.run("sed 's/^/Authorization: Bearer /' /etc/dsv4deploy/secrets/sglang-api-key | "
+                   f"curl -s -H @- {GATEWAY}/workers").stdout
+    return sorted((w["url"], w["status"]) for w in json.loads(out)["workers"])
+
+
+def argv_context(twin, unit: str) -> int:
+    argv = twin.run(f"tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value {unit})/cmdline").stdout.split()
+    return int(argv[argv.index("--context-length") + 1])
+
+
+def load_on(twin) -> StreamingLoad:
+    """Streaming load on the gateway (the twin shares this machine's loopback)."""
+    key = twin.run("cat /etc/dsv4deploy/secrets/sglang-api-key").stdout.strip()
+    return StreamingLoad(GATEWAY, concurrency=8, input_len=64, output_len=64, api_key=key, stagger_s=2.0).start()
+
+
+def test_a_replica_set_serves_through_the_gateway_and_a_rerun_changes_nothing(rset):
+    first = rset.deploy(BASE)
+    assert first.rc == 0, first.output[-4000:]
+    assert "gateway sglang-gateway.service routes to 2 replicas" in first.output
+    assert workers(rset.twin) == [("http://127.0.0.1:31001", "ready"), ("http://127.0.0.1:31002", "ready")]
+    rec = faultlab.releases(rset.twin)[-1]
+    assert rec["status"] == "deployed" and rec["gate"]["passed"]
+    assert [(r["index"], r["status"]) for r in rec["replicas"]] == [(0, "switched"), (1, "switched")]
+    before = pids(rset.twin)
+    again = rset.deploy(BASE)
+    assert again.rc == 0 and faultlab.changed_ops(again.output) == [], again.output[-3000:]
+    assert "nothing to change" in again.output and pids(rset.twin) == before
+
+
+def test_a_rolling_update_drops_no_request_and_a_failing_replica_is_restored(rset):
+    twin = rset.twin
+    if faultlab.releases(twin)[-1]["profile"] != BASE:
+        assert rset.deploy(BASE).rc == 0
+    before = pids(twin)
+    # the broken release fails its gate (20% errors, on the new argv only) on replica 0
+    rset.faults(error_rate=0.2, match_argv="--context-length 6144")
+    load = load_on(twin)
+    broken = rset.deploy(BROKEN)
+    res = load.stop()
+    assert broken.rc != 0
+    assert "failed the smoke gate" in broken.output or "smoke gate failed" in broken.output, broken.output[-4000:]
+    recs = faultlab.releases(twin)
+    failed, restore = recs[-2], recs[-1]
+    assert failed["profile"] == BROKEN and failed["status"] == "failed"
+    assert [(r["index"], r["status"]) for r in failed["replicas"]] == [(0, "failed"), (1, "untouched")]
+    assert restore["kind"] == "rollback" and restore["status"] == "deployed" and restore["profile"] == BASE
+    now = pids(twin)
+    assert now["sglang@1.service"] == before["sglang@1.service"]          # replica 1 was never touched
+    assert now["sglang-gateway.service"] == before["sglang-gateway.service"]
+    assert argv_context(twin, "sglang@0.service") == 8192               # replica 0 runs the old release again
+    assert workers(twin) == [("http://127.0.0.1:31001", "ready"), ("http://127.0.0.1:31002", "ready")]
+    assert res.failed == 0 and res.completed > 0, res.errors[:5]
+
+    # a good change rolls across both replicas under the same load, the gateway never restarts
+    rset.faults()
+    load = load_on(twin)
+    good = rset.deploy(CHANGED)
+    res = load.stop()
+    assert good.rc == 0, good.output[-4000:]
+    assert res.failed == 0 and res.completed > 0, res.errors[:5]
+    assert [argv_context(twin, u) for u in UNITS[:2]] == [7168, 7168]
+    assert pids(twin)["sglang-gateway.service"] == before["sglang-gateway.service"]
+    rec = faultlab.releases(twin)[-1]
+    assert rec["profile"] == CHANGED and [r["status"] for r in rec["replicas"]] == ["switched", "switched"]
+    assert all(r["gate"]["passed"] for r in rec["replicas"])
