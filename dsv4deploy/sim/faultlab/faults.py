@@ -363,11 +363,102 @@ def fault_13(lab) -> Row:
                      expect=["gate budget", "exhausted during C=4", "rolled back: release"])
 
 
-def fault_14(_lab=None) -> Row:
-    row = Row("14", "replicas: gateway dies / a replica dies mid-update", strikes="-")
-    row.did = "not run: replicas are not deployable yet (rollout refuses a replicas: profile)"
-    return row
+SET_A, SET_B = "f14set", "f14set-b"     # the replica set (nvfp4-ctx8k-dp2) and a change of it
+SET_UNITS = ("sglang@0.service", "sglang@1.service", "sglang-gateway.service")
+
+
+def _unit_pid(twin, unit: str) -> int:
+    return int(twin.run(f"systemctl show -p MainPID --value {unit}").stdout.strip() or 0)
+
+
+def _routes_to_both(twin) -> bool:
+    out = twin.run("sed 's/^/Authorization: Bearer /' /etc/dsv4deploy/secrets/sglang-api-key | "
+                   "curl -s --max-time 5 -H @- http://127.0.0.1:30000/workers", check=False).stdout
+    try:
+        return sum(w["status"] == "ready" for w in json.loads(out)["workers"]) == 2
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def _wait(check: Callable[[], bool], within_s: float) -> float | None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within_s:
+        if check():
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    return None
+
+
+def fault_14(lab: Lab) -> Row:
+    """Replicas behind the gateway: (a) the gateway is killed (SIGKILL by its PID) while the set
+    serves: systemd restarts it, it re-registers both replicas, the same deploy then changes
+    nothing; (b) replica 1 is killed while replica 0 is in its rolling step: systemd restarts it
+    (with the template the roll already wrote), the roll goes on and ends with the new release on
+    both. Then the lab's single-server baseline comes back (the set is stopped for it)."""
+    row = Row("14", "replicas: gateway dies / a replica dies mid-update", strikes="serving / rolling update")
+    twin = lab.twin
+    _, before = start(lab)
+    setup = lab.deploy(SET_A)
+    if setup.rc != 0:
+        row.why_not.append(f"could not deploy the replica set {SET_A}: {did(setup.output)}")
+        row.outputs["setup"] = setup.output
+        return row
+    cases: list[Row] = []
+
+    # (a) the gateway dies
+    case = Row("14a", "gateway killed")
+    t0 = time.monotonic()
+    pid = _unit_pid(twin, SET_UNITS[2])
+    twin.run(f"kill -KILL {pid}")
+    back = _wait(lambda: _unit_pid(twin, SET_UNITS[2]) not in (0, pid) and _routes_to_both(twin), 30)
+    if back is None:
+        case.why_not.append("the gateway did not come back routing to both replicas within 30 s")
+    rerun = lab.deploy(SET_A)
+    first = Run(rc=0, output=f"gateway PID {pid} killed; back in {back or 0:.1f} s", wall_s=time.monotonic() - t0)
+    lab.judge(case, first, lab.after(first), t0=t0, before=before, rerun=rerun)
+    if changed_ops(rerun.output):
+        case.why_not.append(f"the re-run changed {changed_ops(rerun.output)}")
+    add_case(row, case, f"- 14a gateway SIGKILL: systemd restarted it in {back or 0:.1f} s; re-run: "
+                        f"{did(rerun.output)}", {"14a-rerun": rerun.output})
+    cases.append(case)
+
+    # (b) replica 1 dies while replica 0 is in its rolling step
+    case = Row("14b", "replica dies mid-update")
+    t0 = time.monotonic()
+    killed: dict = {}
+
+    def strike(line: str) -> None:
+        if "replica 0 (sglang@0.service) drained" in line and not killed:
+            killed["pid"] = _unit_pid(twin, SET_UNITS[1])
+            twin.run(f"kill -KILL {killed['pid']}")
+
+    first = _deploy_watching(SET_B, lab, strike)
+    state = lab.after(first)
+    rerun = lab.deploy(SET_B)
+    lab.judge(case, first, state, t0=t0, before=before, rerun=rerun)
+    if not killed:
+        case.why_not.append("the strike never happened (no rolling step seen)")
+    if first.rc != 0:
+        case.why_not.append(f"the update failed: {did(first.output)}")
+    add_case(row, case, f"- 14b replica 1 SIGKILL (PID {killed.get('pid', '?')}) while replica 0 rolled: "
+                        f"{did(first.output)}; re-run: {did(rerun.output)}", {"14b": first.output})
+    cases.append(case)
+    row.did = "gateway: restarted by systemd, re-run no-op; replica: restarted by systemd, the roll completed"
+    return fold(row, cases)
+
+
+def _deploy_watching(profile: str, lab: Lab, on_line: Callable[[str], None]) -> Run:
+    """A deploy whose every output line is handed to ON_LINE as it comes (a strike at a message)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DSV4_PROFILES_DIR": str(lab.profiles)}
+    t0 = time.monotonic()
+    p = subprocess.Popen(deploy_argv(profile), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, bufsize=1, start_new_session=True)
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        on_line(line)
+    return Run(rc=p.wait(), output="".join(lines), wall_s=time.monotonic() - t0, pid=p.pid)
 
 
 ALL = [fault_1, fault_2, fault_3, fault_4, fault_5, fault_6, fault_7, fault_8, fault_9, fault_10, fault_11,
-       fault_12, fault_13]
+       fault_12, fault_13, fault_14]

@@ -40,9 +40,11 @@ class Lab:
 
     def wipe(self) -> None:
         """A fresh host: no release, no service (the venv and the weights stay: they are not state)."""
-        self.twin.run(f"rm -f {FAULTS}; systemctl stop sglang.service stale-sglang.service "
-                      "2>/dev/null; systemctl reset-failed 2>/dev/null; rm -rf /var/lib/dsv4deploy /etc/dsv4deploy "
-                      "/etc/systemd/system/sglang.service; systemctl daemon-reload", check=False)
+        self.twin.run(f"rm -f {FAULTS}; systemctl disable --now sglang.service stale-sglang.service "
+                      "sglang-gateway.service 'sglang@*.service' 2>/dev/null; systemctl reset-failed 2>/dev/null; "
+                      "rm -rf /var/lib/dsv4deploy /etc/dsv4deploy /etc/systemd/system/sglang.service "
+                      "/etc/systemd/system/sglang@.service /etc/systemd/system/sglang-gateway.service; "
+                      "systemctl daemon-reload", check=False)
         self.reset_host()
 
     def deploy(self, profile: str | None = None, **kw) -> Run:

@@ -53,6 +53,9 @@ def write_profiles(folder: Path, variants: dict[str, str]) -> Path:
 
 
 VARIANTS = {
+    # fault 14: a replica set (two twin servers behind smg) and a change that rolls across it
+    "f14set": f"extends: nvfp4-ctx8k-dp2\n{QUICK_GATE}",
+    "f14set-b": f"extends: nvfp4-ctx8k-dp2\nserver:\n  context_length: 7936\n{QUICK_GATE}",
     "f1crash": variant(9216),
     "f2never": variant(10240, extra="service:\n  health_timeout_s: 10\n"),
     "f3errors": variant(11264, gate=QUICK_GATE),
