@@ -94,7 +94,7 @@ def show_diff(r: Rollout, state: HostState, label: str) -> None:
     old = sh(host, f"cat {shlex.quote(path)} 2>/dev/null")[1] if state.file(path) else ""
     diff = difflib.unified_diff(old.splitlines(keepends=True), content.decode().splitlines(keepends=True),
                                 fromfile=f"{path} (on the host)", tofile=f"{path} ({r.profile.name})")
-    print("".join(f"[{host.name}]   {line}" for line in diff).rstrip("\n"))
+    print("".join(f"[{host.name}]   {line if line.endswith(chr(10)) else line + chr(10)}" for line in diff).rstrip("\n"))
 
 
 @deploy("Restart")
