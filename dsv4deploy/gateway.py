@@ -312,7 +312,12 @@ def drain(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s
     left = [0]
 
     def idle() -> bool:
-        status, body = _call(http, "GET", f"{replica_url}/metrics", {}, None, 10)
+        try:
+            status, body = http("GET", f"{replica_url}/metrics", {}, None, 10)
+        except OSError:
+            # nothing listens (the replica crashed or is restarting): no request can be running on it
+            left[0] = 0
+            return True
         n = replica_in_flight(body.decode("utf-8", "replace")) if status == 200 else None
         if n is None:
             raise GatewayError(f"{replica_url}/metrics gives no running/queued counts (HTTP {status}): "

@@ -284,3 +284,13 @@ def test_the_venv_is_named_by_release_and_lock_and_installs_under_the_lock():
     assert render(load_profile("nvfp4-ctx8k-dp2")).gateway.venv == inst.venv
     with pytest.raises(GatewayError, match="no lock file"):
         gateway.venv_install("0.0.1")
+
+
+def test_a_replica_that_does_not_answer_has_nothing_in_flight():
+    """A replica that crashed (or restarts) while another was rolled: the drain does not wait on it
+    and does not fail the roll; its restart is what it needs."""
+    http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
+                   ("GET", "31001/metrics", ConnectionRefusedError(111, "refused"))])
+    clock = Clock()
+    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=60, poll_s=1, clock=clock, sleep=clock.sleep)
+    assert done.idle_s == 0.0 and done.in_flight == 0

@@ -10,6 +10,7 @@ server the other twin tests deploy on port 30000.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -122,3 +123,42 @@ def test_a_rolling_update_drops_no_request_and_a_failing_replica_is_restored(rse
     rec = faultlab.releases(twin)[-1]
     assert rec["profile"] == CHANGED and [r["status"] for r in rec["replicas"]] == ["switched", "switched"]
     assert all(r["gate"]["passed"] for r in rec["replicas"])
+
+
+def test_fault_14_a_killed_gateway_comes_back_and_a_replica_killed_mid_update_does_not_stop_the_roll(rset):
+    """Fault 14 of the matrix (bench/faults.py runs it on the shipped ports): the gateway SIGKILLed
+    by its PID while the set serves is restarted by systemd and routes to both replicas again, and
+    the same deploy then changes nothing; replica 1 SIGKILLed while replica 0 is in its rolling
+    step is restarted by systemd and the roll still ends with the new release on both."""
+    twin = rset.twin
+    current = faultlab.releases(twin)[-1]["profile"]
+    gw = pids(twin)["sglang-gateway.service"]
+    twin.run(f"kill -KILL {gw}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = pids(twin)["sglang-gateway.service"]
+        if now not in (0, gw) and _routes(twin) == 2:
+            break
+        time.sleep(0.5)
+    assert _routes(twin) == 2 and pids(twin)["sglang-gateway.service"] not in (0, gw)
+    again = rset.deploy(current)
+    assert again.rc == 0 and faultlab.changed_ops(again.output) == [], again.output[-3000:]
+
+    target = BASE if current != BASE else CHANGED
+    killed = {}
+
+    def strike(line: str) -> None:
+        if "replica 0 (sglang@0.service) drained" in line and not killed:
+            killed["pid"] = pids(twin)["sglang@1.service"]
+            twin.run(f"kill -KILL {killed['pid']}")
+
+    run = faultlab.deploy_watching(target, strike, profiles_dir=rset.profiles)
+    assert killed and run.rc == 0, run.output[-4000:]
+    rec = faultlab.releases(twin)[-1]
+    assert rec["profile"] == target and rec["status"] == "deployed"
+    assert [r["status"] for r in rec["replicas"]] == ["switched", "switched"]
+    assert pids(twin)["sglang@1.service"] != killed["pid"] and _routes(twin) == 2
+
+
+def _routes(twin) -> int:
+    return sum(status == "ready" for _, status in workers(twin))

@@ -30,8 +30,8 @@ from .reading import (GATE_USER, LOCK, MANIFEST, RELEASES_DIR, checkpoint_sha, h
                       wait_no_processes)
 from .recovered import Serving, history_problems, judge, lost_files, passed, serving, tool_traceback
 from .rows import Row, add_case, did, fold
-from .tool import (OP_LINE, PYINFRA, REPO, Run, changed_ops, deploy, deploy_and_strike, deploy_argv, kill, operations,
-                   run)
+from .tool import (OP_LINE, PYINFRA, REPO, Run, changed_ops, deploy, deploy_and_strike, deploy_argv, deploy_watching,
+                   kill, operations, run)
 from .variants import BUDGET_GATE, MID_GATE, QUICK_GATE, REVISION_11, TINY_GATE, VARIANTS, variant, write_profiles
 
 __all__ = [
@@ -44,7 +44,8 @@ __all__ = [
     "wait_no_processes",
     "Serving", "history_problems", "judge", "lost_files", "passed", "serving", "tool_traceback",
     "Row", "add_case", "did", "fold",
-    "OP_LINE", "PYINFRA", "REPO", "Run", "changed_ops", "deploy", "deploy_and_strike", "deploy_argv", "kill",
+    "OP_LINE", "PYINFRA", "REPO", "Run", "changed_ops", "deploy", "deploy_and_strike", "deploy_argv", "deploy_watching",
+    "kill",
     "operations", "run",
     "BUDGET_GATE", "MID_GATE", "QUICK_GATE", "REVISION_11", "TINY_GATE", "VARIANTS", "variant", "write_profiles",
 ]

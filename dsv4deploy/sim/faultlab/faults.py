@@ -17,7 +17,7 @@ from .lab import Lab, start
 from .reading import GATE_USER, RELEASES_DIR, checkpoint_sha, health, live_venv, local_checkpoint_sha, main_pid
 from .recovered import serving
 from .rows import Row, add_case, did, fold
-from .tool import REPO, Run, changed_ops, deploy_and_strike, deploy_argv, kill, operations
+from .tool import REPO, Run, changed_ops, deploy_and_strike, deploy_argv, deploy_watching, kill, operations
 from .variants import REVISION_11, VARIANTS
 
 # A gate client must be gone this soon after its control process was killed (its heartbeat: 1 s).
@@ -432,7 +432,7 @@ def fault_14(lab: Lab) -> Row:
             killed["pid"] = _unit_pid(twin, SET_UNITS[1])
             twin.run(f"kill -KILL {killed['pid']}")
 
-    first = _deploy_watching(SET_B, lab, strike)
+    first = deploy_watching(SET_B, strike, profiles_dir=lab.profiles)
     state = lab.after(first)
     rerun = lab.deploy(SET_B)
     lab.judge(case, first, state, t0=t0, before=before, rerun=rerun)
@@ -445,19 +445,6 @@ def fault_14(lab: Lab) -> Row:
     cases.append(case)
     row.did = "gateway: restarted by systemd, re-run no-op; replica: restarted by systemd, the roll completed"
     return fold(row, cases)
-
-
-def _deploy_watching(profile: str, lab: Lab, on_line: Callable[[str], None]) -> Run:
-    """A deploy whose every output line is handed to ON_LINE as it comes (a strike at a message)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DSV4_PROFILES_DIR": str(lab.profiles)}
-    t0 = time.monotonic()
-    p = subprocess.Popen(deploy_argv(profile), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, bufsize=1, start_new_session=True)
-    lines = []
-    for line in p.stdout:
-        lines.append(line)
-        on_line(line)
-    return Run(rc=p.wait(), output="".join(lines), wall_s=time.monotonic() - t0, pid=p.pid)
 
 
 ALL = [fault_1, fault_2, fault_3, fault_4, fault_5, fault_6, fault_7, fault_8, fault_9, fault_10, fault_11,

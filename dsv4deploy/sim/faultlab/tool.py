@@ -61,7 +61,8 @@ class Run:
 
 
 def deploy_and_strike(profile: str, strike: Callable[[str, int], bool] | None, action: Callable, *,
-                      profiles_dir=None, env=None, timeout: float = 600, extra: tuple = ()) -> Run:
+                      profiles_dir=None, env=None, timeout: float = 600, extra: tuple = (),
+                      on_line: Callable[[str], None] | None = None) -> Run:
     """Run a deploy, watch its output for "--> Starting operation: <step>" and call
     `action(popen, step)` once, at the first step for which `strike(step, index)` is true."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
@@ -75,6 +76,8 @@ def deploy_and_strike(profile: str, strike: Callable[[str, int], bool] | None, a
     try:
         for line in p.stdout:
             lines.append(line)
+            if on_line is not None:
+                on_line(line)
             if line.startswith(OP_LINE) and struck is None and strike is not None:
                 step = line[len(OP_LINE):].strip()
                 if strike(step, index):
@@ -85,6 +88,12 @@ def deploy_and_strike(profile: str, strike: Callable[[str, int], bool] | None, a
     finally:
         timer.cancel()
     return Run(rc=rc, output="".join(lines), struck=struck, wall_s=time.monotonic() - t0, pid=p.pid)
+
+
+def deploy_watching(profile: str, on_line: Callable[[str], None], *, profiles_dir=None, timeout: float = 600) -> Run:
+    """A deploy whose every output line is handed to ON_LINE as it comes (a strike at a message,
+    not at a step boundary)."""
+    return deploy_and_strike(profile, None, None, profiles_dir=profiles_dir, timeout=timeout, on_line=on_line)
 
 
 def kill(p: subprocess.Popen, _step: str = "") -> None:
