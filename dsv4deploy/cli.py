@@ -200,17 +200,16 @@ def cmd_list(args) -> int:
 
 
 def cmd_history(args) -> int:
-    from .host.facts import Releases
     from .history import print_history
-    from .layout import RELEASES
     from .host.connect import RemoteError, connected, on
+    from .host.release_store import ReleaseStore
 
     try:
         with connected(args.inventory) as hosts:
             per_host = {}
             for h in hosts:
                 with on(h):
-                    per_host[h.name] = h.get_fact(Releases, releases_dir=RELEASES)
+                    per_host[h.name] = ReleaseStore(h).records()
     except RemoteError as exc:
         _err(str(exc))
         return EXIT_FAILED

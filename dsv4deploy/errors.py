@@ -18,6 +18,12 @@ def rerun_with(setting: str, make_target: str) -> str:
     return f'run again with --data {setting} (through make: make {make_target} ARGS="--data {setting}")'
 
 
+def make_target(label: str) -> str:
+    """The make target that runs what a deploy lock's LABEL names ('deploy NAME' or 'rollback')."""
+    what, _, name = label.partition(" ")
+    return f"deploy PROFILE={name}" if what == "deploy" and name else what
+
+
 @dataclass(frozen=True)
 class Problem:
     """One finding: where it is (file, line, dotted key path) and what is wrong."""

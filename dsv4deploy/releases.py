@@ -4,13 +4,16 @@ Each holds the resolved profile, the rendered files, the launch manifest and `st
 Status goes pending -> deployed | failed; a newer deployed release makes the older one
 superseded. `pending` is written before the switch, so a run that was cut off is found and
 settled by the next one: as `unverified` (it never passed its gate, so it is never `deployed`;
-the next deploy restarts and gates, a rollback restores the last release that passed). The transitions are pure functions over status documents; the host
-I/O is in tasks/release.py.
+the next deploy restarts and gates, a rollback restores the last release that passed).
+
+The transitions are pure functions over status documents (the JSON kept on the host, whose
+format older hosts share); the host I/O is host/release_store.py.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass, replace
 
 PENDING, DEPLOYED, FAILED, SUPERSEDED = "pending", "deployed", "failed", "superseded"
 UNVERIFIED = "unverified"   # a cut-off run's release: maybe running, never gated
@@ -37,16 +40,60 @@ def new_record(records: list[dict], *, profile: str, content_hash: str, manifest
             "created": stamp, "updated": stamp, "gate": None}
 
 
+def rollback_record(records: list[dict], restored: dict, cause: str) -> dict:
+    """A rollback is a new history entry, pending until its restore is checked; it names the
+    release whose files it restores (the original one when RESTORED was itself a rollback)."""
+    rec = new_record(records, profile=restored["profile"], content_hash=restored["content_hash"],
+                     manifest_sha256=restored["manifest_sha256"], sglang_version=restored["sglang_version"],
+                     kind="rollback", restores=restored.get("restores") or restored["release"])
+    return {**rec, "reason": cause}
+
+
 def with_status(record: dict, status: str, reason: str | None = None, **extra) -> dict:
     return {**record, **extra, "status": status, "reason": reason, "updated": now()}
 
 
+@dataclass(frozen=True)
+class Release:
+    """A release this run works on: its record as the run knows it (the host holds it as last
+    saved, host/release_store.py). Frozen, so a step that learns something (the gate, the
+    replicas' parts) makes a new handle instead of changing a dict another step holds."""
+
+    record: dict
+
+    @property
+    def number(self) -> int:
+        return self.record["release"]
+
+    @property
+    def name(self) -> str:
+        return f"release {self.number:04d}"
+
+    @property
+    def profile(self) -> str:
+        return self.record["profile"]
+
+    @property
+    def restores(self) -> int | None:
+        return self.record.get("restores")
+
+    def with_gate(self, gate: dict) -> "Release":
+        return replace(self, record={**self.record, "gate": gate})
+
+    def with_replicas(self, parts: list[dict]) -> "Release":
+        return replace(self, record={**self.record, "replicas": parts})
+
+    def with_status(self, status: str, reason: str | None = None, **extra) -> "Release":
+        return replace(self, record=with_status(self.record, status, reason, **extra))
+
+
 def mark_deployed(records: list[dict], number: int) -> list[dict]:
-    """The records that change when `number` goes live: it, and every earlier deployed one."""
+    """The records that change when `number` goes live: it, and every earlier deployed one. It
+    keeps the reason it carries (a rollback's cause)."""
     changed = []
     for r in records:
         if r["release"] == number:
-            changed.append(with_status(r, DEPLOYED, deployed_at=now()))
+            changed.append(with_status(r, DEPLOYED, r.get("reason"), deployed_at=now()))
         elif r["status"] == DEPLOYED:
             changed.append(with_status(r, SUPERSEDED, f"superseded by release {number:04d}"))
     return changed

@@ -14,6 +14,7 @@ from .errors import ProfileError
 from .inventories import placeholder_problem
 from .layout import Layout
 from .profiles import Profile, load_profile
+from .releases import Release
 from .render import SGLANG_MODULE, Rendered, render
 from .replicas import ReplicaPlan
 from . import replicas
@@ -96,6 +97,14 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+@dataclass
+class Run:
+    """What this run learns while pyinfra executes its steps (their callbacks run after the
+    plan is made): the release it recorded, once begin_release has written it."""
+
+    release: Release | None = None
+
+
 @dataclass(frozen=True)
 class Rollout:
     profile: Profile
@@ -107,7 +116,7 @@ class Rollout:
     weights_source: dict = field(default_factory=dict)
     allow_reboot: bool = False
     expect_compute_cap: str | None = None            # inventory data: the GPUs' compute capability
-    run: dict = field(default_factory=dict)          # execution-time state of this run
+    run: Run = field(default_factory=Run)            # execution-time state of this run
 
     @property
     def data(self) -> dict:

@@ -71,25 +71,3 @@ def test_write_json_runs_here_and_writes_exactly_the_document(tmp_path):
     hostio.write_json(LocalHost(), str(tmp_path / "d" / "s.json"), doc)
     assert json.loads((tmp_path / "d" / "s.json").read_text()) == doc
     assert not (tmp_path / "d" / "s.json.tmp").exists()
-
-
-def test_a_release_folder_is_written_by_its_one_command(tmp_path):
-    """release_write_command, run here with sh -c: files, profile, the venv's freeze, status last."""
-    import json
-    import subprocess
-
-    from dsv4deploy.tasks.release import release_write_command
-
-    venv = tmp_path / "venv"
-    venv.mkdir()
-    (venv / "pip-freeze.txt").write_text("sglang==0.5.23\n")
-    folder = tmp_path / "releases" / "0007"
-    files = {"/etc/systemd/system/sglang.service": "[Unit]\nDescription='x' \"$y\"\n", "/etc/d/nccl.env": "A=1\n"}
-    rec = {"release": 7, "status": "pending"}
-    cmd = release_write_command(str(folder), str(venv), files, {"name": "p", "data": {"k": "v"}}, rec)
-    assert subprocess.run(["sh", "-c", cmd]).returncode == 0
-    for path, text in files.items():
-        assert (folder / ("files" + path)).read_text() == text
-    assert json.loads((folder / "status.json").read_text()) == rec
-    assert json.loads((folder / "profile.json").read_text())["data"] == {"k": "v"}
-    assert (folder / "pip-freeze.txt").read_text() == "sglang==0.5.23\n"

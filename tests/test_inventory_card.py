@@ -451,9 +451,9 @@ def test_describe_never_breaks():
 def test_rerun_messages_name_the_make_form():
     assert rerun_with("allow_reboot=true", "deploy PROFILE=p") == (
         'run again with --data allow_reboot=true (through make: make deploy PROFILE=p ARGS="--data allow_reboot=true")')
-    from dsv4deploy.tasks.release import _make_target
+    from dsv4deploy.errors import make_target
 
-    assert _make_target("deploy nvfp4-ctx8k") == "deploy PROFILE=nvfp4-ctx8k" and _make_target("rollback") == "rollback"
+    assert make_target("deploy nvfp4-ctx8k") == "deploy PROFILE=nvfp4-ctx8k" and make_target("rollback") == "rollback"
     for path in (REPO / "dsv4deploy" / "tasks").glob("*.py"):
         assert "again with --data" not in path.read_text(), f"{path.name}: use errors.rerun_with (names the make form)"
 

@@ -13,10 +13,10 @@ import threading
 from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
-from .io import put, read_json, run, sh
+from .io import put, run, sh
 from ..layout import GATE_USER
 from ..profiles import REPO_ROOT
-from .. import releases
+from .release_store import ReleaseStore
 
 RC_MARK = "__dsv4deploy_rc="
 
@@ -44,25 +44,25 @@ def _warm_plotting() -> None:
         import matplotlib.pyplot  # noqa: F401
 
 
-def run_release_gate(h, target, rec: dict | None, previous: dict | None, profile_name: str, part: str | None = None):
-    """Run the profile's gate against the release's server (or one PART of a replica set, e.g.
-    `replica-0`, on its own port); write and fetch its reports."""
+def run_release_gate(h, target, release: int | None, previous: int | None, profile_name: str,
+                     part: str | None = None):
+    """Run the profile's gate against release RELEASE's server (or one PART of a replica set,
+    e.g. `replica-0`, on its own port); write and fetch its reports, compared with release
+    PREVIOUS's (None: an ad-hoc run, kept nowhere on the host, or nothing to compare with)."""
     threading.Thread(target=_warm_plotting, name="warm-plotting", daemon=True).start()
     spec = GateSpec.from_profile(target.data)
     outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
                        venv_python=target.layout.python, upload=lambda src, dst: put(h, src, dst),
                        api_key_file=target.layout.api_key_file, run_as=GATE_USER)
-    number = f"{rec['release']:04d}" if rec else "adhoc"
+    store = ReleaseStore(h, target.layout.releases_dir)
+    number = f"{release:04d}" if release else "adhoc"
     gate_dir = f"gate-{part}" if part else "gate"
     local = REPO_ROOT / "reports" / h.name / (f"{number}-{profile_name}" + (f"-{part}" if part else ""))
-    prev_doc = None
-    if previous:
-        prev_doc = read_json(h, f"{releases.release_dir(target.layout.releases_dir, previous['release'])}/{gate_dir}/gate.json")
+    prev_doc = store.read(previous, f"{gate_dir}/gate.json") if previous else None
     title = f"{profile_name} release {number}" + (f" ({part})" if part else "") + f" on {h.name}"
     files = write_report(outcome, local, previous=prev_doc, title=title)
-    if rec:
-        keep_reports(h, f"{releases.release_dir(target.layout.releases_dir, rec['release'])}/{gate_dir}",
-                     [Path(p) for p in (files.json, files.markdown, files.png) if p])
+    if release:
+        keep_reports(h, f"{store.folder(release)}/{gate_dir}", [Path(p) for p in (files.json, files.markdown, files.png) if p])
     for line in outcome.verdict.lines():
         print(f"[{h.name}] {line}")
     print(f"[{h.name}] gate report: {local.relative_to(REPO_ROOT)}")

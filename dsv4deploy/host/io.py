@@ -1,6 +1,6 @@
 """Small effects on a connected pyinfra Host, used at execution time (python.call callbacks,
-the CLI's history and rollback): run a command, upload a file, write a JSON file atomically,
-read releases. Every call runs as the inventory says operations run: pyinfra applies host data
+the CLI's history and rollback): run a command, upload a file, write or read a JSON file (the
+release store, host/release_store.py, is built on these). Every call runs as the inventory says operations run: pyinfra applies host data
 like `_sudo: True` to operations and facts, but not to direct connector calls, so they go
 through here.
 """
@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import json
 import shlex
-from io import StringIO
 
 from pyinfra.api import DeployError
-
-from .. import releases
-from .facts import Releases
 
 
 PRIVILEGE_ARGS = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env", "_su_user")
@@ -67,11 +63,3 @@ def write_json(h, path: str, doc: dict) -> None:
 def read_json(h, path: str) -> dict | None:
     ok, out = sh(h, f"cat {shlex.quote(path)} 2>/dev/null")
     return json.loads(out) if ok and out.strip() else None
-
-
-def records(h, releases_dir: str) -> list[dict]:
-    return h.get_fact(Releases, releases_dir=releases_dir)
-
-
-def save_record(h, releases_dir: str, doc: dict) -> None:
-    write_json(h, f"{releases.release_dir(releases_dir, doc['release'])}/status.json", doc)

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import hashlib
 
-from pyinfra import host
 from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import python
 
-from .. import gateway, releases
+from .. import gateway
 from ..health import HealthError
 from ..host import ops
 from ..host.gate import gate_record, run_release_gate
-from ..host.io import records, save_record, sh
+from ..host.io import sh
+from ..host.release_store import ReleaseStore, RollbackError
 from ..host.replicas import ReplicaFailed, Step, roll, start_gateway, start_set, unit_active
 from ..host.state import VENV_MARKER, HostState
 from ..rollout import Rollout, Target
-from .release import prune, reported
-from .rollback import RollbackError, after_failure, target_of
+from .release import reported
+from .rollback import after_failure
 from .venv import PIP
 
 
@@ -79,24 +79,34 @@ class Switch:
         self.h, self.r, self.t, self.reasons = h, r, r.target, reasons
         self.restart_gateway = restart_gateway
         self.poll = float(h.data.get("health_poll_s", 2.0))
-        self.rec = r.run.get("release")
-        self.previous = releases.current(records(h, r.layout.releases_dir))
+        self.store = ReleaseStore(h, r.layout.releases_dir)
+        self.release = r.run.release
+        self.previous = self.store.current()
         self.gates: dict[int, object] = {}
 
     def log(self, message: str) -> None:
         print(f"[{self.h.name}] {message}")
 
+    @property
+    def _number(self) -> int | None:
+        return self.release.number if self.release else None
+
+    @property
+    def _previous_number(self) -> int | None:
+        return self.previous["release"] if self.previous else None
+
     def _previous_target(self) -> Target | None:
         if self.previous is None:
             return None
         try:
-            return target_of(self.h, self.previous)
+            return self.store.target(self.previous)
         except RollbackError:
             return None
 
     def gate_replica(self, rt: Target) -> None:
         """The profile's gate against one replica on its own port, before it rejoins the gateway."""
-        outcome = run_release_gate(self.h, rt, self.rec, self.previous, self.r.profile.name, part=f"replica-{rt.index}")
+        outcome = run_release_gate(self.h, rt, self._number, self._previous_number, self.r.profile.name,
+                                   part=f"replica-{rt.index}")
         self.gates[rt.index] = outcome
         if not outcome.passed:
             raise HealthError(f"smoke gate failed: {outcome.verdict.message}")
@@ -123,7 +133,7 @@ class Switch:
                 gate = None
             else:
                 start_set(self.h, t, lambda rt: None, self.poll, self.log, steps)
-                gate = run_release_gate(self.h, t, self.rec, self.previous, self.r.profile.name)
+                gate = run_release_gate(self.h, t, self._number, self._previous_number, self.r.profile.name)
                 if not gate.passed:
                     self.fail(steps, f"smoke gate through the gateway failed: {gate.verdict.message}", None)
         except ReplicaFailed as exc:
@@ -142,7 +152,7 @@ class Switch:
                 start_gateway(self.h, t, restart=False)
         except (ReplicaFailed, HealthError) as exc:
             raise DeployError(f"the deployed release's replica set could not be started: {exc}") from None
-        gate = run_release_gate(self.h, t, None, self.previous, self.r.profile.name)
+        gate = run_release_gate(self.h, t, None, self._previous_number, self.r.profile.name)
         if not gate.passed:
             raise DeployError(f"the replica set serves but fails the smoke gate: {gate.verdict.message}")
 
@@ -158,18 +168,17 @@ class Switch:
     def fail(self, steps: list[Step], reason: str, failed: ReplicaFailed | None) -> None:
         """Record the release failed and restore the last good one (only the replicas it touched,
         one at a time, when it was a rolling update); raise with what serves now."""
-        rec = {**self.rec, "replicas": self._summary(steps)} if self.rec else None
+        rel = self.release.with_replicas(self._summary(steps)) if self.release else None
         indices = None
         if failed is not None:
             indices = [failed.index] + failed.done     # the one out of the gateway first
-        outcome = after_failure(self.h, rec, self.t, reason, poll_s=self.poll, indices=indices)
-        name = f"release {self.rec['release']:04d}" if self.rec else "the new release"
+        outcome = after_failure(self.h, rel, self.t, reason, poll_s=self.poll, indices=indices)
+        name = self.release.name if self.release else "the new release"
         raise DeployError(f"{name} ({self.r.profile.name}) failed: {reason}\n{outcome}")
 
     def record(self, steps: list[Step], gate) -> None:
-        if not self.rec:
+        if not self.release:
             return
-        L = self.r.layout
         if gate is not None:
             summary = gate_record(gate)
         else:
@@ -178,10 +187,7 @@ class Switch:
             worst = min(gates, key=lambda g: gate_record(g).get("output_throughput") or 0.0)
             summary = {**gate_record(worst), "passed": all(g.passed for g in gates),
                        "summary": "; ".join(f"replica {i}: {g.summary}" for i, g in sorted(self.gates.items()))}
-        rec = {**self.rec, "gate": summary, "replicas": self._summary(steps)}
-        save_record(self.h, L.releases_dir, rec)
-        for doc in releases.mark_deployed(records(self.h, L.releases_dir), rec["release"]):
-            save_record(self.h, L.releases_dir, doc)
-        self.log(f"release {rec['release']:04d} deployed: {self.r.profile.name} serves from {len(steps)} replicas "
+        rel = self.store.mark_deployed(self.release.with_gate(summary).with_replicas(self._summary(steps)))
+        self.log(f"{rel.name} deployed: {self.r.profile.name} serves from {len(steps)} replicas "
                  f"through {self.t.unit} on {self.t.base_url}")
-        prune(self.h, L.releases_dir)
+        self.store.prune()

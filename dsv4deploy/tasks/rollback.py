@@ -13,25 +13,13 @@ from pyinfra.operations import python
 
 from .. import releases
 from ..health import HealthError
-from ..host.io import read_json, records, save_record, sh
-from ..host.facts import Releases
-from ..layout import RELEASES
+from ..host.io import sh
+from ..host.release_store import ReleaseStore, RollbackError
+from ..releases import Release
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, probe
 from ..host.replicas import ReplicaFailed, roll, start_set, unit_active
 from .. import replicas
-
-
-
-class RollbackError(Exception):
-    """The rollback itself failed; the history says so and nothing claims to be serving."""
-
-
-def target_of(h, rec: dict) -> Target:
-    doc = read_json(h, f"{releases.release_dir(RELEASES, rec['release'])}/profile.json")
-    if not doc:
-        raise RollbackError(f"release {rec['release']:04d} has no profile.json: its files were pruned")
-    return Target.of(doc["data"])
 
 
 # A checkpoint is complete when the weights step left its marker: sizes (rsync, local sources) or
@@ -39,53 +27,53 @@ def target_of(h, rec: dict) -> Target:
 CHECKPOINT_MARKERS = (".dsv4deploy-complete.json", ".dsv4deploy-verified.json")
 
 
-def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int] | None = None) -> dict:
+def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int] | None = None) -> Release:
     """Bring release `rec` back: its files, daemon-reload, restart, health, identity, probe. The
     attempt is a history entry whatever happens: a release that cannot be restored leaves a
     `failed` rollback entry saying why. A replica set is restored one replica at a time behind
     its gateway (only INDICES, the replicas a failed rolling update touched, when given)."""
-    new = releases.new_record(records(h, RELEASES), profile=rec["profile"], content_hash=rec["content_hash"],
-                              manifest_sha256=rec["manifest_sha256"], sglang_version=rec["sglang_version"],
-                              kind="rollback", restores=rec.get("restores") or rec["release"])
-    new["reason"] = cause
-    folder = releases.release_dir(RELEASES, rec["release"])
+    store = ReleaseStore(h)
+    new = Release(releases.rollback_record(store.records(), rec, cause))
     try:
-        t = target_of(h, rec)
-        marker = " || ".join(f"test -f {t.layout.model_dir}/{m}" for m in CHECKPOINT_MARKERS)
-        gw = f"test -x {replicas.gateway_venv(t.data)}/bin/python || echo 'its gateway venv'; " if t.is_set else ""
-        ok, out = sh(h, f"{gw}test -x {t.layout.python} || echo 'its venv ({t.layout.venv})'; "
-                        f"{{ {marker}; }} || echo 'its weights ({t.layout.model_dir})'; "
-                        f"test -d {folder}/files || echo 'its kept files ({folder}/files)'")
-        gone = [line for line in out.splitlines() if line.strip()]
-        if gone:
-            raise RollbackError(f"release {rec['release']:04d} cannot be restored: gone from the host: "
-                                + ", ".join(gone))
+        t = store.target(rec)
+        missing_for_restore(h, store, rec, t)
     except RollbackError as exc:
-        save_record(h, RELEASES, releases.with_status(new, releases.FAILED, f"rollback failed: {exc}"))
+        store.mark_failed(new, f"rollback failed: {exc}")
         raise
-    save_record(h, RELEASES, new)
-    # The rollback entry carries its own copy of what it restored: it can be restored in turn.
-    sh(h, f"cp -a {folder}/files {folder}/profile.json {releases.release_dir(RELEASES, new['release'])}/")
+    store.save(new.record)
+    store.keep_copy(rec["release"], new.number)   # the rollback can be restored in turn
     try:
         if t.is_set:
-            ok, out = sh(h, f"cp -a {folder}/files/. / && systemctl daemon-reload")
+            ok, out = store.copy_back(rec["release"], then="systemctl daemon-reload")
             if not ok:
                 raise HealthError(f"could not restore the files: {out.strip()[-300:]}")
             restore_set(h, t, indices, poll_s)
         else:
-            ok, out = sh(h, f"cp -a {folder}/files/. / && systemctl daemon-reload && {stop_set_units(t)}"
-                            f"systemctl reset-failed {t.unit}; systemctl restart {t.unit}")
+            ok, out = store.copy_back(rec["release"], then=f"systemctl daemon-reload && {stop_set_units(t)}"
+                                                           f"systemctl reset-failed {t.unit}; systemctl restart {t.unit}")
             if not ok:
                 raise HealthError(f"could not restore the files or restart {t.unit}: {out.strip()[-300:]}")
             confirm(h, t, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)
             probe(h, t)
     except (HealthError, ReplicaFailed) as exc:
-        save_record(h, RELEASES, releases.with_status(new, releases.FAILED, f"rollback failed: {exc}"))
+        store.mark_failed(new, f"rollback failed: {exc}")
         raise RollbackError(f"rollback to release {rec['release']:04d} failed: {exc}\n--- last journal lines of "
                             f"{t.unit} ---\n{journal_tail(h, t)}") from None
-    for doc in releases.mark_deployed(records(h, RELEASES), new["release"]):
-        save_record(h, RELEASES, {**doc, "reason": doc["reason"] or cause} if doc["release"] == new["release"] else doc)
-    return new
+    return store.mark_deployed(new)
+
+
+def missing_for_restore(h, store: ReleaseStore, rec: dict, t: Target) -> None:
+    """Refuse, naming each, when what release REC needs is gone from the host: its venv, its
+    weights, its kept files (and a replica set's gateway venv). One command."""
+    marker = " || ".join(f"test -f {t.layout.model_dir}/{m}" for m in CHECKPOINT_MARKERS)
+    gw = f"test -x {replicas.gateway_venv(t.data)}/bin/python || echo 'its gateway venv'; " if t.is_set else ""
+    folder = store.folder(rec["release"])
+    ok, out = sh(h, f"{gw}test -x {t.layout.python} || echo 'its venv ({t.layout.venv})'; "
+                    f"{{ {marker}; }} || echo 'its weights ({t.layout.model_dir})'; "
+                    f"test -d {folder}/files || echo 'its kept files ({folder}/files)'")
+    gone = [line for line in out.splitlines() if line.strip()]
+    if gone:
+        raise RollbackError(f"release {rec['release']:04d} cannot be restored: gone from the host: " + ", ".join(gone))
 
 
 def stop_set_units(t: Target) -> str:
@@ -108,19 +96,20 @@ def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
         start_set(h, t, lambda rt: probe(h, rt), poll_s, log)
 
 
-def after_failure(h, failed: dict | None, failed_target: Target, reason: str, poll_s: float = 2.0,
+def after_failure(h, failed: Release | None, failed_target: Target, reason: str, poll_s: float = 2.0,
                   indices: list[int] | None = None) -> str:
     """A release failed (health or gate): record it, restore the last good one, say what serves now."""
+    store = ReleaseStore(h)
     if failed:
-        save_record(h, RELEASES, releases.with_status(failed, releases.FAILED, reason))
-    previous = releases.current(records(h, RELEASES))
+        store.mark_failed(failed, reason)
+    previous = store.current()
     if previous is None:
         sh(h, f"systemctl stop {' '.join(failed_target.units)}")
         return (f"no earlier release passed, so nothing to roll back to: {', '.join(failed_target.units)} "
                 f"{'is' if len(failed_target.units) == 1 else 'are'} stopped and left stopped")
-    what = f"release {failed['release']:04d}" if failed else "the new release"
+    what = failed.name if failed else "the new release"
     try:
-        prev_target = target_of(h, previous)
+        prev_target = store.target(previous)
         if prev_target.is_set != failed_target.is_set:
             indices = None      # a switch of shape: the whole previous release comes back
             sh(h, f"systemctl disable --now {' '.join(failed_target.units)}")
@@ -130,7 +119,7 @@ def after_failure(h, failed: dict | None, failed_target: Target, reason: str, po
         return (f"{exc}\nNOTHING IS SERVING; the history records the failed rollback. Fix what is named above, "
                 f"then deploy a profile again (make deploy PROFILE={previous['profile']}: it rebuilds what is "
                 f"missing and gates it)")
-    return (f"rolled back: release {new['release']:04d} (restores {new['restores']:04d}, profile "
+    return (f"rolled back: {new.name} (restores {new.restores:04d}, profile "
             f"{previous['profile']}) is serving on {prev_target.base_url}")
 
 
@@ -154,8 +143,7 @@ def choose(records_: list[dict], to: int | None) -> dict:
 
 @deploy("Rollback")
 def manual_rollback(to: int | None) -> None:
-    rec = choose(host.get_fact(Releases, releases_dir=RELEASES),
-                 int(to) if to not in (None, "") else None)
+    rec = choose(ReleaseStore(host).records(), int(to) if to not in (None, "") else None)
 
     def run(state, host):  # noqa: pyinfra passes (state, host) by these names
         try:
@@ -165,6 +153,6 @@ def manual_rollback(to: int | None) -> None:
             for line in str(exc).splitlines():
                 logger.error(f"    [{host.name}] {line}")
             return False
-        print(f"[{host.name}] release {new['release']:04d} restores {new['restores']:04d} ({rec['profile']}): serving")
+        print(f"[{host.name}] {new.name} restores {new.restores:04d} ({rec['profile']}): serving")
 
     python.call(name=f"restore release {rec['release']:04d} ({rec['profile']})", function=run)

@@ -49,10 +49,8 @@ def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
     """The measuring backend for the hosts of `inventory`, starting from `base`: the rollout
     itself (dsv4deploy/tune/rollout_backend.py). The release serving now is what a cut-off or
     fruitless search puts back."""
-    from .. import releases
     from ..host.connect import RemoteError, connected, on
-    from ..host.io import records
-    from ..layout import RELEASES
+    from ..host.release_store import ReleaseStore
     from .rollout_backend import RolloutBackend
 
     try:
@@ -60,7 +58,7 @@ def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
             if len(hosts) != 1:
                 raise NoBackend(f"{inventory} has {len(hosts)} hosts: tune measures on one host at a time")
             with on(hosts[0]):
-                live = releases.current(records(hosts[0], RELEASES))
+                live = ReleaseStore(hosts[0]).current()
     except RemoteError as exc:
         raise NoBackend(f"cannot reach the host of {inventory}: {exc}") from None
     return RolloutBackend(inventory, base, method, start_release=live["release"] if live else None).backend()

@@ -1,0 +1,230 @@
+"""The release store on the host (/var/lib/dsv4deploy/releases/NNNN/) and the deploy lock next
+to it, as one object: every read and write of a record, a release's folder, its kept files and
+profile, pruning, and the lock go through `ReleaseStore`, so the paths and the commands that
+touch them live in one place. What a record says and how its status moves is pure
+(dsv4deploy/releases.py); the steps that decide when to call these are in tasks/.
+
+Every method is one remote command unless its docstring says otherwise: each one costs a
+round trip on a real link.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shlex
+import socket
+
+from pyinfra import logger
+from pyinfra.api import BaseStateCallback, DeployError
+
+from .. import releases, replicas
+from ..errors import make_target, rerun_with
+from ..layout import MODELS, OPT, RELEASES, Layout
+from ..releases import Release
+from ..rollout import Target
+from .facts import Releases
+from .io import json_write_command, read_json, sh, write_json
+from .state import LOCK, PIP_FREEZE
+
+
+class RollbackError(Exception):
+    """The rollback itself failed; the history says so and nothing claims to be serving."""
+
+
+class ReleaseStore:
+    """The host's releases and its deploy lock. `h` is a connected pyinfra Host (or the `host`
+    proxy while pyinfra prepares); commands run with the inventory's privileges (host/io.py)."""
+
+    def __init__(self, h, releases_dir: str = RELEASES, lock: str = LOCK):
+        self.h = h
+        self.dir = releases_dir
+        self.lock = lock
+
+    def folder(self, number: int) -> str:
+        return releases.release_dir(self.dir, number)
+
+    # --- records ------------------------------------------------------------------------------
+
+    def records(self) -> list[dict]:
+        """Every record, oldest first."""
+        return self.h.get_fact(Releases, releases_dir=self.dir)
+
+    def current(self) -> dict | None:
+        """The release that passed last and serves (None: none has)."""
+        return releases.current(self.records())
+
+    def save(self, doc: dict) -> None:
+        write_json(self.h, f"{self.folder(doc['release'])}/status.json", doc)
+
+    def begin(self, *, files: dict[str, str], profile_doc: dict, venv: str, **fields) -> Release:
+        """Write the next release as `pending`, with its folder (see release_write_command);
+        FIELDS are releases.new_record's. Two commands: the records, the folder."""
+        rec = releases.new_record(self.records(), **fields)
+        folder = self.folder(rec["release"])
+        ok, out = sh(self.h, release_write_command(folder, venv, files, profile_doc, rec))
+        if not ok:
+            raise DeployError(f"cannot write release {rec['release']:04d} under {folder}: {out.strip()[-300:]}")
+        return Release(rec)
+
+    def mark_deployed(self, release: Release) -> Release:
+        """RELEASE goes live as the handle holds it (its gate, its replicas' parts) and the one that
+        served before is superseded: the records, then one write per changed record."""
+        recs = [release.record if r["release"] == release.number else r for r in self.records()]
+        live = release
+        for doc in releases.mark_deployed(recs, release.number):
+            self.save(doc)
+            if doc["release"] == release.number:
+                live = Release(doc)
+        return live
+
+    def mark_failed(self, release: Release, reason: str) -> Release:
+        failed = release.with_status(releases.FAILED, reason)
+        self.save(failed.record)
+        return failed
+
+    def settle_interrupted(self, live_manifest_sha256: str | None, healthy: bool) -> list[dict]:
+        """Settle the `pending` records a cut-off run left (releases.settle_interrupted); returns
+        the records written."""
+        docs = releases.settle_interrupted(self.records(), live_manifest_sha256, healthy)
+        for doc in docs:
+            self.save(doc)
+        return docs
+
+    # --- a release's folder -------------------------------------------------------------------
+
+    def read(self, number: int, name: str) -> dict | None:
+        """A JSON file of release NUMBER's folder (`profile.json`, `gate/gate.json`), or None."""
+        return read_json(self.h, f"{self.folder(number)}/{name}")
+
+    def target(self, rec: dict) -> Target:
+        """The service release REC ran, from its kept profile (a rollback needs it)."""
+        doc = self.read(rec["release"], "profile.json")
+        if not doc:
+            raise RollbackError(f"release {rec['release']:04d} has no profile.json: its files were pruned")
+        return Target.of(doc["data"])
+
+    def keep_copy(self, source: int, into: int) -> None:
+        """Release INTO (a rollback) gets its own copy of SOURCE's files and profile: it can be
+        restored in turn."""
+        sh(self.h, f"cp -a {self.folder(source)}/files {self.folder(source)}/profile.json {self.folder(into)}/")
+
+    def copy_back(self, number: int, then: str) -> tuple[bool, str]:
+        """Put release NUMBER's kept files back in place (`cp -a files/. /`), then run THEN in the
+        same command (daemon-reload, a restart): (ok, output)."""
+        return sh(self.h, f"cp -a {self.folder(number)}/files/. / && {then}")
+
+    def prune(self) -> None:
+        """Keep the last releases' files; remove venvs and checkpoints no kept release uses. Three
+        commands: the records, one that reads every kept release's profile and what is on disk,
+        one that removes (only when something goes)."""
+        recs = self.records()
+        dropped = releases.to_prune(recs)
+        q = shlex.quote
+        kept = " ".join(q(f"{self.folder(rec['release'])}/profile.json")
+                        for rec in recs if rec["release"] not in dropped)
+        _, out = sh(self.h, f"for f in {kept}; do [ -f \"$f\" ] && {{ tr -d '\\n' < \"$f\"; echo; }}; done; "
+                            f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* 2>/dev/null; true")
+        docs, _, on_disk = out.partition("---\n")
+        used: set[str] = set()
+        for line in docs.splitlines():        # one JSON document per line
+            if line.strip():
+                data = json.loads(line)["data"]
+                layout = Layout.of(data)
+                used |= {layout.venv, layout.model_dir, replicas.gateway_venv(data)} - {None}
+        gone = [f"{self.folder(n)}/files {self.folder(n)}/profile.json" for n in dropped]
+        unused = releases.unused(on_disk.split(), used)
+        if gone or unused:
+            sh(self.h, f"rm -rf {' '.join(gone)} {' '.join(q(p) for p in unused)}")
+        for path in unused:
+            print(f"[{self.h.name}] pruned {path} (no kept release uses it)")
+
+    # --- the deploy lock ----------------------------------------------------------------------
+
+    def take_lock(self, label: str, *, break_lock=False, state=None) -> None:
+        """Take the deploy lock in one command, or refuse with the holder's PID and start (a lock
+        whose holder is gone from this controller, or any with BREAK_LOCK, is taken over). With
+        a pyinfra STATE, the lock is given back when its run ends (LockCallback)."""
+        me = {"controller": socket.gethostname(), "pid": os.getpid(), "started": releases.now(), "what": label}
+        owner = json.dumps(me, sort_keys=True)
+        for attempt in range(2):
+            ok, _ = sh(self.h, f"mkdir -p {self.lock.rsplit('/', 1)[0]} && mkdir {self.lock} 2>/dev/null && "
+                               f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json")
+            if ok:
+                if state is not None:
+                    state.add_callback_handler(LockCallback(self, label))
+                return
+            holder = read_json(self.h, f"{self.lock}/owner.json") or {}
+            stale = holder.get("controller") == me["controller"] and not _pid_alive(int(holder.get("pid", 0)))
+            if (stale or break_lock) and attempt == 0:
+                self.give_back_lock()
+                continue
+            raise DeployError(
+                f"another deploy holds the lock on this host: PID {holder.get('pid', '?')} on "
+                f"{holder.get('controller', '?')} since {holder.get('started', '?')} ({holder.get('what', '?')}). "
+                f"If that run is gone, {rerun_with('break_lock=true', make_target(label))}.")
+
+    def give_back_lock(self) -> None:
+        sh(self.h, f"rm -rf {self.lock}")
+
+
+def release_write_command(folder: str, venv: str, files: dict[str, str], profile_doc: dict, rec: dict) -> str:
+    """One command that writes a release's folder: the rendered files, the resolved profile, the
+    venv's `pip freeze` (made once per venv fill, host/ops.py venv) and, last, its status record.
+    None of it is secret (the API key and HF token never enter a profile or a rendered file)."""
+    q = shlex.quote
+    freeze = f"{venv}/{PIP_FREEZE}"
+    parts = [f"mkdir -p {' '.join(q(f'{folder}/files{os.path.dirname(p)}') for p in files)}",
+             # what the venv really holds (torch, sgl-kernel, flashinfer, ...), kept with the release
+             f"{{ [ -s {q(freeze)} ] || {q(venv)}/bin/python -m pip freeze --all --disable-pip-version-check "
+             f"> {q(freeze)} 2>&1; }}", f"cp {q(freeze)} {q(folder)}/pip-freeze.txt"]
+    parts += [f"printf '%s' {q(text)} > {q(f'{folder}/files{path}')}" for path, text in files.items()]
+    parts += [json_write_command(f"{folder}/profile.json", profile_doc),
+              json_write_command(f"{folder}/status.json", rec)]
+    return " && ".join(parts)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LockCallback(BaseStateCallback):
+    """Gives the lock back when the run's last operation ends, or when an operation fails: a run
+    that changes nothing reports no changed operation, and a failed one leaves no lock behind."""
+
+    def __init__(self, store: ReleaseStore, label: str = ""):
+        self.store = store
+        self.host = store.h
+        self.label = label
+        self.held = True
+        atexit.register(self._release)  # a run that ends early (declined prompt, ^C) still gives it back
+
+    def _release(self):
+        if not self.held:
+            return
+        try:
+            self.store.give_back_lock()
+            self.held = False
+        except Exception:  # noqa: BLE001 - the connection may be gone; the stale-lock check copes
+            pass
+
+    def operation_end(self, st, op_hash):
+        order = st.get_op_order()
+        if order and op_hash == order[-1]:
+            self._release()
+
+    def operation_host_error(self, st, h, op_hash, retry_count=0, max_retries=0):
+        if h is self.host and not st.get_op_data_for_host(h, op_hash).global_arguments.get("_ignore_errors"):
+            self._release()
+            # what to do next, whatever the step: pyinfra's own error line says only what failed
+            step = ", ".join(sorted(st.get_op_meta(op_hash).names)) or "an operation"
+            logger.error(f"    [{h.name}] stopped at {step}: fix what the lines above say (disk space, network, "
+                         f"the host), then run make {make_target(self.label)} again; a release this run left "
+                         "half done is settled by the next run")

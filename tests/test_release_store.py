@@ -1,0 +1,357 @@
+"""host/release_store.py against a fake host: its commands run here with `sh -c` over a
+temporary store (those that would touch / are answered, not run), so a test sees both what the
+store writes and how many round trips it costs. Records written before the store existed
+(tests/fixtures/releases/) still load and are written back in the same format."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api import DeployError
+
+from dsv4deploy import releases
+from dsv4deploy.host.release_store import LockCallback, ReleaseStore, RollbackError, release_write_command
+from dsv4deploy.layout import Layout
+from dsv4deploy.profiles import load_profile
+from dsv4deploy.releases import Release
+from dsv4deploy.tasks import rollback
+
+FIXTURES = Path(__file__).parent / "fixtures" / "releases"
+
+
+class Out:
+    def __init__(self, stdout: str = "", stderr: str = ""):
+        self.stdout, self.stderr = stdout, stderr
+
+
+class FakeHost:
+    """Runs each command here with sh -c, unless a scripted answer matches part of it."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.data = type("Data", (), {})()
+        self.commands: list[str] = []
+        self.answers: list[tuple[str, bool, str]] = []
+
+    def answer(self, part: str, stdout="", ok: bool = True) -> None:
+        """Answer a command holding PART with STDOUT (or STDOUT(command)) instead of running it."""
+        self.answers.append((part, ok, stdout))
+
+    def run_shell_command(self, command, **kwargs):
+        self.commands.append(command)
+        for part, ok, stdout in self.answers:
+            if part in command:
+                return ok, Out(stdout(command) if callable(stdout) else stdout)
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        return out.returncode == 0, Out(out.stdout, out.stderr)
+
+    def get_fact(self, cls, **kwargs):
+        ok, out = self.run_shell_command(cls().command(**kwargs))
+        return cls().process(out.stdout.splitlines())
+
+
+@pytest.fixture()
+def h():
+    return FakeHost()
+
+
+@pytest.fixture()
+def store(h, tmp_path):
+    return ReleaseStore(h, str(tmp_path / "releases"), lock=str(tmp_path / "state" / "deploy.lock"))
+
+
+def begin(store: ReleaseStore, tmp_path: Path, profile: str = "nvfp4-ctx8k", manifest: str = "m1") -> Release:
+    venv = tmp_path / "venv"
+    venv.mkdir(exist_ok=True)
+    (venv / "pip-freeze.txt").write_text("sglang==0.5.23\n")
+    data = load_profile(profile).data
+    return store.begin(files={"/etc/systemd/system/sglang.service": "[Unit]\n"},
+                       profile_doc={"name": profile, "files": [], "data": data}, venv=str(venv),
+                       profile=profile, content_hash="c", manifest_sha256=manifest, sglang_version="0.5.23")
+
+
+def on_disk(store: ReleaseStore, number: int) -> dict:
+    return json.loads(Path(store.folder(number), "status.json").read_text())
+
+
+def test_records_written_before_the_store_load_and_are_written_back_in_the_same_format(h, tmp_path):
+    shutil.copytree(FIXTURES, tmp_path / "releases")
+    store = ReleaseStore(h, str(tmp_path / "releases"))
+    recs = store.records()
+    assert [r["release"] for r in recs] == [1, 2] and store.current()["release"] == 2
+    assert recs[1]["replicas"][0]["drained_s"] == 0.4
+    store.save(recs[1])
+    assert (tmp_path / "releases/0002/status.json").read_bytes() == (FIXTURES / "0002/status.json").read_bytes()
+
+
+def test_a_new_release_is_pending_with_its_folder_in_two_commands(h, store, tmp_path):
+    rel = begin(store, tmp_path)
+    assert rel.number == 1 and rel.name == "release 0001" and rel.record["status"] == releases.PENDING
+    assert len(h.commands) == 2                                      # the records, the folder
+    folder = Path(store.folder(1))
+    assert (folder / "files/etc/systemd/system/sglang.service").read_text() == "[Unit]\n"
+    assert json.loads((folder / "profile.json").read_text())["name"] == "nvfp4-ctx8k"
+    assert (folder / "pip-freeze.txt").read_text() == "sglang==0.5.23\n"
+    assert on_disk(store, 1) == rel.record
+    assert begin(store, tmp_path).number == 2
+
+
+def test_a_release_folder_is_written_by_its_one_command(tmp_path):
+    """release_write_command, run here with sh -c: files, profile, the venv's freeze, status last."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pip-freeze.txt").write_text("sglang==0.5.23\n")
+    folder = tmp_path / "releases" / "0007"
+    files = {"/etc/systemd/system/sglang.service": "[Unit]\nDescription='x' \"$y\"\n", "/etc/d/nccl.env": "A=1\n"}
+    rec = {"release": 7, "status": "pending"}
+    cmd = release_write_command(str(folder), str(venv), files, {"name": "p", "data": {"k": "v"}}, rec)
+    assert subprocess.run(["sh", "-c", cmd]).returncode == 0
+    for path, text in files.items():
+        assert (folder / ("files" + path)).read_text() == text
+    assert json.loads((folder / "status.json").read_text()) == rec
+    assert json.loads((folder / "profile.json").read_text())["data"] == {"k": "v"}
+    assert (folder / "pip-freeze.txt").read_text() == "sglang==0.5.23\n"
+
+
+def test_a_folder_that_cannot_be_written_is_an_error_naming_it(h, store, tmp_path):
+    h.answer("pip-freeze.txt", "No space left on device\n", ok=False)
+    with pytest.raises(DeployError, match=r"cannot write release 0001 under .*/releases/0001: No space left"):
+        begin(store, tmp_path)
+
+
+def test_deployed_writes_the_handle_and_supersedes_the_one_before(h, store, tmp_path):
+    first = store.mark_deployed(begin(store, tmp_path, manifest="m1"))
+    assert first.record["status"] == releases.DEPLOYED and on_disk(store, 1)["status"] == releases.DEPLOYED
+    rel = begin(store, tmp_path, manifest="m2").with_gate({"passed": True, "summary": "ok"})
+    h.commands.clear()
+    live = store.mark_deployed(rel)
+    assert len(h.commands) == 3                                      # the records, then one write per change
+    assert on_disk(store, 2) == live.record and live.record["gate"] == {"passed": True, "summary": "ok"}
+    assert live.record["reason"] is None and "deployed_at" in live.record
+    assert on_disk(store, 1)["status"] == releases.SUPERSEDED and on_disk(store, 1)["reason"] == "superseded by release 0002"
+    assert store.current()["release"] == 2
+
+
+def test_a_failed_release_keeps_what_the_run_learnt(h, store, tmp_path):
+    rel = begin(store, tmp_path).with_gate({"passed": False}).with_replicas([{"index": 0, "status": "failed"}])
+    failed = store.mark_failed(rel, "smoke gate failed: C=64")
+    assert on_disk(store, 1) == failed.record
+    assert failed.record["status"] == releases.FAILED and failed.record["reason"] == "smoke gate failed: C=64"
+    assert failed.record["gate"] == {"passed": False} and failed.record["replicas"][0]["status"] == "failed"
+    assert store.current() is None
+
+
+def test_the_handle_is_frozen_a_change_is_a_new_one(tmp_path):
+    rel = Release(releases.new_record([], profile="p", content_hash="c", manifest_sha256="m", sglang_version="v"))
+    gated = rel.with_gate({"passed": True})
+    assert rel.record["gate"] is None and gated.record["gate"] == {"passed": True} and gated.number == 1
+    with pytest.raises(AttributeError):
+        rel.record = {}                                             # type: ignore[misc]
+
+
+def test_a_rollback_entry_keeps_its_cause_once_deployed(h, store, tmp_path):
+    old = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
+    new = Release(releases.rollback_record(store.records(), old, "manual rollback to release 0001"))
+    store.save(new.record)
+    live = store.mark_deployed(new)
+    assert live.record["kind"] == "rollback" and live.restores == 1 and live.number == 2
+    assert on_disk(store, 2)["reason"] == "manual rollback to release 0001"
+    assert on_disk(store, 1)["status"] == releases.SUPERSEDED
+
+
+def test_settle_interrupted_writes_each_pending_record(h, store, tmp_path):
+    begin(store, tmp_path, manifest="m1")
+    begin(store, tmp_path, manifest="m2")
+    docs = store.settle_interrupted("m2", healthy=True)
+    assert [(d["release"], d["status"]) for d in docs] == [(1, releases.FAILED), (2, releases.UNVERIFIED)]
+    assert [r["status"] for r in store.records()] == [releases.FAILED, releases.UNVERIFIED]
+
+
+def test_a_release_target_comes_from_its_kept_profile(h, store, tmp_path):
+    rec = begin(store, tmp_path, profile="nvfp4-ctx8k-dp2").record
+    assert store.target(rec).is_set and store.target(rec).unit == "sglang-gateway.service"
+    os.remove(Path(store.folder(1), "profile.json"))
+    with pytest.raises(RollbackError, match="release 0001 has no profile.json: its files were pruned"):
+        store.target(rec)
+
+
+def test_kept_files_are_copied_for_a_rollback_and_back_in_place(h, store, tmp_path):
+    begin(store, tmp_path)
+    begin(store, tmp_path)
+    store.keep_copy(1, 2)                                            # runs here: both are under tmp_path
+    assert Path(store.folder(2), "files/etc/systemd/system/sglang.service").exists()
+    h.answer("cp -a ", "")                                           # never copy into this machine's /
+    assert store.copy_back(1, then="systemctl daemon-reload") == (True, "")
+    assert h.commands[-1] == f"cp -a {store.folder(1)}/files/. / && systemctl daemon-reload"
+
+
+def test_prune_keeps_the_last_releases_and_what_they_use(h, store, tmp_path):
+    for n in range(1, 13):
+        rel = begin(store, tmp_path, manifest=f"m{n}")
+        if n == 2:
+            store.mark_deployed(rel)                                 # the live one stays, however old
+    layout = Layout.of(load_profile("nvfp4-ctx8k").data)
+    old = "/opt/dsv4deploy/venvs/sglang-0.4.0-old"
+    listing = "\n".join([layout.venv, layout.model_dir, old])
+    # the kept profiles are read here from tmp_path; what is on disk is answered (it names /opt, /srv)
+    h.answer("echo ---", lambda cmd: sh_here(cmd.split("echo ---")[0] + "echo ---") + listing + "\n")
+    h.answer("rm -rf", "")
+    h.commands.clear()
+    store.prune()
+    assert len(h.commands) == 3                                      # records, read, remove
+    rm = h.commands[-1].split()
+    assert rm[:4] == ["rm", "-rf", f"{store.folder(1)}/files", f"{store.folder(1)}/profile.json"]
+    assert not any(p.startswith(store.folder(2)) or p.startswith(store.folder(3)) for p in rm)
+    assert old in rm and layout.venv not in rm and layout.model_dir not in rm
+
+
+def sh_here(command: str) -> str:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+
+
+def test_nothing_to_prune_removes_nothing(h, store, tmp_path):
+    store.mark_deployed(begin(store, tmp_path))
+    h.answer("echo ---", "---\n")
+    h.commands.clear()
+    store.prune()
+    assert len(h.commands) == 2 and not any(c.startswith("rm -rf") for c in h.commands)
+
+
+# --- the lock ---------------------------------------------------------------------------------
+
+def owner(store: ReleaseStore) -> dict:
+    return json.loads(Path(store.lock, "owner.json").read_text())
+
+
+def test_the_lock_is_taken_in_one_command_and_given_back(h, store):
+    store.take_lock("deploy nvfp4-ctx8k")
+    assert len(h.commands) == 1 and owner(store)["pid"] == os.getpid() and owner(store)["what"] == "deploy nvfp4-ctx8k"
+    store.give_back_lock()
+    assert not Path(store.lock).exists()
+
+
+def test_a_held_lock_refuses_with_its_holder_and_the_way_out(h, store):
+    Path(store.lock).mkdir(parents=True)
+    Path(store.lock, "owner.json").write_text(json.dumps({"controller": "elsewhere", "pid": 4242,
+                                                         "started": "2025-01-01T00:00:00+00:00", "what": "rollback"}))
+    with pytest.raises(DeployError) as err:
+        store.take_lock("deploy nvfp4-ctx8k")
+    assert str(err.value).startswith("another deploy holds the lock on this host: PID 4242 on elsewhere since "
+                                     "2025-01-01T00:00:00+00:00 (rollback). If that run is gone, run again with "
+                                     "--data break_lock=true (through make: make deploy PROFILE=nvfp4-ctx8k")
+    store.take_lock("rollback", break_lock=True)
+    assert owner(store)["pid"] == os.getpid()
+
+
+def test_a_lock_left_by_a_dead_run_of_this_controller_is_taken_over(h, store, monkeypatch):
+    import socket
+    Path(store.lock).mkdir(parents=True)
+    Path(store.lock, "owner.json").write_text(json.dumps({"controller": socket.gethostname(), "pid": 1 << 30}))
+    store.take_lock("rollback")
+    assert owner(store)["pid"] == os.getpid()
+
+
+class FakeState:
+    def __init__(self):
+        self.handlers = []
+        self.order = ["op1", "op2"]
+
+    def add_callback_handler(self, handler):
+        self.handlers.append(handler)
+
+    def get_op_order(self):
+        return self.order
+
+
+def test_the_lock_is_given_back_when_the_last_operation_ends(h, store):
+    st = FakeState()
+    store.take_lock("rollback", state=st)
+    (cb,) = st.handlers
+    assert isinstance(cb, LockCallback) and cb.host is h
+    cb.operation_end(st, "op1")
+    assert Path(store.lock).exists()
+    cb.operation_end(st, "op2")
+    assert not Path(store.lock).exists() and not cb.held
+    n = len(h.commands)
+    cb._release()                                                    # at exit: already given back, no command
+    assert len(h.commands) == n
+
+
+# --- the rollback's choice and its outcome ----------------------------------------------------
+
+def rec(n: int, status: str, manifest: str = "") -> dict:
+    return {"release": n, "status": status, "manifest_sha256": manifest or f"m{n}", "profile": "p"}
+
+
+def test_a_manual_rollback_chooses_the_release_before_the_live_one():
+    recs = [rec(1, releases.SUPERSEDED), rec(2, releases.FAILED), rec(3, releases.SUPERSEDED, "m4"),
+            rec(4, releases.DEPLOYED)]
+    assert rollback.choose(recs, None)["release"] == 1             # 3 renders like the live one: no change
+    assert rollback.choose(recs, 3)["release"] == 3
+    with pytest.raises(DeployError, match="release 0002 is failed: only a release that passed"):
+        rollback.choose(recs, 2)
+    with pytest.raises(DeployError, match=r"unknown release 0009 \(releases on this host: 0001, 0002, 0003, 0004\)"):
+        rollback.choose(recs, 9)
+    with pytest.raises(DeployError, match="no earlier release to roll back to"):
+        rollback.choose([rec(1, releases.DEPLOYED)], None)
+
+
+def test_a_failure_with_no_release_that_passed_stops_the_units(h, tmp_path, monkeypatch):
+    store = ReleaseStore(h, str(tmp_path / "releases"))
+    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
+    rel = begin(store, tmp_path)
+    h.answer("systemctl stop", "")
+    t = store.target(rel.record)
+    out = rollback.after_failure(h, rel, t, "not healthy after 10 s")
+    assert out == "no earlier release passed, so nothing to roll back to: sglang.service is stopped and left stopped"
+    assert h.commands[-1] == "systemctl stop sglang.service"
+    assert on_disk(store, 1)["status"] == releases.FAILED and on_disk(store, 1)["reason"] == "not healthy after 10 s"
+
+
+def test_a_previous_release_whose_files_were_pruned_cannot_come_back(h, tmp_path, monkeypatch):
+    store = ReleaseStore(h, str(tmp_path / "releases"))
+    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
+    store.mark_deployed(begin(store, tmp_path, manifest="m1"))
+    os.remove(Path(store.folder(1), "profile.json"))
+    rel = begin(store, tmp_path, manifest="m2")
+    out = rollback.after_failure(h, rel, store.target(rel.record), "smoke gate failed: C=64")
+    assert out.startswith("release 0001 has no profile.json: its files were pruned\nNOTHING IS SERVING")
+    assert "make deploy PROFILE=nvfp4-ctx8k" in out
+
+
+def test_a_restore_is_a_new_entry_with_its_own_copy_then_deployed(h, tmp_path, monkeypatch):
+    store = ReleaseStore(h, str(tmp_path / "releases"))
+    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
+    monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: None)
+    monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
+    first = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
+    store.mark_deployed(begin(store, tmp_path, manifest="m2"))
+    h.answer("test -x", "")                                          # its venv, weights and files are there
+    h.answer("/files/. / &&", "")                                    # never copy into this machine's /
+    h.commands.clear()
+    new = rollback.restore(h, first, cause="manual rollback to release 0001")
+    assert len(h.commands) == 9      # records, profile, what is gone, entry, copy, files back, records, 2 writes
+    assert new.number == 3 and new.restores == 1 and new.record["status"] == releases.DEPLOYED
+    assert on_disk(store, 3)["reason"] == "manual rollback to release 0001"
+    assert on_disk(store, 2)["status"] == releases.SUPERSEDED
+    assert Path(store.folder(3), "files/etc/systemd/system/sglang.service").exists()   # restorable in turn
+    assert h.commands[5].startswith(f"cp -a {store.folder(1)}/files/. / && systemctl daemon-reload && ")
+    assert h.commands[5].endswith("systemctl reset-failed sglang.service; systemctl restart sglang.service")
+
+
+def test_a_restore_whose_files_are_gone_is_a_failed_entry_naming_them(h, tmp_path, monkeypatch):
+    store = ReleaseStore(h, str(tmp_path / "releases"))
+    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
+    first = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
+    shutil.rmtree(Path(store.folder(1), "files"))
+    h.answer("test -x", f"its kept files ({store.folder(1)}/files)\n")
+    with pytest.raises(RollbackError, match=r"release 0001 cannot be restored: gone from the host: its kept files"):
+        rollback.restore(h, first, cause="manual rollback to release 0001")
+    assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["kind"] == "rollback"
+    assert on_disk(store, 2)["reason"].startswith("rollback failed: release 0001 cannot be restored")
