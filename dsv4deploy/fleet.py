@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -213,12 +214,18 @@ Say = Callable[[str], None]
 
 def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[str] = (),
               data: Sequence[str] = (), plan_only: bool = False, say: Say | None = None,
-              child_stdout=None) -> FleetResult:
-    """Roll PROFILE out over INVENTORY's hosts; ProfileError (exit 2) before anything on bad input."""
+              child_stdout=None, *, hosts_of=None, reader=None, runner=None) -> FleetResult:
+    """Roll PROFILE out over INVENTORY's hosts; ProfileError (exit 2) before anything on bad input.
+    HOSTS_OF (inventory -> hosts), READER (inventory, names -> records) and RUNNER (argv -> exit
+    code) are the inventory load, the release read and the pyinfra run (tests swap them)."""
     from .boundary import check_name
     from .host.connect import RemoteError
 
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    hosts_of = hosts_of or inventory_hosts
+    reader = reader or read_records
+    runner = runner or (lambda argv: subprocess.run(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                                                     stdout=child_stdout).returncode)
     msg = check_name(profile)
     if msg:
         raise _bad(f"profile {ascii(profile)}: {msg}", "profile")
@@ -226,7 +233,7 @@ def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[s
     check_profile(profile)                   # the profile itself, before the inventory is even loaded
     inv_path = str(Path(inventory).resolve()) if Path(inventory).is_file() else inventory
     try:
-        hosts = inventory_hosts(inventory)
+        hosts = hosts_of(inventory)
     except RemoteError as exc:
         raise FleetError(str(exc)) from None
     check_profile(profile, hosts)            # and what these hosts accept (a placeholder revision)
@@ -242,7 +249,7 @@ def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[s
     for i, names in enumerate(batches):
         label = "canary" if i == 0 else f"batch {i} of {len(batches) - 1}"
         say(f"fleet: {label}: deploying {profile} to {', '.join(names)}")
-        before = read_records(inventory, names)
+        before = reader(inventory, names)
         unreadable = {n: v for n, v in before.items() if isinstance(v, str)}
         if unreadable:
             for n, why in unreadable.items():
@@ -250,14 +257,23 @@ def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[s
             result.stopped_at, result.exit_code = i, EXIT_FAILED
             break
         argv = batch_argv(inv_path, profile, names, extra)
-        rc = subprocess.run(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=child_stdout).returncode
+        say(f"fleet: $ {shlex.join(argv)}")
+        try:
+            rc = runner(argv)
+        except KeyboardInterrupt:
+            for n in names:
+                result.hosts[n].state = "unknown"
+                result.hosts[n].detail = ("interrupted mid-deploy: its next deploy settles what this one left "
+                                          "(dsv4deploy history shows its releases)")
+            result.stopped_at, result.exit_code = i, EXIT_FAILED
+            break
         if rc == EXIT_BAD_INPUT and i == 0:
             # the inventory refused the run before connecting (its own check of the profile)
             for n in names:
                 result.hosts[n].detail = "refused before connecting (the lines above say why)"
             result.stopped_at, result.exit_code = i, EXIT_BAD_INPUT
             break
-        after = read_records(inventory, names)
+        after = reader(inventory, names)
         ok = rc == 0
         for n in names:
             recs = after.get(n)
