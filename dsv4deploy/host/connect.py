@@ -63,10 +63,10 @@ def _connect(h) -> str | None:
 def load_inventory(inventory_file: str):
     """Load `inventory_file` as pyinfra does (connecting to nothing): (state, config, inventory); RemoteError
     when it is not a file or does not load."""
-    from pyinfra_cli.inventory import make_inventory
-
     if not Path(inventory_file).is_file():
         raise RemoteError(f"{inventory_file}: no such inventory file")
+    from pyinfra_cli.inventory import make_inventory   # (its import patches the process with gevent)
+
     state = State()
     ctx_state.set(state)
     config = Config()
