@@ -155,8 +155,16 @@ def pyinfra_bin() -> str:
     return found
 
 
+def _from_repo(path: str) -> str:
+    """PATH relative to the project (the deploy runs there, as `make deploy` does), when inside it."""
+    p = Path(path).absolute()
+    return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p)
+
+
 def batch_argv(inventory: str, profile: str, names: Sequence[str], extra: Sequence[str]) -> list[str]:
-    argv = [pyinfra_bin(), "-y", inventory, str(DEPLOY_FILE), "--data", f"profile={profile}", *extra]
+    """The deploy of one batch, run in the project's folder: the operator's own command, limited."""
+    argv = [_from_repo(pyinfra_bin()), "-y", _from_repo(inventory), _from_repo(str(DEPLOY_FILE)),
+            "--data", f"profile={profile}", *extra]
     for n in names:
         argv += ["--limit", n]
     return argv
@@ -231,7 +239,7 @@ def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[s
         raise _bad(f"profile {ascii(profile)}: {msg}", "profile")
     extra = data_args(data)
     check_profile(profile)                   # the profile itself, before the inventory is even loaded
-    inv_path = str(Path(inventory).resolve()) if Path(inventory).is_file() else inventory
+    inv_path = str(Path(inventory).absolute()) if Path(inventory).is_file() else inventory
     try:
         hosts = hosts_of(inventory)
     except RemoteError as exc:

@@ -176,8 +176,10 @@ def test_a_placeholder_revision_is_refused_for_hosts_without_a_weights_stand_in(
 
 def test_batch_argv_names_each_host_exactly():
     argv = fleet.batch_argv("/x/inv.py", "p", ["a-1", "b-2"], ["--data", "k=v"])
-    assert argv[1:] == ["-y", "/x/inv.py", str(fleet.DEPLOY_FILE), "--data", "profile=p", "--data", "k=v",
+    assert argv[1:] == ["-y", "/x/inv.py", "deploy/serve.py", "--data", "profile=p", "--data", "k=v",
                         "--limit", "a-1", "--limit", "b-2"]
+    assert fleet.batch_argv(str(fleet.REPO_ROOT / "inventory/fleet-sim.py"), "p", ["a"], [])[2] == \
+        "inventory/fleet-sim.py"
 
 
 def test_the_command_refuses_bad_input_with_exit_2_and_runs_nothing(monkeypatch, capsys):

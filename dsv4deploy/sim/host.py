@@ -14,6 +14,7 @@ bare python3.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -103,8 +104,9 @@ def _isolate(host: SimHost) -> list[str]:
     _other_machine(host)
     net = host.net()
     path = netns.setup(net)
-    own = [f"{a}/32" for a in _local_addresses()]
-    proxyctl.start(host.proxy_file, host.proxy_log, net["host_ip"], [str(netns.pool()), *own], REPO_ROOT)
+    pool = netns.pool()
+    own = [f"{a}/32" for a in _local_addresses() if ipaddress.IPv4Address(a) not in pool]   # this machine's
+    proxyctl.start(host.proxy_file, host.proxy_log, net["host_ip"], [str(pool), *own], REPO_ROOT)
     return [f"--network-namespace-path={path}", f"--hostname={host.name}"]
 
 
