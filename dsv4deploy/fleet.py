@@ -45,7 +45,7 @@ def _bad(message: str, path: str = "") -> ProfileError:
 class HostResult:
     name: str
     batch: int                       # 0: the canary batch
-    state: str = "untouched"         # untouched | deployed | failed | unknown
+    state: str = "untouched"         # untouched | deployed | failed | refused | unknown
     release: int | None = None       # the release now serving (deployed, or rolled back to)
     serving: str | None = None       # its profile
     detail: str = ""
@@ -261,7 +261,8 @@ def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[s
         unreadable = {n: v for n, v in before.items() if isinstance(v, str)}
         if unreadable:
             for n, why in unreadable.items():
-                result.hosts[n].state, result.hosts[n].detail = "unknown", f"not deployed: cannot read its releases: {why}"
+                result.hosts[n].state = "unknown"
+                result.hosts[n].detail = f"not deployed: cannot read its releases: {why}"
             result.stopped_at, result.exit_code = i, EXIT_FAILED
             break
         argv = batch_argv(inv_path, profile, names, extra)
@@ -275,13 +276,14 @@ def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[s
                                           "(dsv4deploy history shows its releases)")
             result.stopped_at, result.exit_code = i, EXIT_FAILED
             break
-        if rc == EXIT_BAD_INPUT and i == 0:
-            # the inventory refused the run before connecting (its own check of the profile)
+        after = reader(inventory, names)
+        if rc == EXIT_BAD_INPUT and all(after.get(n) == before[n] for n in names):
+            # refused before anything changed (the inventory's own check of the profile: bad input)
             for n in names:
-                result.hosts[n].detail = "refused before connecting (the lines above say why)"
+                result.hosts[n].state = "refused"
+                result.hosts[n].detail = "refused before any change (the lines above say why)"
             result.stopped_at, result.exit_code = i, EXIT_BAD_INPUT
             break
-        after = reader(inventory, names)
         ok = rc == 0
         for n in names:
             recs = after.get(n)
@@ -309,8 +311,8 @@ def summary(result: FleetResult) -> list[str]:
     for h in result.hosts.values():
         by_state.setdefault(h.state, []).append(h)
     lines = [f"fleet summary: {result.profile} on {result.inventory}"]
-    for state, title in (("deployed", "got the release"), ("failed", "FAILED"), ("unknown", "UNKNOWN"),
-                         ("untouched", "untouched")):
+    for state, title in (("deployed", "got the release"), ("failed", "FAILED"), ("refused", "REFUSED"),
+                         ("unknown", "UNKNOWN"), ("untouched", "untouched")):
         for h in by_state.get(state, []):
             where = "canary" if h.batch == 0 else f"batch {h.batch}"
             detail = h.detail

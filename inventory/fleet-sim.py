@@ -13,6 +13,7 @@ chosen and checked as in inventory/sim.py (PROFILE, else nvfp4-ctx8k), with the 
 """
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -31,9 +32,13 @@ _CLI = pyinfra_cli_params() is not None
 
 try:
     _fleet = check_fleet(os.environ.get("DSV4_SIM_FLEET") or DEFAULT_FLEET)
-    _canary = {int(x) for x in (os.environ.get("DSV4_SIM_CANARY") or "1").split(",") if x.strip()}
-except (SimError, ValueError) as exc:
-    refuse(_INVENTORY, [f"DSV4_SIM_FLEET / DSV4_SIM_CANARY: {exc}"], cli=_CLI, code=EXIT_BAD_INPUT)
+except SimError as exc:
+    refuse(_INVENTORY, [f"DSV4_SIM_FLEET: {exc}"], cli=_CLI, code=EXIT_BAD_INPUT)
+_canary_text = os.environ.get("DSV4_SIM_CANARY") or "1"
+if not re.fullmatch(r"[0-9]{1,3}(,[0-9]{1,3})*", _canary_text):
+    refuse(_INVENTORY, [f"DSV4_SIM_CANARY={ascii(_canary_text)}: expected twin numbers like 1 or 2,3"], cli=_CLI,
+           code=EXIT_BAD_INPUT)
+_canary = {int(x) for x in _canary_text.split(",")}
 
 _profile = profile_data(_INVENTORY, env_names=("PROFILE",), default="nvfp4-ctx8k", weights_stand_in=True)
 try:

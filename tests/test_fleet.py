@@ -159,6 +159,15 @@ def test_a_deploy_that_exits_non_zero_stops_even_if_the_records_look_fine():
     assert result.hosts["h1"].detail.endswith("(but the deploy exited 1)")
 
 
+def test_a_run_the_inventory_refuses_is_bad_input_and_stops():
+    h = Hosts(["h1", "h2"])
+    h.runner = lambda argv: h.runs.append(argv) or 2                   # refused while loading: nothing changed
+    result = h.run()
+    assert result.exit_code == 2 and result.stopped_at == 0 and len(h.runs) == 1
+    assert result.hosts["h1"].state == "refused" and result.hosts["h1"].detail.startswith("refused before any change")
+    assert result.hosts["h2"].state == "untouched"
+
+
 def test_an_unreadable_host_is_not_deployed():
     h = Hosts(["h1", "h2"])
     h.reader = lambda inv, names: {n: "cannot reach h1 over SSH: refused" for n in names}

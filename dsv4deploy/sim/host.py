@@ -29,7 +29,8 @@ from . import netns, proxyctl
 from .errors import SimError
 from .files import _safe_rmtree, _tail, _write
 from .host_env import bind_mounts
-from .layout import REPO_ROOT, _locked, check_fleet, fleet_tag, client_key, hosts_dir, known_hosts_file, sim_dir, twin_address
+from .layout import (DEFAULT_FLEET, REPO_ROOT, _locked, check_fleet, client_key, fleet_tag, hosts_dir, known_hosts_file,
+                     sim_dir, twin_address)
 from .processes import _CHILDREN, _container_inits, _is_nspawn_of, _nspawn_exit, _port_in_use, _proc_stat
 from .rootfs import ensure_rootfs, prebuild_root, rootfs_dir, rootfs_ready
 from .twin_host import SimHost, existing_hosts, running_hosts
@@ -340,8 +341,9 @@ def inventory_hosts(fleet: str | None = None) -> list[tuple[str, dict[str, Any]]
     hosts = running_hosts(fleet)
     if not hosts:
         if fleet is not None:
+            make = "make fleet-up" + ("" if fleet == DEFAULT_FLEET else f" FLEET={fleet}")
             raise SimError(f"no twin of fleet {fleet} is running (state in {hosts_dir()}); start them with "
-                           f"`make fleet-up` (or `dsv4deploy sim up --fleet {fleet} --hosts 3`)")
+                           f"`{make}` (or `dsv4deploy sim up --fleet {fleet} --hosts 3`)")
         raise SimError(f"no CT200 twin is running (state in {hosts_dir()}); "
                        "start one with `make sim-up` (or `dsv4deploy sim up`)")
     return [h.inventory_entry() for h in hosts]
