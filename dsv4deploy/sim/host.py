@@ -106,15 +106,23 @@ def _isolate(host: SimHost) -> list[str]:
     net = host.net()
     path = netns.setup(net)
     pool = netns.pool()
-    own = [f"{a}/32" for a in _local_addresses() if ipaddress.IPv4Address(a) not in pool]   # this machine's
+    own = [f"{a}/{a.max_prefixlen}" for a in _local_addresses() if a not in pool]   # this machine's own
     proxyctl.start(host.proxy_file, host.proxy_log, net["host_ip"], [str(pool), *own], REPO_ROOT)
     return [f"--network-namespace-path={path}", f"--hostname={host.name}"]
 
 
-def _local_addresses() -> list[str]:
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
-    return [w[i + 1].split("/")[0] for w in (ln.split() for ln in out.splitlines()) for i, x in enumerate(w[:-1])
-            if x == "inet" and not w[i + 1].startswith("127.")]
+def _local_addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """This machine's addresses (loopback and link-local aside: the proxy refuses those anyway)."""
+    out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    found = []
+    for words in (ln.split() for ln in out.splitlines()):
+        for kind, value in zip(words, words[1:]):
+            if kind in ("inet", "inet6"):
+                with contextlib.suppress(ValueError):
+                    a = ipaddress.ip_interface(value).ip
+                    if not (a.is_loopback or a.is_link_local):
+                        found.append(a)
+    return found
 
 
 def _other_machine(host: SimHost) -> None:
