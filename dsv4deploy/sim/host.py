@@ -151,7 +151,8 @@ def _boot(host: SimHost) -> int:
         raise SimError(f"{host.address}:22 is already in use on this machine; "
                        f"{host.name} cannot listen there (stop what holds it)")
     argv = ["systemd-nspawn", "--keep-unit", "--register=no", "-D", str(host.root), "-b",
-            "-M", host.machine, "--console=read-only", "--setenv=SYSTEMD_COLORS=0", "--resolv-conf=off", "--timezone=off"]
+            "-M", host.machine, "--console=read-only", "--setenv=SYSTEMD_COLORS=0", "--resolv-conf=off",
+            "--timezone=off"]
     if host.isolated:
         argv += _isolate(host)
     argv += [f"--bind-ro={d}" for d in bind_mounts()]
@@ -165,7 +166,8 @@ def _boot(host: SimHost) -> int:
     _CHILDREN[proc.pid] = proc
     st = _proc_stat(proc.pid)
     state = {"name": host.name, "index": host.index, "address": host.address, "pid": proc.pid,
-             **({"fleet": host.fleet, "machine": host.machine, "netns": host.net()["netns"]} if host.isolated else {}),
+             **({"fleet": host.fleet, "machine": host.machine, "netns": host.net()["netns"]}
+                if host.isolated else {}),
              "starttime": st[1] if st else None, "started": time.time(), "argv": argv}
     _write(host.state_file, json.dumps(state, indent=1))
     _write(host.pid_file, f"{proc.pid}\n")

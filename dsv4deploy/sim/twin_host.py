@@ -23,6 +23,7 @@ from .gpu_settings import GPU_DEFAULTS, NVIDIA_SMI_SCRIPT, TWIN_NVIDIA_SMI_LIB, 
 from .layout import (_locked, check_fleet, client_key, deploy_key, fleet_tag, hosts_dir, known_hosts_file,
                      twin_address, twin_name)
 from .netns import read_record
+from .proxyctl import PORT as PROXY_PORT
 from .processes import _is_nspawn_of
 
 DEPLOY_USER = "deploy"          # the inventory's account on the twins (sudo), like an operator's
@@ -214,7 +215,8 @@ class SimHost:
         extra = {}
         if self.isolated:
             net = self.net()
-            extra = {"fleet": self.fleet, "netns": net.get("netns"), "proxy": net and f"{net['host_ip']}:3128"}
+            extra = {"fleet": self.fleet, "netns": net.get("netns"),
+                     "proxy": f"{net['host_ip']}:{PROXY_PORT}" if net else None}
         return {"name": self.name, "index": self.index,
                 "address": self.address if not self.isolated or self.net() else None,
                 "pid": self.pid if running else None, "running": running,
