@@ -17,6 +17,15 @@ endif
 OUT ?= rendered/$(PROFILE)
 HOSTS ?= 1
 ARGS ?=
+# make fleet: the isolated twins of fleet $(FLEET) (inventory/fleet-sim.py) unless INVENTORY= is given
+FLEET ?= fleet
+FLEET_HOSTS ?= 3
+BATCH ?= 1
+FLEET_INVENTORY := $(if $(filter file,$(origin INVENTORY)),inventory/fleet-sim.py,$(INVENTORY))
+FLEET_SIM := $(filter inventory/fleet-sim.py %/inventory/fleet-sim.py,$(FLEET_INVENTORY))
+ifneq ($(FLEET_SIM),)
+PROFILE ?= nvfp4-ctx8k
+endif
 PYTEST_ARGS ?=
 
 VENV := .venv
@@ -28,7 +37,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TWIN := $(if $(SIM),twin-debs)
 
 # A real inventory names its profile: no silent default (the twin keeps nvfp4-ctx8k).
-NEEDS_PROFILE := deploy plan validate render bench tune
+NEEDS_PROFILE := deploy plan validate render bench tune fleet
 ifeq ($(PROFILE),)
 ifneq ($(filter $(NEEDS_PROFILE),$(MAKECMDGOALS)),)
 $(error PROFILE=NAME is required with INVENTORY=$(INVENTORY) (profiles: $(sort $(basename $(notdir $(filter-out profiles/_%,$(wildcard profiles/*.yaml)))))))
@@ -36,7 +45,7 @@ endif
 endif
 
 .PHONY: help bootstrap debs twin-debs venv lock test test-fast validate render pin plan deploy rollback history bench tune \
-        sim-up sim-down sim-status clean
+        fleet fleet-up fleet-down fleet-status sim-up sim-down sim-status clean
 
 help:
 	@echo "make deploy PROFILE=nvfp4-ctx8k [INVENTORY=inventory/ct200.py] [ARGS=...]   roll a profile out (default: the local CT200 twin)"
@@ -50,7 +59,10 @@ help:
 	@echo "make validate PROFILE=...    check a profile, print its GPU-memory budget"
 	@echo "make render PROFILE=...      write the rendered unit, NCCL env, manifest under rendered/"
 	@echo "make pin PROFILE=... [BRANCH=main] [INTO_BASE=1]   write the model repo's current commit into the profile"
+	@echo "make fleet PROFILE=... [BATCH=1] [INVENTORY=...] [ARGS=...]   many hosts: canary first, then batches, stop at the first failure"
+	@echo "                             (default: FLEET_HOSTS=3 isolated twins, inventory/fleet-sim.py; docs/fleet.md)"
 	@echo "make sim-up / sim-down / sim-status   the local CT200 twin"
+	@echo "make fleet-up / fleet-down / fleet-status   the isolated twins of FLEET=fleet (own network namespaces)"
 	@echo "make venv / make lock        the control node's .venv from $(LOCK) / refresh $(LOCK)"
 	@echo "ARGS=\"...\" goes to pyinfra as is (deploy, plan, rollback), e.g. ARGS=\"--data allow_reboot=true\";"
 	@echo "  a real inventory (INVENTORY=inventory/ct200.py) needs PROFILE= (no default) and CT200_HOST=."
@@ -107,6 +119,24 @@ sim-down: venv
 
 sim-status: venv
 	$(BIN)/dsv4deploy sim status
+
+# A fleet of isolated twins (each its own network namespace, docs/fleet.md); FLEET names it.
+fleet-up: twin-debs venv
+	$(BIN)/dsv4deploy sim up --fleet $(FLEET) --hosts $(FLEET_HOSTS)
+
+fleet-down: venv
+	$(BIN)/dsv4deploy sim down --fleet $(FLEET)
+
+fleet-status: venv
+	$(BIN)/dsv4deploy sim status --fleet $(FLEET)
+
+# One profile to every host of the inventory: the canary first, then BATCH hosts at a time, stopping
+# at the first failure (dsv4deploy fleet deploy validates the profile before any host is touched).
+# ARGS= go to `dsv4deploy fleet deploy` (e.g. ARGS="--data allow_reboot=true --canary NAME").
+fleet: $(if $(FLEET_SIM),twin-debs) venv
+	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
+	$(if $(FLEET_SIM),$(BIN)/dsv4deploy sim up --fleet $(FLEET) --hosts $(FLEET_HOSTS))
+	DSV4_SIM_FLEET=$(FLEET) $(BIN)/dsv4deploy fleet deploy $(PROFILE) --inventory $(FLEET_INVENTORY) --batch $(BATCH) $(ARGS)
 
 # `make plan` reads the host (one command) and changes nothing; it boots no twin: plan against a
 # running one (make sim-up), or a real host (INVENTORY=...).

@@ -346,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list deployable profiles")
     p.set_defaults(func=cmd_list)
 
+    from .fleet import register as register_fleet
+    register_fleet(sub)
+
     for plugin in ("dsv4deploy.sim.cli",):
         try:
             module = __import__(plugin, fromlist=["register"])

@@ -71,8 +71,9 @@ def pytest_collection_finish(session):
     slow = [item for item in session.items if item.get_closest_marker("slow")]
     if not slow:
         return
-    twin = any(item.get_closest_marker("twin") for item in slow)
-    parser = any(not item.get_closest_marker("twin") for item in slow)
+    # the twins' root: for the default twin's tests, and for a fleet's (in the other process)
+    twin = any(item.get_closest_marker("twin") or item.get_closest_marker("fleet") for item in slow)
+    parser = any(not item.get_closest_marker("twin") and not item.get_closest_marker("fleet") for item in slow)
 
     def build_root():
         from dsv4deploy.sim import host as simhost

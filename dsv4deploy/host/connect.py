@@ -60,14 +60,13 @@ def _connect(h) -> str | None:
     return None
 
 
-@contextmanager
-def connected(inventory_file: str):
-    """Yield the connected hosts of `inventory_file`; raise RemoteError when the inventory does
-    not load or any of its hosts cannot be reached."""
-    from pyinfra_cli.inventory import make_inventory
-
+def load_inventory(inventory_file: str):
+    """Load `inventory_file` as pyinfra does (connecting to nothing): (state, config, inventory); RemoteError
+    when it is not a file or does not load."""
     if not Path(inventory_file).is_file():
         raise RemoteError(f"{inventory_file}: no such inventory file")
+    from pyinfra_cli.inventory import make_inventory   # (its import patches the process with gevent)
+
     state = State()
     ctx_state.set(state)
     config = Config()
@@ -78,11 +77,19 @@ def connected(inventory_file: str):
         text = describe(exc)
         raise RemoteError(text if text.startswith(inventory_file) else f"{inventory_file}: {text}") from None
     ctx_inventory.set(inventory)
+    return state, config, inventory
+
+
+@contextmanager
+def connected(inventory_file: str, only=None):
+    """Yield the connected hosts of `inventory_file` (with `only`, just the hosts of those names);
+    raise RemoteError when the inventory does not load or any of its hosts cannot be reached."""
+    state, config, inventory = load_inventory(inventory_file)
     state.init(inventory, config)
     state.set_stage(StateStage.Connect)
-    hosts = list(inventory)
+    hosts = list(inventory) if only is None else [h for h in inventory if h.name in set(only)]
     if not hosts:
-        raise RemoteError(f"{inventory_file} names no host")
+        raise RemoteError(f"{inventory_file} names no host" + ("" if only is None else f" of {', '.join(only)}"))
     errors: dict[str, str] = {}
     greenlets = {state.pool.spawn(_connect, h): h for h in hosts}  # in parallel, like pyinfra's connect_all
     for greenlet, h in greenlets.items():

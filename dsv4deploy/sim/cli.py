@@ -70,45 +70,62 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     return wrapper
 
 
+def _fleet(args: argparse.Namespace) -> str | None:
+    """--fleet NAME, or --isolated (the fleet named fleet), or None: the default twins."""
+    from .layout import DEFAULT_FLEET, check_fleet
+
+    name = getattr(args, "fleet", None)
+    if name is None and getattr(args, "isolated", False):
+        name = DEFAULT_FLEET
+    return None if name is None else check_fleet(name)
+
+
 @_guard
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    twins = simhost.up(args.hosts, timeout=args.timeout, rebuild=args.rebuild)
+    fleet = _fleet(args)
+    twins = simhost.up(args.hosts, timeout=args.timeout, rebuild=args.rebuild, fleet=fleet)
     for h in twins:
         print(f"{h.name}\t{h.address}\tpid {h.pid}\tssh root@{h.address}")
-    print(f"up in {time.monotonic() - t0:.1f} s; inventory: inventory/sim.py", file=sys.stderr)
+    inventory = "inventory/sim.py" if fleet is None else \
+        f"inventory/fleet-sim.py{'' if fleet == 'fleet' else f' (DSV4_SIM_FLEET={fleet})'}"
+    print(f"up in {time.monotonic() - t0:.1f} s; inventory: {inventory}", file=sys.stderr)
     return 0
 
 
 @_guard
 def cmd_down(args: argparse.Namespace) -> int:
-    stopped = simhost.down(args.host or None, timeout=args.timeout, purge=args.purge)
+    stopped = simhost.down(args.host or None, timeout=args.timeout, purge=args.purge, fleet=_fleet(args))
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     return 0
 
 
 @_guard
 def cmd_status(args: argparse.Namespace) -> int:
-    rows = simhost.status(check_ssh=not args.no_ssh)
+    fleet = _fleet(args)
+    rows = simhost.status(check_ssh=not args.no_ssh, fleet=fleet)
     if args.json:
         print(json.dumps({"sim_dir": str(simhost.sim_dir()), "rootfs_ready": simhost.rootfs_ready(),
                           "known_hosts": str(simhost.known_hosts_file()),
-                          "ssh_key": str(simhost.client_key()), "twins": rows}, indent=2))
+                          "ssh_key": str(simhost.client_key()), **({"fleet": fleet} if fleet else {}),
+                          "twins": rows}, indent=2))
         return 0
     if not rows:
-        print(f"no twins (state in {simhost.sim_dir()}); start one with `make sim-up`")
+        how = "make sim-up" if fleet is None else f"dsv4deploy sim up --fleet {fleet} --hosts N"
+        print(f"no twins{f' in fleet {fleet}' if fleet else ''} (state in {simhost.sim_dir()}); start one with `{how}`")
         return 0
-    print(f"{'NAME':<8} {'ADDRESS':<12} {'PID':>8}  {'STATE':<8} SSH")
+    width = max(8, *(len(r["name"]) for r in rows))
+    print(f"{'NAME':<{width}} {'ADDRESS':<15} {'PID':>8}  {'STATE':<8} SSH")
     for r in rows:
         ssh = "-" if not r["running"] or args.no_ssh else ("ok" if r["ssh"] else "unreachable")
-        print(f"{r['name']:<8} {r['address']:<12} {r['pid'] or '-':>8}  "
+        print(f"{r['name']:<{width}} {r['address'] or '-':<15} {r['pid'] or '-':>8}  "
               f"{'running' if r['running'] else 'stopped':<8} {ssh}")
     return 0
 
 
 @_guard
 def cmd_gpus(args: argparse.Namespace) -> int:
-    h = SimHost(args.host)
+    h = SimHost(args.host, _fleet(args))
     changes = dict(count=args.count, memory_mib=args.memory_mib, memory_used_mib=args.memory_used_mib,
                    driver_version=args.driver, name=args.name, compute_cap=args.compute_cap)
     if args.no_driver and args.driver:
@@ -127,9 +144,10 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_ssh(args: argparse.Namespace) -> int:
-    h = SimHost(args.host)
+    h = SimHost(args.host, _fleet(args))
     if not h.running():
-        raise SimError(f"{h.name} is not running; run `dsv4deploy sim up --hosts {h.index}`")
+        fleet = f"--fleet {h.fleet} " if h.fleet else ""
+        raise SimError(f"{h.name} is not running; run `dsv4deploy sim up {fleet}--hosts {h.index}`")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     argv = h.ssh_argv(" ".join(command) if command else None)
     if args.print:
@@ -196,6 +214,12 @@ def cmd_hub(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fleet", metavar="NAME", help="the isolated twins NAME-1..NAME-N, each in its own network "
+                                                   "namespace (docs/fleet.md), instead of the default twins")
+    p.add_argument("--isolated", action="store_true", help="the same as --fleet fleet")
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``sim`` (up, down, status, gpus, hub, ssh) to the main parser's subparsers."""
     p = subparsers.add_parser("sim", help="the CT200 twin: local Debian hosts booted with systemd-nspawn",
@@ -207,6 +231,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     u.add_argument("--timeout", type=float, default=simhost.SSH_WAIT_S, metavar="S",
                    help="seconds to wait for ssh (default %(default)s)")
     u.add_argument("--rebuild", action="store_true", help="rebuild the cached Debian root first")
+    _fleet_options(u)
     u.set_defaults(func=cmd_up)
 
     d = sp.add_parser("down", help="stop twins by their recorded nspawn PID; needs root")
@@ -215,11 +240,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, default=simhost.STOP_WAIT_S, metavar="S",
                    help="seconds before SIGKILL (default %(default)s)")
     d.add_argument("--purge", action="store_true", help="also delete the twins' roots")
+    _fleet_options(d)
     d.set_defaults(func=cmd_down)
 
     s = sp.add_parser("status", help="list twins: address, PID, running, ssh reachable")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--no-ssh", action="store_true", help="skip the ssh probe")
+    _fleet_options(s)
     s.set_defaults(func=cmd_status)
 
     g = sp.add_parser("gpus", help="set what nvidia-smi reports in a twin (no option: show)")
@@ -232,6 +259,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--name", metavar="NAME", help="GPU product name")
     g.add_argument("--compute-cap", metavar="X.Y", help="compute capability")
     g.add_argument("--reset", action="store_true", help="start from CT200's defaults")
+    _fleet_options(g)
     g.set_defaults(func=cmd_gpus)
 
     hb = sp.add_parser("hub", help="a local Hugging Face Hub serving stand-in checkpoints (HF_ENDPOINT for the twin)",
@@ -250,6 +278,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     h = sp.add_parser("ssh", help="ssh into a twin (host-key checking on)")
     h.add_argument("--host", type=_positive, default=1, metavar="N", help="twin number (default 1)")
     h.add_argument("--print", action="store_true", help="print the ssh command instead")
+    _fleet_options(h)
     h.add_argument("command", nargs=argparse.REMAINDER, help="command to run")
     h.set_defaults(func=cmd_ssh)
     return p

@@ -175,3 +175,40 @@ def _sync_host_environment(root: Path) -> None:
         env_lines = [ln for ln in env_lines if not ln.startswith("PIP_CONFIG_FILE=")]
         env_lines.append('PIP_CONFIG_FILE="/etc/dsv4deploy-twin/pip.conf"')
     _write(root / "etc/environment", "".join(ln + "\n" for ln in env_lines), 0o644)
+
+
+ISOLATED_NO_PROXY = "localhost,127.0.0.1,::1"
+
+
+def _isolated_environment(root: Path, proxy_url: str) -> None:
+    """An isolated twin (its own network namespace, no route out) reaches the outside only through
+    its proxy on this machine's end of the veth: apt, pip and SSH sessions are pointed at it,
+    over whatever this machine's own proxy settings said (the twin could not reach those)."""
+    conf = _mkdir(root / "etc/apt/apt.conf.d")
+    _guard(conf / "50dsv4deploy-host-proxy").unlink(missing_ok=True)
+    # 60 sorts after the host's 50dsv4deploy-host-* copies: apt keeps the last value it reads
+    _write(conf / "60dsv4deploy-fleet-proxy",
+           f'Acquire::http::Proxy "{proxy_url}";\nAcquire::https::Proxy "{proxy_url}";\n'
+           'Acquire::http::Pipeline-Depth "0";\n', 0o644)
+    # pip: the proxy in the global file (sudo and root's sessions read it whatever their environment)
+    pip_conf = root / "etc/pip.conf"
+    cp = configparser.ConfigParser(interpolation=None, strict=False)
+    with contextlib.suppress(configparser.Error, OSError, UnicodeDecodeError):
+        if pip_conf.is_file():
+            cp.read_string(pip_conf.read_text())
+    if not cp.has_section("global"):
+        cp.add_section("global")
+    cp.set("global", "proxy", proxy_url)
+    lines = ["# written by dsv4deploy sim: this machine's pip.conf, and the isolated twin's proxy"]
+    for section in cp.sections():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {v}" for k, v in cp.items(section, raw=True)]
+    _write(pip_conf, "\n".join(lines) + "\n", 0o644)
+    env = root / "etc/environment"
+    kept = []
+    with contextlib.suppress(OSError):
+        kept = [ln for ln in env.read_text().splitlines()
+                if ln.strip() and ln.split("=", 1)[0] not in _PROXY_ENV]
+    proxies = [f'{k}="{proxy_url}"' for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")]
+    proxies += [f'{k}="{ISOLATED_NO_PROXY}"' for k in ("no_proxy", "NO_PROXY")]
+    _write(env, "".join(ln + "\n" for ln in kept + proxies), 0o644)

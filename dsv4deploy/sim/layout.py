@@ -17,13 +17,19 @@ State layout (``sim_dir()``, by default ``<repo>/.sim``, env ``DSV4_SIM_DIR``)::
 
 Twin N listens on 127.0.0.(N+1):22 (twin-1 -> 127.0.0.2).  The container shares
 this machine's network namespace, so sshd is pinned with ListenAddress.
+
+A fleet (``sim up --fleet NAME``, docs/fleet.md) is a set of isolated twins NAME-1..NAME-N kept
+beside them (``hosts/NAME-N/``, plus ``net.json``, ``proxy.json`` and ``proxy.log``): each in its
+own network namespace, reached over a veth pair (``netns.py``), so each has its own loopback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
+import re
 from pathlib import Path
 
 from .errors import SimError
@@ -59,6 +65,26 @@ def hosts_dir() -> Path:
 
 def twin_name(index: int) -> str:
     return f"twin-{index}"
+
+
+# A fleet's name: short (it goes into machine, netns and file names), and never "twin" (the
+# default twins' prefix).
+FLEET_PATTERN = r"[a-z][a-z0-9]{0,9}"
+DEFAULT_FLEET = "fleet"
+
+
+def check_fleet(name) -> str:
+    """NAME if it is a usable fleet name, else SimError (exit 2)."""
+    if not isinstance(name, str) or not re.fullmatch(FLEET_PATTERN, name) or name == "twin":
+        raise SimError(f"fleet name {ascii(name)}: 1-10 lower-case letters and digits, starting with a "
+                       "letter, not 'twin'", 2)
+    return name
+
+
+def fleet_tag(fleet: str) -> str:
+    """6 hex digits that tell this checkout's fleet NAME from another checkout's (they go into
+    the names of network interfaces, namespaces and nspawn machines, which the whole machine shares)."""
+    return hashlib.sha256(f"{sim_dir()}\0{fleet}".encode()).hexdigest()[:6]
 
 
 def twin_address(index: int) -> str:

@@ -1,6 +1,9 @@
 """One twin, ``SimHost(N)``: where its files are, whether its nspawn is running, ssh into it (host
 keys checked), what its nvidia-smi reports, its status and its pyinfra inventory entry; and
 the twins that exist or run (``existing_hosts``, ``running_hosts``).
+
+``SimHost(N, fleet="NAME")`` is twin N of an isolated fleet (docs/fleet.md): NAME-N, in its own
+network namespace, at the address its network record holds (``netns.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from typing import Any, Sequence
 from .errors import SimError
 from .files import _write
 from .gpu_settings import GPU_DEFAULTS, NVIDIA_SMI_SCRIPT, TWIN_NVIDIA_SMI_LIB, _apply_gpus, _read_gpus
-from .layout import _locked, client_key, deploy_key, hosts_dir, known_hosts_file, twin_address, twin_name
+from .layout import (_locked, check_fleet, client_key, deploy_key, fleet_tag, hosts_dir, known_hosts_file,
+                     twin_address, twin_name)
+from .netns import read_record
+from .proxyctl import PORT as PROXY_PORT
 from .processes import _is_nspawn_of
 
 DEPLOY_USER = "deploy"          # the inventory's account on the twins (sudo), like an operator's
@@ -25,17 +31,55 @@ DEPLOY_USER = "deploy"          # the inventory's account on the twins (sudo), l
 
 @dataclass(frozen=True)
 class SimHost:
-    """One twin: ``SimHost(1)`` is twin-1 at 127.0.0.2."""
+    """One twin: ``SimHost(1)`` is twin-1 at 127.0.0.2; ``SimHost(1, "fleet")`` is fleet-1, isolated."""
 
     index: int
+    fleet: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.fleet is not None:
+            check_fleet(self.fleet)
+            if not 1 <= self.index <= 253:
+                raise SimError(f"twin index must be 1..253, got {self.index}", 2)
+
+    @property
+    def isolated(self) -> bool:
+        return self.fleet is not None
 
     @property
     def name(self) -> str:
-        return twin_name(self.index)
+        return twin_name(self.index) if self.fleet is None else f"{self.fleet}-{self.index}"
+
+    @property
+    def machine(self) -> str:
+        """systemd-nspawn's machine name (-M): unique on this machine, also across checkouts."""
+        return self.name if self.fleet is None else f"{self.name}-{fleet_tag(self.fleet)}"
+
+    @property
+    def net_file(self) -> Path:
+        return self.dir / "net.json"
+
+    @property
+    def proxy_file(self) -> Path:
+        return self.dir / "proxy.json"
+
+    @property
+    def proxy_log(self) -> Path:
+        return self.dir / "proxy.log"
+
+    def net(self) -> dict[str, Any]:
+        """An isolated twin's network record ({} until its first `up`)."""
+        return read_record(self.net_file) if self.isolated else {}
 
     @property
     def address(self) -> str:
-        return twin_address(self.index)
+        if self.fleet is None:
+            return twin_address(self.index)
+        net = self.net()
+        if not net:
+            raise SimError(f"{self.name} has no address yet: run `dsv4deploy sim up --fleet {self.fleet} "
+                           f"--hosts {self.index}` first")
+        return net["twin_ip"]
 
     @property
     def dir(self) -> Path:
@@ -73,7 +117,7 @@ class SimHost:
 
     def running(self) -> bool:
         pid = self.pid
-        return pid is not None and _is_nspawn_of(pid, self.name, self._state().get("starttime"))
+        return pid is not None and _is_nspawn_of(pid, self.machine, self._state().get("starttime"))
 
     def exists(self) -> bool:
         return (self.root / "usr/sbin/sshd").exists()
@@ -168,16 +212,25 @@ class SimHost:
     # -- status
     def status(self, check_ssh: bool = True) -> dict[str, Any]:
         running = self.running()
-        return {"name": self.name, "index": self.index, "address": self.address,
+        extra = {}
+        if self.isolated:
+            net = self.net()
+            extra = {"fleet": self.fleet, "netns": net.get("netns"),
+                     "proxy": f"{net['host_ip']}:{PROXY_PORT}" if net else None}
+        return {"name": self.name, "index": self.index,
+                "address": self.address if not self.isolated or self.net() else None,
                 "pid": self.pid if running else None, "running": running,
                 "ssh": bool(running and check_ssh and self.ssh_ok(timeout=8)),
-                "root": str(self.root), "console_log": str(self.console_log)}
+                "root": str(self.root), "console_log": str(self.console_log), **extra}
 
     def inventory_entry(self) -> tuple[str, dict[str, Any]]:
         """As an operator connects: the `deploy` account with sudo (DSV4_SIM_USER=root: as root)."""
         user = os.environ.get("DSV4_SIM_USER", DEPLOY_USER)
         as_root = user == "root"
-        return (self.address, {
+        # a fleet twin is named (reports/<name>/, --limit NAME), reached at its veth address
+        where = {"ssh_hostname": self.address, "sim_fleet": self.fleet} if self.isolated else {}
+        return (self.name if self.isolated else self.address, {
+            **where,
             "ssh_user": "root" if as_root else DEPLOY_USER,
             **({} if as_root else {"_sudo": True}),
             "ssh_port": 22,
@@ -193,14 +246,16 @@ class SimHost:
         })
 
 
-def existing_hosts() -> list[SimHost]:
+def existing_hosts(fleet: str | None = None) -> list[SimHost]:
+    """The default twins (twin-N), or FLEET's (NAME-N)."""
+    prefix = "twin" if fleet is None else check_fleet(fleet)
     out = []
-    for d in hosts_dir().glob("twin-*"):
-        m = re.fullmatch(r"twin-(\d+)", d.name)
-        if m and d.is_dir():
-            out.append(SimHost(int(m.group(1))))
+    for d in hosts_dir().glob(f"{prefix}-*"):
+        m = re.fullmatch(rf"{prefix}-(\d+)", d.name)
+        if m and d.is_dir() and 1 <= int(m.group(1)) <= 253:
+            out.append(SimHost(int(m.group(1)), fleet))
     return sorted(out, key=lambda h: h.index)
 
 
-def running_hosts() -> list[SimHost]:
-    return [h for h in existing_hosts() if h.running()]
+def running_hosts(fleet: str | None = None) -> list[SimHost]:
+    return [h for h in existing_hosts(fleet) if h.running()]

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from .files import _mkdir, _safe_rmtree, _write
 from .gpu_settings import _install_twin_tools
-from .host_env import _sync_host_environment
+from .host_env import _isolated_environment, _sync_host_environment
 from .layout import client_key, deploy_key, known_hosts_file, ssh_dir
+from .proxyctl import PORT as PROXY_PORT
 from .rootfs import ROOTFS_MARKER
 from .twin_host import DEPLOY_USER, SimHost
 
@@ -105,5 +106,7 @@ def _configure_twin(host: SimHost) -> None:
     _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n"
                                "::1\tlocalhost ip6-localhost ip6-loopback\n", 0o644)
     _sync_host_environment(root)
+    if host.isolated:
+        _isolated_environment(root, f"http://{host.net()['host_ip']}:{PROXY_PORT}")
     _install_twin_tools(root, host.name)
     _record_host_key(host.address, (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text())
