@@ -168,18 +168,23 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 	$(BIN)/dsv4deploy tune $(PROFILE) --inventory $(INVENTORY) $(if $(PLAN),--plan) $(TUNE_ARGS)
 
 # The twin's Debian root starts building (bare python3, in the background) before the venv installs;
-# then two pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
-# it) and all the others (they mostly compute). The twin's log is printed when both are done.
+# then three pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
+# it), those on isolated twins (fleets and replica sets: own network namespaces, so they do not
+# collide with the default twin) and all the others (they mostly compute). The twins' logs are
+# printed when all are done.
 test: twin-debs
 	@mkdir -p .cache; python3 -c 'from dsv4deploy.sim.host import prebuild_root; prebuild_root()' \
 	  > .cache/rootfs-build.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
 	@$(BIN)/pytest -m twin -p no:cacheprovider $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
-	$(BIN)/pytest -m "not twin" $(PYTEST_ARGS); rest=$$?; \
-	wait $$twin; twin_rc=$$?; \
+	$(BIN)/pytest -m fleet -p no:cacheprovider $(PYTEST_ARGS) > .cache/test-fleet.log 2>&1 & fleet=$$!; \
+	$(BIN)/pytest -m "not twin and not fleet" $(PYTEST_ARGS); rest=$$?; \
+	wait $$twin; twin_rc=$$?; wait $$fleet; fleet_rc=$$?; \
 	echo; echo "=============== tests on the CT200 twin (.cache/test-twin.log) ==============="; \
 	cat .cache/test-twin.log; \
-	for rc in $$rest $$twin_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
+	echo; echo "=============== tests on isolated twins (.cache/test-fleet.log) ==============="; \
+	cat .cache/test-fleet.log; \
+	for rc in $$rest $$twin_rc $$fleet_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # The edit-test loop: everything that needs neither the twin nor SGLang's parser venv.
 test-fast: venv

@@ -71,7 +71,7 @@ def pytest_collection_finish(session):
     slow = [item for item in session.items if item.get_closest_marker("slow")]
     if not slow:
         return
-    # the twins' root: for the default twin's tests, and for a fleet's (in the other process)
+    # the twins' root: for the default twin's tests, and for the isolated twins' (their own process)
     twin = any(item.get_closest_marker("twin") or item.get_closest_marker("fleet") for item in slow)
     parser = any(not item.get_closest_marker("twin") and not item.get_closest_marker("fleet") for item in slow)
 

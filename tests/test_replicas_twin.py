@@ -2,24 +2,31 @@
 real smg gateway, deployed, re-run, rolled one replica at a time under load, and a replica whose
 new release fails its gate restored while the other keeps serving.
 
-The profiles are nvfp4-ctx8k-dp2 with a short gate, on their own ports (31000 for the gateway,
-31001-31002 for the replicas, 31009 for its metrics) so that nothing here touches the single
-server the other twin tests deploy on port 30000.
+The twin is an isolated one (`sim up --fleet rset`: its own network namespace, docs/fleet.md), so
+these tests run beside the default twin's in their own pytest process (marker `fleet`). The load
+runs on this machine inside that namespace (`ip netns exec`), against the twin's loopback. The
+profiles are nvfp4-ctx8k-dp2 with a short gate, on non-default ports (31000 for the gateway,
+31001-31002 for the replicas, 31009 for its metrics).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 
 import pytest
 
 from dsv4deploy.sim import faultlab
-from dsv4deploy.sim.load import StreamingLoad
-from sim_fixtures import sim_twin  # noqa: F401
+from dsv4deploy.sim import host as simhost
+from sim_fixtures import NOT_ROOT, NOT_ROOT_REASON
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 
+FLEET = "rset"
+INVENTORY = "inventory/fleet-sim.py"
 GATE = """gate:
   warmup_requests: 1
   levels:
@@ -41,14 +48,19 @@ UNITS = ("sglang@0.service", "sglang@1.service", "sglang-gateway.service")
 
 
 @pytest.fixture(scope="module")
-def rset(sim_twin, tmp_path_factory):  # noqa: F811
+def rset(tmp_path_factory):
+    if NOT_ROOT:
+        pytest.skip(NOT_ROOT_REASON)
+    was_running = simhost.SimHost(1, FLEET).running()
+    twin = simhost.up(1, fleet=FLEET)[0]
+    twin.set_gpus(reset=True)
     profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"), PROFILES)
-    lab = faultlab.Lab(sim_twin, profiles, baseline=BASE)
+    lab = faultlab.Lab(twin, profiles, baseline=BASE, inventory=INVENTORY, env={"DSV4_SIM_FLEET": FLEET})
     lab.reset_host()
-    # the single server of the other twin tests gives the host back; this module's set goes at the end
-    sim_twin.run("systemctl stop sglang.service 2>/dev/null; true", check=False)
     yield lab
-    sim_twin.run(f"systemctl disable --now {' '.join(UNITS)} 2>/dev/null; rm -f {faultlab.FAULTS}; true", check=False)
+    twin.run(f"systemctl disable --now {' '.join(UNITS)} 2>/dev/null; rm -f {faultlab.FAULTS}; true", check=False)
+    if not was_running and os.environ.get("DSV4_SIM_KEEP") != "1":
+        simhost.down(fleet=FLEET)
 
 
 def pids(twin) -> dict[str, int]:
@@ -67,10 +79,26 @@ def argv_context(twin, unit: str) -> int:
     return int(argv[argv.index("--context-length") + 1])
 
 
-def load_on(twin) -> StreamingLoad:
-    """Streaming load on the gateway (the twin shares this machine's loopback)."""
-    key = twin.run("cat /etc/dsv4deploy/secrets/sglang-api-key").stdout.strip()
-    return StreamingLoad(GATEWAY, concurrency=8, input_len=64, output_len=64, api_key=key, stagger_s=2.0).start()
+class Load:
+    """dsv4deploy.sim.load inside the twin's network namespace: streaming requests on the gateway
+    until stop(), then its figures (sent, completed, failed, errors)."""
+
+    def __init__(self, twin):
+        key = twin.run("cat /etc/dsv4deploy/secrets/sglang-api-key").stdout.strip()
+        python = str(faultlab.REPO / ".venv" / "bin" / "python")
+        self.p = subprocess.Popen(["ip", "netns", "exec", twin.net()["netns"], python, "-m", "dsv4deploy.sim.load",
+                                   "--url", GATEWAY, "--concurrency", "8", "--input-len", "64", "--output-len", "64",
+                                   "--stagger-s", "2", "--key-stdin"], cwd=faultlab.REPO, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        self.p.stdin.write(key + "\n")
+        self.p.stdin.close()
+        assert self.p.stdout.readline().strip() == "started"
+
+    def stop(self) -> dict:
+        self.p.send_signal(signal.SIGTERM)
+        out = self.p.stdout.read()
+        self.p.wait(timeout=300)
+        return json.loads(out.strip().splitlines()[-1])
 
 
 def test_a_replica_set_serves_through_the_gateway_and_a_rerun_changes_nothing(rset):
@@ -94,7 +122,7 @@ def test_a_rolling_update_drops_no_request_and_a_failing_replica_is_restored(rse
     before = pids(twin)
     # the broken release fails its gate (20% errors, on the new argv only) on replica 0
     rset.faults(error_rate=0.2, match_argv="--context-length 6144")
-    load = load_on(twin)
+    load = Load(twin)
     broken = rset.deploy(BROKEN)
     res = load.stop()
     assert broken.rc != 0
@@ -109,15 +137,15 @@ def test_a_rolling_update_drops_no_request_and_a_failing_replica_is_restored(rse
     assert now["sglang-gateway.service"] == before["sglang-gateway.service"]
     assert argv_context(twin, "sglang@0.service") == 8192               # replica 0 runs the old release again
     assert workers(twin) == [("http://127.0.0.1:31001", "ready"), ("http://127.0.0.1:31002", "ready")]
-    assert res.failed == 0 and res.completed > 0, res.errors[:5]
+    assert res["failed"] == 0 and res["completed"] > 0, res["errors"][:5]
 
     # a good change rolls across both replicas under the same load, the gateway never restarts
     rset.faults()
-    load = load_on(twin)
+    load = Load(twin)
     good = rset.deploy(CHANGED)
     res = load.stop()
     assert good.rc == 0, good.output[-4000:]
-    assert res.failed == 0 and res.completed > 0, res.errors[:5]
+    assert res["failed"] == 0 and res["completed"] > 0, res["errors"][:5]
     assert [argv_context(twin, u) for u in UNITS[:2]] == [7168, 7168]
     assert pids(twin)["sglang-gateway.service"] == before["sglang-gateway.service"]
     rec = faultlab.releases(twin)[-1]
@@ -152,7 +180,7 @@ def test_fault_14_a_killed_gateway_comes_back_and_a_replica_killed_mid_update_do
             killed["pid"] = pids(twin)["sglang@1.service"]
             twin.run(f"kill -KILL {killed['pid']}")
 
-    run = faultlab.deploy_watching(target, strike, profiles_dir=rset.profiles)
+    run = faultlab.deploy_watching(target, strike, profiles_dir=rset.profiles, inventory=INVENTORY, env=rset.env)
     assert killed and run.rc == 0, run.output[-4000:]
     rec = faultlab.releases(twin)[-1]
     assert rec["profile"] == target and rec["status"] == "deployed"

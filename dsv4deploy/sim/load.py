@@ -140,3 +140,37 @@ class StreamingLoad:
         else:
             r.completed += 1
             r.completions.append(time.monotonic())
+
+
+def main(argv=None) -> int:
+    """`python -m dsv4deploy.sim.load --url URL [...]`: the load until SIGTERM or SIGINT, then its
+    figures as one JSON line. The API key comes on stdin (never argv). Run it inside an isolated
+    twin's network namespace (`ip netns exec NS ...`) to reach that twin's loopback."""
+    import argparse
+    import signal
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m dsv4deploy.sim.load", description=main.__doc__.splitlines()[0])
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--stagger-s", type=float, default=15.0)
+    ap.add_argument("--key-stdin", action="store_true", help="read the API key from stdin's first line")
+    args = ap.parse_args(argv)
+    key = sys.stdin.readline().strip() if args.key_stdin else None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    load = StreamingLoad(args.url, concurrency=args.concurrency, input_len=args.input_len,
+                         output_len=args.output_len, api_key=key or None, stagger_s=args.stagger_s).start()
+    print("started", flush=True)
+    stop.wait()
+    r = load.stop()
+    print(json.dumps({"sent": r.sent, "completed": r.completed, "failed": r.failed, "errors": r.errors[:20],
+                      "max_gap_s": r.max_gap_s(), "max_token_gap_s": r.max_token_gap_s()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

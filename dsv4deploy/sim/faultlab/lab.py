@@ -22,13 +22,14 @@ class Lab:
     """A booted twin with a clean, good release to strike at: `baseline()` puts it back."""
 
     def __init__(self, twin, profiles_dir: Path, baseline: str = "nvfp4-ctx8k", log=print, any_good: bool = False,
-                 rerun: bool = True):
+                 rerun: bool = True, inventory: str = "inventory/sim.py", env: dict | None = None):
         self.twin = twin
         self.profiles = profiles_dir
         self.base = baseline
         self.log = log
         self.any_good = any_good    # tests: any release that passed its gate is a clean start
         self.rerun = rerun          # tests: faults that end with a good release serving skip the re-run
+        self.inventory, self.env = inventory, dict(env or {})   # an isolated twin: inventory/fleet-sim.py
 
     # setup
     def reset_host(self) -> None:
@@ -49,6 +50,8 @@ class Lab:
 
     def deploy(self, profile: str | None = None, **kw) -> Run:
         t0 = time.monotonic()
+        kw.setdefault("inventory", self.inventory)
+        kw["env"] = {**self.env, **(kw.get("env") or {})}
         out = deploy(profile or self.base, profiles_dir=self.profiles, **kw)
         return Run(rc=out.returncode, output=out.stdout + out.stderr, wall_s=time.monotonic() - t0)
 

@@ -22,15 +22,16 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 600) -> subproce
                           env={**os.environ, **(env or {})})
 
 
-def deploy_argv(profile: str, *extra: str, dry: bool = False) -> list[str]:
+def deploy_argv(profile: str, *extra: str, dry: bool = False, inventory: str = "inventory/sim.py") -> list[str]:
     mode = ["--dry", "--diff"] if dry else ["-y"]
-    return [PYINFRA, *mode, "inventory/sim.py", "deploy/serve.py", "--data", f"profile={profile}",
+    return [PYINFRA, *mode, inventory, "deploy/serve.py", "--data", f"profile={profile}",
             "--data", "health_poll_s=0.5", *extra]
 
 
-def deploy(profile: str, *extra: str, env=None, dry=False, profiles_dir=None, timeout: int = 600):
+def deploy(profile: str, *extra: str, env=None, dry=False, profiles_dir=None, timeout: int = 600,
+           inventory: str = "inventory/sim.py"):
     env = {**(env or {}), **({"DSV4_PROFILES_DIR": str(profiles_dir)} if profiles_dir else {})}
-    return run(deploy_argv(profile, *extra, dry=dry), env=env, timeout=timeout)
+    return run(deploy_argv(profile, *extra, dry=dry, inventory=inventory), env=env, timeout=timeout)
 
 
 def changed_ops(output: str) -> list[str]:
@@ -62,13 +63,13 @@ class Run:
 
 def deploy_and_strike(profile: str, strike: Callable[[str, int], bool] | None, action: Callable, *,
                       profiles_dir=None, env=None, timeout: float = 600, extra: tuple = (),
-                      on_line: Callable[[str], None] | None = None) -> Run:
+                      on_line: Callable[[str], None] | None = None, inventory: str = "inventory/sim.py") -> Run:
     """Run a deploy, watch its output for "--> Starting operation: <step>" and call
     `action(popen, step)` once, at the first step for which `strike(step, index)` is true."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
            **({"DSV4_PROFILES_DIR": str(profiles_dir)} if profiles_dir else {})}
     t0 = time.monotonic()
-    p = subprocess.Popen(deploy_argv(profile, *extra), cwd=REPO, env=env, stdout=subprocess.PIPE,
+    p = subprocess.Popen(deploy_argv(profile, *extra, inventory=inventory), cwd=REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
     timer = threading.Timer(timeout, lambda: p.poll() is None and os.killpg(p.pid, signal.SIGKILL))
     timer.start()
@@ -90,10 +91,12 @@ def deploy_and_strike(profile: str, strike: Callable[[str, int], bool] | None, a
     return Run(rc=rc, output="".join(lines), struck=struck, wall_s=time.monotonic() - t0, pid=p.pid)
 
 
-def deploy_watching(profile: str, on_line: Callable[[str], None], *, profiles_dir=None, timeout: float = 600) -> Run:
+def deploy_watching(profile: str, on_line: Callable[[str], None], *, profiles_dir=None, timeout: float = 600,
+                    env=None, inventory: str = "inventory/sim.py") -> Run:
     """A deploy whose every output line is handed to ON_LINE as it comes (a strike at a message,
     not at a step boundary)."""
-    return deploy_and_strike(profile, None, None, profiles_dir=profiles_dir, timeout=timeout, on_line=on_line)
+    return deploy_and_strike(profile, None, None, profiles_dir=profiles_dir, timeout=timeout, on_line=on_line,
+                             env=env, inventory=inventory)
 
 
 def kill(p: subprocess.Popen, _step: str = "") -> None:
