@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from ..twin.perf import sse_data
+
 
 @dataclass
 class LoadResult:
@@ -115,14 +117,7 @@ class StreamingLoad:
                 if resp.status != 200:
                     problem = f"HTTP {resp.status}: {(await resp.read())[:200]!r}"
                 else:
-                    async for line in resp.content:
-                        line = line.strip()
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            break
-                        data = json.loads(payload)
+                    async for data in sse_data(resp):
                         if "error" in data:
                             problem = f"error chunk: {json.dumps(data['error'])[:200]}"
                             break

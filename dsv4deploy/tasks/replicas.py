@@ -130,7 +130,12 @@ class Switch:
                 if self.restart_gateway:
                     start_gateway(self.h, t, restart=True)
                     self.log(f"restarted {t.unit} (its unit or venv changed)")
-                gate = None
+                # every replica passed alone; now the set as users reach it, through the gateway
+                gate = run_release_gate(self.h, t, self._number, self._previous_number, self.r.profile.name)
+                if not gate.passed:
+                    every = [s.index for s in steps]
+                    self.fail(steps, f"smoke gate through the gateway failed: {gate.verdict.message}",
+                              ReplicaFailed(every[-1], "", done=every[:-1]))
             else:
                 start_set(self.h, t, lambda rt: None, self.poll, self.log, steps)
                 gate = run_release_gate(self.h, t, self._number, self._previous_number, self.r.profile.name)
@@ -179,14 +184,7 @@ class Switch:
     def record(self, steps: list[Step], gate) -> None:
         if not self.release:
             return
-        if gate is not None:
-            summary = gate_record(gate)
-        else:
-            # the weakest replica's headline stands for the release (history shows one line)
-            gates = [self.gates[s.index] for s in steps if s.index in self.gates]
-            worst = min(gates, key=lambda g: gate_record(g).get("output_throughput") or 0.0)
-            summary = {**gate_record(worst), "passed": all(g.passed for g in gates),
-                       "summary": "; ".join(f"replica {i}: {g.summary}" for i, g in sorted(self.gates.items()))}
+        summary = gate_record(gate)       # through the gateway; each replica's own is in `replicas`
         rel = self.store.mark_deployed(self.release.with_gate(summary).with_replicas(self._summary(steps)))
         self.log(f"{rel.name} deployed: {self.r.profile.name} serves from {len(steps)} replicas "
                  f"through {self.t.unit} on {self.t.base_url}")

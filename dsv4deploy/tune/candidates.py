@@ -40,12 +40,6 @@ def get_path(data: dict, path: tuple):
     return data
 
 
-def set_path(data: dict, path: tuple, value) -> None:
-    for part in path[:-1]:
-        data = data.setdefault(part, {})
-    data[path[-1]] = value
-
-
 @dataclass
 class Candidate:
     """One configuration to try: base + `overrides` (only values that differ from the base)."""
@@ -120,7 +114,7 @@ def candidate_profile(base: Profile, overrides: dict, space: Space | None = None
     origins = dict(base.origins)
     for name, value in overrides.items():
         path = KNOBS[name].path
-        set_path(data, path, value)
+        KNOBS[name].apply(data, value)
         if space is not None and name in space.origins:
             origins[path] = space.origins[name]
     return Profile(name=base.name, data=data, origins=origins, files=base.files)

@@ -6,9 +6,9 @@ same words. `restart` says whether the server must restart to take a new value: 
 launch flag is read once at startup and NCCL reads its environment at init, so today every knob
 needs a restart. A knob is marked restart-free only when the server really applies it live.
 
-Extension point, replicas: when profiles get a `replicas:` key (several servers behind the
-Shepherd Model Gateway), add `Knob("replicas", ("replicas",), ...)` here and its `tune.space`
-entry in the schema; candidates, pruning and the scheduler handle any dotted key unchanged.
+The layout is a knob too: `replicas.count` (N replicas of `server.tp_size` GPUs behind the smg
+gateway; 1 is the single server): the validator checks that the sets fit the host, and a candidate
+with replicas is measured through the gateway, as users see it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,16 @@ class Knob:
     name: str                 # as written in tune.space and --set: "server.context_length"
     path: tuple[str, ...]     # where it lives in the profile: ("server", "context_length")
     restart: bool = True      # the server must restart to take a new value
+    absent_when: object = None   # the value that means "leave the whole block out" (1 replica: no set)
+
+    def apply(self, data: dict, value) -> None:
+        """Set the knob's key in a profile document (or drop its block for `absent_when`)."""
+        if self.absent_when is not None and value == self.absent_when:
+            data.pop(self.path[0], None)
+            return
+        for part in self.path[:-1]:
+            data = data.setdefault(part, {})
+        data[self.path[-1]] = value
 
     @property
     def schema(self) -> dict:
@@ -49,6 +59,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("server.disable_custom_all_reduce", ("server", "disable_custom_all_reduce")),
     Knob("server.tp_size", ("server", "tp_size")),
     Knob("nccl.preset", ("nccl", "preset")),
+    # the layout: N replicas of server.tp_size GPUs behind the smg gateway (docs/replicas.md);
+    # 1 is the single server, without a gateway
+    Knob("replicas.count", ("replicas", "count"), absent_when=1),
 )}
 
 SET_KEY = Rule("a knob name: dotted lower-case words, e.g. server.context_length", 64,

@@ -24,7 +24,7 @@ import yaml
 
 from ..profiles import REPO_ROOT, Profile, profiles_dir
 from .backend import Backend
-from .candidates import Candidate, set_path
+from .candidates import Candidate
 from .knobs import KNOBS
 from .objective import Level, Measurement, Method
 
@@ -53,7 +53,7 @@ def candidate_document(base: Profile, candidate: Candidate, level: Level) -> dic
     doc: dict = {"extends": base.name,
                  "description": f"tune candidate {candidate.id} of {base.name} (level {level.index})"}
     for name, value in candidate.overrides.items():
-        set_path(doc, KNOBS[name].path, value)
+        KNOBS[name].apply(doc, value)
     gate_level = {"concurrency": level.concurrency, "num_prompts": level.num_prompts,
                   "input_len": level.input_len, "output_len": level.output_len}
     if level.floor is not None:

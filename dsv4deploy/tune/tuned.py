@@ -19,7 +19,7 @@ from ..boundary import TEXT, check_name
 from ..errors import Problem, ProfileError
 from ..profiles import load_profile, profiles_dir
 from ..validate import validate
-from .candidates import Candidate, set_path
+from .candidates import Candidate
 from .knobs import KNOBS
 
 HEADER = "# yaml-language-server: $schema=../dsv4deploy/schema/profile.schema.json"
@@ -62,7 +62,7 @@ def _line(text: str) -> str:
 def tuned_text(base_name: str, cand: Candidate, *, description: str, notes: list[str]) -> str:
     body: dict = {"extends": base_name, "description": description[:1024]}
     for knob, value in cand.overrides.items():
-        set_path(body, KNOBS[knob].path, value)
+        KNOBS[knob].apply(body, value)
     lines = [HEADER, f"{MARKER} from {base_name}: candidate {cand.id}, only the chosen values."]
     lines += [_line(f"# {n}") for n in notes]
     return "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=False, width=4096)

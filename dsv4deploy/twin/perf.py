@@ -339,6 +339,18 @@ class Measured:
         return self.output_tokens / self.duration_s if self.duration_s > 0 else 0.0
 
 
+async def sse_data(resp):
+    """The JSON documents of a streaming /generate answer (`data: {...}` lines), up to `[DONE]`."""
+    async for line in resp.content:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        yield json.loads(payload)
+
+
 async def measure_bench(url: str, concurrency: int, num_prompts: int, input_len: int = 256,
                         output_len: int = 256, api_key: str | None = None, seed: int = 42,
                         warmup: int = 1, timeout_s: float = 7200.0) -> Measured:
@@ -367,14 +379,7 @@ async def measure_bench(url: str, concurrency: int, num_prompts: int, input_len:
                 if resp.status != 200:
                     await resp.read()
                     return 0, None, False
-                async for line in resp.content:
-                    line = line.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        break
-                    data = json.loads(payload)
+                async for data in sse_data(resp):
                     if "error" in data:
                         return tokens, ttft, False
                     if ttft is None:
