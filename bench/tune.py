@@ -1,7 +1,10 @@
 """`dsv4deploy tune` on the CT200 twin, from the campaign's starting point:
 
     make sim-up && make deploy PROFILE=nvfp4-ctx8k      # a good release serving first
-    .venv/bin/python bench/tune.py [--profile fp8-ctx1m-baseline] [--fresh]
+    .venv/bin/python bench/tune.py [--profile fp8-ctx1m-baseline] [--fresh] [--set KNOB=V1,V2 ...]
+
+    # with the layout (one TP4 server, or two behind the smg gateway: all 8 GPUs):
+    .venv/bin/python bench/tune.py --fresh --set replicas.count=1,2 --set server.mem_fraction_static=0.70,0.85
 
 Runs the search declared in the profile's `tune:` block (its context lengths include the
 campaign's fix, 8192), with every candidate deployed as a release and measured by the gate's
@@ -28,8 +31,12 @@ def main() -> int:
     ap.add_argument("--profile", default="fp8-ctx1m-baseline")
     ap.add_argument("--inventory", default="inventory/sim.py")
     ap.add_argument("--fresh", action="store_true", help="forget an earlier run's measurements")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=V1,V2",
+                    help="passed to dsv4deploy tune (replaces that knob's tune.space entry), e.g. the layout: "
+                         "--set replicas.count=1,2 --set server.mem_fraction_static=0.70,0.85")
     args = ap.parse_args()
-    cli = [str(REPO / ".venv" / "bin" / "dsv4deploy"), "tune", args.profile, "--inventory", args.inventory]
+    cli = [str(REPO / ".venv" / "bin" / "dsv4deploy"), "tune", args.profile, "--inventory", args.inventory,
+           *(w for s in args.set for w in ("--set", s))]
     plan = json.loads(subprocess.run([*cli, "--plan", "--json"], cwd=REPO, capture_output=True, text=True,
                                      check=True).stdout)
     start = time.monotonic()

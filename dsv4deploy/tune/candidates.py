@@ -107,6 +107,16 @@ def check(profile: Profile) -> tuple[list[Problem], Report | None]:
     return list(report.problems), report
 
 
+def changes(data: dict, knob: str, value) -> bool:
+    """Whether setting KNOB to VALUE changes the profile (1 replica on a single server does not)."""
+    have = get_path(data, KNOBS[knob].path)
+    if have == value and type(have) is type(value):
+        return False
+    trial = copy.deepcopy(data)
+    KNOBS[knob].apply(trial, value)
+    return trial != data
+
+
 def candidate_profile(base: Profile, overrides: dict, space: Space | None = None) -> Profile:
     """The base with `overrides` applied; each overridden key points at where its values were
     written (the tune block's line, or the command line)."""
@@ -127,9 +137,7 @@ def build_candidates(base: Profile, space: Space) -> list[Candidate]:
     out = [Candidate(0, {}, base, data_key(base.data), base_problems, [], report=base_report)]
     by_key = {out[0].key: out[0]}
     for combo in space.combinations():
-        overrides = {k: v for k, v in combo.items()
-                     if get_path(base.data, KNOBS[k].path) != v or
-                     type(get_path(base.data, KNOBS[k].path)) is not type(v)}
+        overrides = {k: v for k, v in combo.items() if changes(base.data, k, v)}
         profile = candidate_profile(base, overrides, space)
         key = data_key(profile.data)
         if key in by_key:
