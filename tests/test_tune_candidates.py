@@ -108,3 +108,25 @@ def test_a_candidate_is_the_base_plus_its_overrides_and_nothing_else():
     assert "context_length" not in base.data["server"]          # the base was not changed
     rest = {k: v for k, v in c.profile.data["server"].items() if k != "context_length"}
     assert rest == base.data["server"]
+
+
+def test_the_layout_is_a_knob_one_replica_is_the_single_server(fp8_bare):
+    """replicas.count=1 is the profile as it is (no gateway), 2 is a set of two TP4 servers on all
+    8 GPUs that the validator accepts; 3 sets of 4 GPUs do not fit CT200 and are refused with the
+    validator's reason; the deployed document and the tuned profile carry the block."""
+    from dsv4deploy.tune.rollout_backend import candidate_document
+    from dsv4deploy.tune.objective import Level
+    from dsv4deploy.tune.tuned import tuned_text
+
+    cands = candidates(fp8_bare, ["server.context_length=8192", "replicas.count=1,2,3"])
+    assert sorted(tuple(sorted(c.overrides.items())) for c in cands[1:]) == [
+        (("replicas.count", 2), ("server.context_length", 8192)),
+        (("replicas.count", 3), ("server.context_length", 8192)),
+        (("server.context_length", 8192),)]
+    two = by_overrides(cands, server__context_length=8192, replicas__count=2)
+    three = by_overrides(cands, server__context_length=8192, replicas__count=3)
+    assert not two.refused and two.profile.data["replicas"] == {"count": 2}
+    assert three.refused and three.errors[0].path.startswith("replicas")
+    doc = candidate_document(load_profile(fp8_bare), two, Level(0, 64, 64, 256, 256, False, 400.0))
+    assert doc["replicas"] == {"count": 2} and doc["server"] == {"context_length": 8192}
+    assert "replicas:\n  count: 2\n" in tuned_text(fp8_bare, two, description="d", notes=[])
