@@ -45,3 +45,22 @@ def sim_twin():
     twin.set_gpus(reset=True)
     if not was_running and os.environ.get("DSV4_SIM_KEEP") != "1":
         simhost.down([1])
+
+
+LAB_FLEET = "lab"
+
+
+@pytest.fixture(scope="session")
+def lab_twin():
+    """An isolated twin (`sim up --fleet lab`: its own network namespace, docs/fleet.md) for the
+    fault matrix and the replica sets: they run in `make test`'s isolated-twin process (marker
+    `fleet`), beside the default twin's tests, and share this one twin (one venv install)."""
+    if NOT_ROOT:
+        pytest.skip(NOT_ROOT_REASON)
+    was_running = simhost.SimHost(1, LAB_FLEET).running()
+    twin = simhost.up(1, fleet=LAB_FLEET)[0]
+    twin.set_gpus(reset=True)
+    yield twin
+    twin.set_gpus(reset=True)
+    if not was_running and os.environ.get("DSV4_SIM_KEEP") != "1":
+        simhost.down(fleet=LAB_FLEET)

@@ -6,6 +6,10 @@ Every test asserts what an operator sees: the exit and the message, the release 
 same deploy is run again, a history with nothing pending and nothing `deployed` that did not pass
 its gate, earlier releases' files intact, and no process of ours left on the host
 (dsv4deploy/sim/faultlab/recovered.py judges all of it: `Row.recovered`, `Row.why_not`).
+
+They run on an isolated twin (`sim up --fleet lab`, its own network namespace, shared with the
+replica tests) in `make test`'s isolated-twin process. The reboot (fault 12) runs on the default
+twin: tests/test_faults_reboot_twin.py.
 """
 
 from __future__ import annotations
@@ -13,24 +17,24 @@ from __future__ import annotations
 import pytest
 
 from dsv4deploy.sim import faultlab
-from dsv4deploy.sim import host as simhost
-from sim_fixtures import sim_twin  # noqa: F401
+from sim_fixtures import LAB_FLEET, lab_twin  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 BASE = "fbase"      # the baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
 
 
 @pytest.fixture(scope="module")
-def lab(sim_twin, tmp_path_factory):  # noqa: F811
+def lab(lab_twin, tmp_path_factory):  # noqa: F811
     profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"),
                                        {**faultlab.VARIANTS, BASE: faultlab.variant(7680)})
     # any release that passed its gate is a clean start (each test leaves one), and a fault that
     # ends with one serving is not deployed a second time: bench/faults.py does both in full
-    lab = faultlab.Lab(sim_twin, profiles, baseline=BASE, any_good=True, rerun=False)
+    lab = faultlab.Lab(lab_twin, profiles, baseline=BASE, any_good=True, rerun=False,
+                       inventory="inventory/fleet-sim.py", env={"DSV4_SIM_FLEET": LAB_FLEET})
     lab.baseline()
     yield lab
     lab.reset_host()
-    sim_twin.run(f"rm -f {faultlab.FAULTS}", check=False)
+    lab_twin.run(f"rm -f {faultlab.FAULTS}", check=False)
 
 
 def recovered(row: faultlab.Row) -> None:
@@ -96,15 +100,6 @@ def test_the_disk_filling_during_the_weights_step_stops_before_any_restart(lab):
     row = faultlab.fault_11(lab)
     recovered(row)
     assert "Restart | restart" not in row.outputs["first"]
-
-
-def test_the_host_rebooting_mid_deploy_is_settled_by_the_rerun(lab):
-    def reboot():
-        simhost.down([1])
-        simhost.up(1)
-    row = faultlab.fault_12(lab, reboot=reboot)
-    recovered(row)
-    assert row.outputs["first"] and "interrupted" in row.outputs["rerun"]
 
 
 def test_the_gate_budget_running_out_mid_gate_rolls_back(lab):

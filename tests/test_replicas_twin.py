@@ -2,8 +2,9 @@
 real smg gateway, deployed, re-run, rolled one replica at a time under load, and a replica whose
 new release fails its gate restored while the other keeps serving.
 
-The twin is an isolated one (`sim up --fleet rset`: its own network namespace, docs/fleet.md), so
-these tests run beside the default twin's in their own pytest process (marker `fleet`). The load
+The twin is an isolated one (`sim up --fleet lab`, shared with the fault matrix's tests: its own
+network namespace, docs/fleet.md), so these tests run beside the default twin's in their own
+pytest process (marker `fleet`). The load
 runs on this machine inside that namespace (`ip netns exec`), against the twin's loopback. The
 profiles are nvfp4-ctx8k-dp2 with a short gate, on non-default ports (31000 for the gateway,
 31001-31002 for the replicas, 31009 for its metrics).
@@ -12,7 +13,6 @@ profiles are nvfp4-ctx8k-dp2 with a short gate, on non-default ports (31000 for 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -20,12 +20,10 @@ import time
 import pytest
 
 from dsv4deploy.sim import faultlab
-from dsv4deploy.sim import host as simhost
-from sim_fixtures import NOT_ROOT, NOT_ROOT_REASON
+from sim_fixtures import LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 
-FLEET = "rset"
 INVENTORY = "inventory/fleet-sim.py"
 GATE = """gate:
   warmup_requests: 1
@@ -48,19 +46,15 @@ UNITS = ("sglang@0.service", "sglang@1.service", "sglang-gateway.service")
 
 
 @pytest.fixture(scope="module")
-def rset(tmp_path_factory):
-    if NOT_ROOT:
-        pytest.skip(NOT_ROOT_REASON)
-    was_running = simhost.SimHost(1, FLEET).running()
-    twin = simhost.up(1, fleet=FLEET)[0]
-    twin.set_gpus(reset=True)
+def rset(lab_twin, tmp_path_factory):  # noqa: F811
     profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"), PROFILES)
-    lab = faultlab.Lab(twin, profiles, baseline=BASE, inventory=INVENTORY, env={"DSV4_SIM_FLEET": FLEET})
+    lab = faultlab.Lab(lab_twin, profiles, baseline=BASE, inventory=INVENTORY, env={"DSV4_SIM_FLEET": LAB_FLEET})
     lab.reset_host()
+    # the single server of the fault matrix's tests (same twin) gives the GPUs back
+    lab_twin.run("systemctl disable --now sglang.service 2>/dev/null; true", check=False)
     yield lab
-    twin.run(f"systemctl disable --now {' '.join(UNITS)} 2>/dev/null; rm -f {faultlab.FAULTS}; true", check=False)
-    if not was_running and os.environ.get("DSV4_SIM_KEEP") != "1":
-        simhost.down(fleet=FLEET)
+    lab_twin.run(f"systemctl disable --now {' '.join(UNITS)} 2>/dev/null; rm -f {faultlab.FAULTS}; true",
+                 check=False)
 
 
 def pids(twin) -> dict[str, int]:

@@ -116,12 +116,12 @@ def cut_at(lab: Lab, name: str, step: str | None, mid_gate: bool = False) -> tup
     """Kill the control process at `step` (or mid-gate), then run the same deploy again."""
     if mid_gate:
         first = deploy_and_strike(name, lambda s, _i: s == VERIFY_STEP, _strike_mid_gate(lab),
-                                  profiles_dir=lab.profiles)
+                                  **lab.where)
         if first.rc != -signal.SIGKILL:
             first.struck = None          # the gate ended before the client was seen: no cut
     else:
         first = deploy_and_strike(name, lambda s, _i: step_key(s) == step_key(step), kill,
-                                  profiles_dir=lab.profiles)
+                                  **lab.where)
     state = lab.after(first, within_s=CUT_GRACE_S)
     rerun = lab.deploy(name)
     return first, state, rerun
@@ -162,8 +162,8 @@ def fault_7(lab) -> Row:
     """Two deploys started at once: one refuses with the holder's PID, the other finishes."""
     row = Row("7", "two deploys at once", strikes="deploy lock")
     t0, before = start(lab)
-    env = {**os.environ, "DSV4_PROFILES_DIR": str(lab.profiles)}
-    procs = [subprocess.Popen(deploy_argv("f7twice"), cwd=REPO, env=env, stdout=subprocess.PIPE,
+    env = {**os.environ, **lab.env, "DSV4_PROFILES_DIR": str(lab.profiles)}
+    procs = [subprocess.Popen(deploy_argv("f7twice", inventory=lab.inventory), cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     wall = time.monotonic() - t0
@@ -298,7 +298,7 @@ def _fault_10a(lab, row):
 def _fault_10b(lab, row):
     t0, before = start(lab)
     first_b = deploy_and_strike("f10gpus-b", lambda s, _i: s.startswith("Restart | restart"),
-                                lambda _p, _s: lab.twin.set_gpus(count=2), profiles_dir=lab.profiles)
+                                lambda _p, _s: lab.twin.set_gpus(count=2), **lab.where)
     state_b = lab.after(first_b)
     if first_b.struck is None:
         row.why_not.append("(b) the run never reached the restart")
@@ -322,7 +322,7 @@ def fault_11(lab) -> Row:
     def fill(_p, _step):
         lab.twin.run(f"mkdir -p {folder} && mount -t tmpfs -o size=64k,mode=0755 dsv4deploy-fault-11 {folder}")
 
-    first = deploy_and_strike("f11disk", lambda s, _i: s.startswith("Weights | push"), fill, profiles_dir=lab.profiles)
+    first = deploy_and_strike("f11disk", lambda s, _i: s.startswith("Weights | push"), fill, **lab.where)
     state = lab.after(first)
     if first.struck is None:
         row.why_not.append("the run never reached the weights push")
@@ -339,7 +339,7 @@ def fault_12(lab, reboot: Callable[[], None], step: str = VERIFY_STEP) -> Row:
     row = Row("12", "host reboots mid-deploy", strikes=f"at '{step}'")
     t0, before = start(lab)
     first = deploy_and_strike("f12reboot", lambda s, _i: s == step, lambda _p, _s: reboot(),
-                              profiles_dir=lab.profiles)
+                              **lab.where)
     if first.struck is None:
         row.why_not.append(f"the run never reached {step!r}")
     state = lab.after(first)
@@ -432,7 +432,7 @@ def fault_14(lab: Lab) -> Row:
             killed["pid"] = _unit_pid(twin, SET_UNITS[1])
             twin.run(f"kill -KILL {killed['pid']}")
 
-    first = deploy_watching(SET_B, strike, profiles_dir=lab.profiles)
+    first = deploy_watching(SET_B, strike, **lab.where)
     state = lab.after(first)
     rerun = lab.deploy(SET_B)
     lab.judge(case, first, state, t0=t0, before=before, rerun=rerun)

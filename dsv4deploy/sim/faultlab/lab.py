@@ -10,7 +10,7 @@ from pathlib import Path
 from .reading import release_files, releases, wait_no_processes
 from .recovered import Serving, judge, passed, serving
 from .rows import Row
-from .tool import Run, deploy, run
+from .tool import PYINFRA, Run, deploy, run
 
 FAULTS = "/etc/dsv4deploy-twin/faults.json"
 # The twin's simulated weight load + warm-up (3 s + 1.5 s by default), shortened: every start,
@@ -48,6 +48,11 @@ class Lab:
                       "systemctl daemon-reload", check=False)
         self.reset_host()
 
+    @property
+    def where(self) -> dict:
+        """What a deploy of this lab needs besides its profile: profiles, inventory, environment."""
+        return {"profiles_dir": self.profiles, "inventory": self.inventory, "env": self.env}
+
     def deploy(self, profile: str | None = None, **kw) -> Run:
         t0 = time.monotonic()
         kw.setdefault("inventory", self.inventory)
@@ -66,7 +71,8 @@ class Lab:
         kept = release_files(self.twin)
         good = [r for r in recs if r["profile"] == self.base and passed(r, by_number) and r["release"] in kept]
         if good:
-            out = run(["make", "rollback", f"TO={good[-1]['release']}", "ARGS=--data health_poll_s=0.5"])
+            out = run([PYINFRA, "-y", self.inventory, "deploy/rollback.py", "--data", f"to={good[-1]['release']}",
+                       "--data", "health_poll_s=0.5"], env=self.env)     # what `make rollback TO=N` runs
             if out.returncode == 0 and serving(self.twin).good:
                 return serving(self.twin)
         out = self.deploy(self.base)
