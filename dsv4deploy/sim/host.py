@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 from . import netns, proxyctl
@@ -146,7 +147,20 @@ def _unisolate(host: SimHost) -> None:
             netns.teardown(net)
 
 
+PROPAGATE = Path("/run/systemd/nspawn/propagate")
+
+
+def _clear_propagate(host: SimHost) -> None:
+    """systemd-nspawn's mount-propagation folder of HOST's machine, left behind when /run is not a
+    tmpfs (nspawn refuses to remove it on a disk file system: "we can't allow that"); a boot that
+    finds the last one's still there was seen to halt at once. Only ours, only when it is not running."""
+    folder = PROPAGATE / host.machine
+    if folder.is_dir() and not host.running():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _boot(host: SimHost) -> int:
+    _clear_propagate(host)
     if _address_busy(host):
         raise SimError(f"{host.address}:22 is already in use on this machine; "
                        f"{host.name} cannot listen there (stop what holds it)")
@@ -269,6 +283,7 @@ def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False, fleet
                     if "exited during boot" not in str(exc):
                         raise
                     log.warning("%s: %s; booting once more", h.name, str(exc).splitlines()[0])
+                    time.sleep(2)           # let the halted one's nspawn finish its clean-up first
                     _clear_address(h)
                     _boot(h)
                     _wait_ssh(h, timeout)
