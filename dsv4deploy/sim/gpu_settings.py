@@ -11,6 +11,7 @@ from typing import Any
 
 from .files import _guard, _write
 from .layout import PACKAGE_DIR
+from .nvidia_smi import DEFAULTS as NVIDIA_SMI_DEFAULTS
 
 NVIDIA_SMI_SCRIPT = PACKAGE_DIR / "nvidia_smi.py"
 
@@ -20,15 +21,10 @@ TWIN_NVIDIA_SMI_LIB = "usr/lib/dsv4deploy-twin/nvidia-smi"
 TWIN_NVIDIA_SMI = "usr/bin/nvidia-smi"
 TWIN_DRIVER_TOOL = "usr/local/sbin/dsv4deploy-twin-driver"
 
-GPU_DEFAULTS: dict[str, Any] = {
-    "count": 8,
-    "memory_mib": 97887,
-    "driver_version": "580.95.05",
-    "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-    "compute_cap": "12.0",
-    "memory_used_mib": 0,
-    "driver_installed": True,
-}
+# the twin's settings file starts from the fake nvidia-smi's own CT200 defaults (one table): the
+# settings `sim gpus` can change
+GPU_DEFAULTS: dict[str, Any] = {k: NVIDIA_SMI_DEFAULTS[k] for k in (
+    "count", "memory_mib", "driver_version", "name", "compute_cap", "memory_used_mib", "driver_installed")}
 
 _DRIVER_TOOL = r"""#!/bin/sh
 # dsv4deploy CT200 twin: stand-in for installing/removing the NVIDIA driver.

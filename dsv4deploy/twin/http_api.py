@@ -417,10 +417,7 @@ class TwinServer:
                     if r.finished:
                         done[i] = True
             await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            group.abort_unfinished()
-            raise
-        finally:
+        finally:                        # a client gone mid-stream (reset, cancelled) too
             group.abort_unfinished()
         self._user_done(len(group.reqs))
         await resp.write_eof()
@@ -556,10 +553,7 @@ class TwinServer:
                      "usage": self._usage(group)}
                 await resp.write(b"data: " + json.dumps(d).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            group.abort_unfinished()
-            raise
-        finally:
+        finally:                        # a client gone mid-stream (reset, cancelled) too
             group.abort_unfinished()
         self._user_done(len(group.reqs))
         await resp.write_eof()
