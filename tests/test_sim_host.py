@@ -57,6 +57,19 @@ def test_pid_check_is_not_fooled(tmp_path, monkeypatch):
     assert not h.running()
 
 
+def test_scanning_for_twins_leaves_the_callers_children_alone():
+    """Booting an isolated twin scans every PID in /proc for another twin's nspawn. The scan once
+    reaped whatever it met: a deploy that the fault lab ran as a child exited 1 after a reboot,
+    and its Popen then read exit 0 (the status was gone). The caller's child keeps its status."""
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    deadline = time.monotonic() + 10
+    while simhost._proc_stat(child.pid)[0] != "Z":      # exited, not yet waited for
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert not simhost._is_nspawn_of(child.pid, "twin-1")
+    assert child.wait(timeout=5) == 3
+
+
 def test_writes_into_a_twin_do_not_follow_its_symlinks_out(tmp_path, monkeypatch):
     """Code in a twin runs as root; a symlink it plants must not redirect our writes here."""
     monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path / "sim"))
