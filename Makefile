@@ -168,23 +168,27 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 	$(BIN)/dsv4deploy tune $(PROFILE) --inventory $(INVENTORY) $(if $(PLAN),--plan) $(TUNE_ARGS)
 
 # The twin's Debian root starts building (bare python3, in the background) before the venv installs;
-# then three pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
-# it), those on isolated twins (fleets and replica sets: own network namespaces, so they do not
-# collide with the default twin) and all the others (they mostly compute). The twins' logs are
-# printed when all are done.
+# then four pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
+# it), the two groups on isolated twins (own network namespaces, so they collide with nothing: the
+# fleet of three, and the lab twin that the fault matrix and the replica sets share) and all the
+# others (they mostly compute). The twins' logs, with each group's slowest tests, are printed when
+# all are done.
+ISOLATED_THREE := tests/test_fleet_twin.py
 test: twin-debs
 	@mkdir -p .cache; python3 -c 'from dsv4deploy.sim.host import prebuild_root; prebuild_root()' \
 	  > .cache/rootfs-build.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
-	@$(BIN)/pytest -m twin -p no:cacheprovider $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
-	$(BIN)/pytest -m fleet -p no:cacheprovider $(PYTEST_ARGS) > .cache/test-fleet.log 2>&1 & fleet=$$!; \
-	$(BIN)/pytest -m "not twin and not fleet" $(PYTEST_ARGS); rest=$$?; \
-	wait $$twin; twin_rc=$$?; wait $$fleet; fleet_rc=$$?; \
-	echo; echo "=============== tests on the CT200 twin (.cache/test-twin.log) ==============="; \
-	cat .cache/test-twin.log; \
-	echo; echo "=============== tests on isolated twins (.cache/test-fleet.log) ==============="; \
-	cat .cache/test-fleet.log; \
-	for rc in $$rest $$twin_rc $$fleet_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
+	@$(BIN)/pytest -m twin -p no:cacheprovider --durations=8 $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 --ignore=$(ISOLATED_THREE) $(PYTEST_ARGS) \
+	  > .cache/test-lab.log 2>&1 & lab=$$!; \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(ISOLATED_THREE) $(PYTEST_ARGS) \
+	  > .cache/test-fleet.log 2>&1 & fleet=$$!; \
+	$(BIN)/pytest -m "not twin and not fleet" --durations=8 $(PYTEST_ARGS); rest=$$?; \
+	wait $$twin; twin_rc=$$?; wait $$lab; lab_rc=$$?; wait $$fleet; fleet_rc=$$?; \
+	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins"; do \
+	  echo; echo "=============== tests on $${log#*:} (.cache/test-$${log%%:*}.log) ==============="; \
+	  cat .cache/test-$${log%%:*}.log; done; \
+	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # The edit-test loop: everything that needs neither the twin nor SGLang's parser venv.
 test-fast: venv

@@ -53,7 +53,7 @@ LAB_FLEET = "lab"
 @pytest.fixture(scope="session")
 def lab_twin():
     """An isolated twin (`sim up --fleet lab`: its own network namespace, docs/fleet.md) for the
-    fault matrix and the replica sets: they run in `make test`'s isolated-twin process (marker
+    fault matrix and the replica sets: they run in one of `make test`'s isolated-twin processes (marker
     `fleet`), beside the default twin's tests, and share this one twin (one venv install)."""
     if NOT_ROOT:
         pytest.skip(NOT_ROOT_REASON)

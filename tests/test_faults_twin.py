@@ -8,8 +8,8 @@ its gate, earlier releases' files intact, and no process of ours left on the hos
 (dsv4deploy/sim/faultlab/recovered.py judges all of it: `Row.recovered`, `Row.why_not`).
 
 They run on an isolated twin (`sim up --fleet lab`, its own network namespace, shared with the
-replica tests) in `make test`'s isolated-twin process. The reboot (fault 12) runs on the default
-twin: tests/test_faults_reboot_twin.py.
+replica tests) in `make test`'s isolated-twin process; the reboot (fault 12) last, as it boots the
+lab twin anew.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from dsv4deploy.sim import faultlab
+from dsv4deploy.sim import host as simhost
 from sim_fixtures import LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
@@ -106,3 +107,16 @@ def test_the_gate_budget_running_out_mid_gate_rolls_back(lab):
     row = faultlab.fault_13(lab)
     recovered(row)
     assert "exhausted during C=4" in row.outputs["first"]
+
+
+def test_the_host_rebooting_mid_deploy_is_settled_by_the_rerun(lab):
+    """Fault 12: the host reboots at the verify step (the lab twin's container is stopped and booted
+    again); the run exits non-zero with a message, and the same deploy run again settles the release
+    the cut run left pending and converges. Last in this module: the lab twin boots anew."""
+    def reboot():
+        simhost.down([1], fleet=LAB_FLEET)
+        simhost.up(1, fleet=LAB_FLEET)
+    row = faultlab.fault_12(lab, reboot=reboot)
+    recovered(row)
+    assert row.outputs["first"] and "interrupted" in row.outputs["rerun"]
+    assert row.did.startswith("exit 1;") and "lost the connection to the host" in row.outputs["first"]
