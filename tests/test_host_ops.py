@@ -68,6 +68,20 @@ def test_a_small_text_file_is_written_in_one_command(fake, tmp_path):
     assert list(dest.parent.iterdir()) == [dest]
 
 
+def test_a_unit_and_its_files_that_differ_are_written_in_one_command(fake, tmp_path):
+    same, changed, new, big = (tmp_path / n for n in ("nccl.env", "manifest.json", "d/sglang.service", "big"))
+    same.write_text("NCCL_X=1\n")
+    changed.write_text("old\n")
+    items = [(str(same), b"NCCL_X=1\n", _state(b"NCCL_X=1\n")), (str(changed), b"{'a': \"b\"}\n", _state(b"old\n")),
+             (str(new), b"[Service]\nExecStart=/x 'a b' $c\n", None), (str(big), b"x" * (ops.INLINE_MAX + 1), None)]
+    cmds = _cmds(ops.files, items=items)
+    assert isinstance(cmds[0], str) and str(same) not in cmds[0]          # one command: the two small ones
+    assert any(isinstance(c, FileUploadCommand) for c in cmds[1:])        # the big one is uploaded
+    _run(cmds, {})
+    assert [f.read_bytes() for f in (same, changed, new, big)] == [content for _, content, _ in items]
+    assert _cmds(ops.files, items=[(str(same), b"NCCL_X=1\n", _state(b"NCCL_X=1\n"))]) == [] and fake.noops
+
+
 def test_a_secret_never_goes_on_a_command_line(fake, tmp_path):
     cmds = _cmds(ops.file, dest=str(tmp_path / "token"), content=b"hf_SECRET", state=None, mode="600", secret=True)
     assert not any("hf_SECRET" in c for c in cmds if isinstance(c, str))

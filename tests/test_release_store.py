@@ -131,11 +131,28 @@ def test_deployed_writes_the_handle_and_supersedes_the_one_before(h, store, tmp_
     rel = begin(store, tmp_path, manifest="m2").with_gate({"passed": True, "summary": "ok"})
     h.commands.clear()
     live = store.mark_deployed(rel)
-    assert len(h.commands) == 3                                      # the records, then one write per change
+    assert len(h.commands) == 2                                      # the records, then one write of both
     assert on_disk(store, 2) == live.record and live.record["gate"] == {"passed": True, "summary": "ok"}
     assert live.record["reason"] is None and "deployed_at" in live.record
     assert on_disk(store, 1)["status"] == releases.SUPERSEDED and on_disk(store, 1)["reason"] == "superseded by release 0002"
     assert store.current()["release"] == 2
+
+
+def test_under_the_lock_a_run_reads_the_records_once_and_keeps_its_copy_current(h, store, tmp_path):
+    store.mark_deployed(begin(store, tmp_path, manifest="m1"))
+    store.take_lock("deploy nvfp4-ctx8k")
+    try:
+        h.commands.clear()
+        rel = begin(store, tmp_path, manifest="m2")                  # reads the records once, writes 0002
+        assert store.current()["release"] == 1 and store.records()[-1]["status"] == releases.PENDING
+        live = store.mark_deployed(rel.with_gate({"passed": True, "summary": "ok"}))
+        assert [c.startswith("for f in") for c in h.commands] == [True, False, False]   # read, begin, save
+        assert store.records() == [on_disk(store, 1), on_disk(store, 2)] and store.current() == live.record
+        assert ReleaseStore(h, store.dir).current() == live.record   # another handle on the same store agrees
+    finally:
+        store.give_back_lock()
+    h.commands.clear()
+    assert store.current()["release"] == 2 and h.commands[0].startswith("for f in")   # no lock: read afresh
 
 
 def test_a_failed_release_keeps_what_the_run_learnt(h, store, tmp_path):
@@ -336,7 +353,7 @@ def test_a_restore_is_a_new_entry_with_its_own_copy_then_deployed(h, tmp_path, m
     h.answer("/files/. / &&", "")                                    # never copy into this machine's /
     h.commands.clear()
     new = rollback.restore(h, first, cause="manual rollback to release 0001")
-    assert len(h.commands) == 9      # records, profile, what is gone, entry, copy, files back, records, 2 writes
+    assert len(h.commands) == 8      # records, profile, what is gone, entry, copy, files back, records, the writes
     assert new.number == 3 and new.restores == 1 and new.record["status"] == releases.DEPLOYED
     assert on_disk(store, 3)["reason"] == "manual rollback to release 0001"
     assert on_disk(store, 2)["status"] == releases.SUPERSEDED

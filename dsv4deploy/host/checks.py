@@ -14,8 +14,8 @@ from ..rollout import Target
 
 def observe_command(t: Target, path: str = "/health", window_s: float = 0.0) -> str:
     """The HTTP status and the unit's state together. With a window, the host itself polls every
-    0.2 s and answers as soon as the server is healthy or the unit failed (or the window ends):
-    one round trip per window, and a crash or a healthy server is seen within 0.2 s."""
+    0.1 s and answers as soon as the server is healthy or the unit failed (or the window ends):
+    one round trip per window, and a crash or a healthy server is seen within 0.1 s."""
     probe = (f"c=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 20 {t.base_url}{path}); "
              f"s=$(systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts {t.unit})")
     if window_s <= 0:
@@ -23,7 +23,7 @@ def observe_command(t: Target, path: str = "/health", window_s: float = 0.0) -> 
     ms = int(window_s * 1000)
     return (f"end=$(( $(date +%s%3N) + {ms} )); while :; do {probe}; case \"$c $s\" in "
             "200*|*ActiveState=failed*|*ActiveState=inactive*|*SubState=auto-restart*) break;; esac; "
-            "[ \"$(date +%s%3N)\" -ge \"$end\" ] && break; sleep 0.2; done; echo \"$c\"; echo \"$s\"")
+            "[ \"$(date +%s%3N)\" -ge \"$end\" ] && break; sleep 0.1; done; echo \"$c\"; echo \"$s\"")
 
 
 def parse_observation(out: str) -> Observation:

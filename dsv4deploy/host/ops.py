@@ -106,6 +106,33 @@ def file(dest: str, content: bytes, state: dict | None, user: str = "root", grou
 
 
 @operation()
+def files(items: list[tuple[str, bytes, dict | None]], user: str = "root", group: str = "root", mode: str = "644"):
+    """Several small text files that hold no secret (a unit and the files it reads), each as
+    `file` writes it, those that differ all in one command: one round trip, however many change."""
+    inline, other = [], []
+    for dest, content, state in items:
+        if state and state["type"] == "file" and state["sha256"] == hashlib.sha256(content).hexdigest():
+            if not _same(state, mode, user, group):
+                inline.append(f"chown {q(user)}:{q(group)} {q(dest)} && chmod {mode} {q(dest)}")
+            continue
+        try:
+            text = content.decode()
+        except UnicodeDecodeError:
+            text = None
+        if text is None or len(content) > INLINE_MAX or "\0" in text:
+            other.append((dest, content, state))
+        else:
+            inline.append(inline_write(dest, text, user, group, mode))
+    if not inline and not other:
+        host.noop(f"{', '.join(d for d, _, _ in items)} up to date")
+        return
+    if inline:
+        yield StringCommand(" && ".join(f"{{ {c}; }}" for c in inline))
+    for dest, content, state in other:
+        yield from file._inner(dest, content, state, user=user, group=group, mode=mode)
+
+
+@operation()
 def bundle(archive: bytes, dest: str, marker_state: dict | None):
     """A tree of files shipped as one tar archive with one hash: unpacked afresh into DEST when
     the hash in DEST/.bundle-sha256 differs (files the archive no longer has go with it)."""

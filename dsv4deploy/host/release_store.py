@@ -25,8 +25,14 @@ from ..layout import MODELS, OPT, RELEASES, Layout
 from ..releases import Release
 from ..rollout import Target
 from .facts import Releases
-from .io import json_write_command, read_json, sh, write_json
+from .io import json_write_command, read_json, sh
 from .state import LOCK, PIP_FREEZE
+
+
+# The records as this run last read or wrote them, per (host, store): valid only while this
+# process holds the host's deploy lock (nothing else writes records then), so a run reads them
+# once and each later step costs no round trip for them. Dropped when the lock is given back.
+_HELD: dict[tuple[str, str], list[dict] | None] = {}
 
 
 class RollbackError(Exception):
@@ -47,16 +53,42 @@ class ReleaseStore:
 
     # --- records ------------------------------------------------------------------------------
 
+    def _key(self) -> tuple[str, str]:
+        return (self.h.name, self.dir)
+
     def records(self) -> list[dict]:
-        """Every record, oldest first."""
-        return self.h.get_fact(Releases, releases_dir=self.dir)
+        """Every record, oldest first (one command; none while this run holds the lock and has
+        read them once)."""
+        held = _HELD.get(self._key(), False)
+        if held is False:
+            return self.h.get_fact(Releases, releases_dir=self.dir)
+        if held is None:
+            held = _HELD[self._key()] = self.h.get_fact(Releases, releases_dir=self.dir)
+        return [dict(r) for r in held]
+
+    def _remember(self, docs: list[dict]) -> None:
+        """DOCS were written: the run's copy of the records says what the host now holds."""
+        held = _HELD.get(self._key())
+        if held is None or held is False:
+            return
+        by_number = {r["release"]: r for r in held}
+        by_number.update({d["release"]: dict(d) for d in docs})
+        _HELD[self._key()] = sorted(by_number.values(), key=lambda d: d["release"])
 
     def current(self) -> dict | None:
         """The release that passed last and serves (None: none has)."""
         return releases.current(self.records())
 
-    def save(self, doc: dict) -> None:
-        write_json(self.h, f"{self.folder(doc['release'])}/status.json", doc)
+    def save(self, *docs: dict) -> None:
+        """Write records, all in one command."""
+        if not docs:
+            return
+        ok, _ = sh(self.h, " && ".join(json_write_command(f"{self.folder(d['release'])}/status.json", d)
+                                       for d in docs))
+        if not ok:
+            raise DeployError(f"cannot write the records of release(s) "
+                              f"{', '.join(format(d['release'], '04d') for d in docs)} under {self.dir}")
+        self._remember(list(docs))
 
     def begin(self, *, files: dict[str, str], profile_doc: dict, venv: str, **fields) -> Release:
         """Write the next release as `pending`, with its folder (see release_write_command);
@@ -66,18 +98,16 @@ class ReleaseStore:
         ok, out = sh(self.h, release_write_command(folder, venv, files, profile_doc, rec))
         if not ok:
             raise DeployError(f"cannot write release {rec['release']:04d} under {folder}: {out.strip()[-300:]}")
+        self._remember([rec])
         return Release(rec)
 
     def mark_deployed(self, release: Release) -> Release:
         """RELEASE goes live as the handle holds it (its gate, its replicas' parts) and the one that
-        served before is superseded: the records, then one write per changed record."""
+        served before is superseded: the records, then one write of every changed record."""
         recs = [release.record if r["release"] == release.number else r for r in self.records()]
-        live = release
-        for doc in releases.mark_deployed(recs, release.number):
-            self.save(doc)
-            if doc["release"] == release.number:
-                live = Release(doc)
-        return live
+        docs = releases.mark_deployed(recs, release.number)
+        self.save(*docs)
+        return next((Release(d) for d in docs if d["release"] == release.number), release)
 
     def mark_failed(self, release: Release, reason: str) -> Release:
         failed = release.with_status(releases.FAILED, reason)
@@ -88,8 +118,7 @@ class ReleaseStore:
         """Settle the `pending` records a cut-off run left (releases.settle_interrupted); returns
         the records written."""
         docs = releases.settle_interrupted(self.records(), live_manifest_sha256, healthy)
-        for doc in docs:
-            self.save(doc)
+        self.save(*docs)
         return docs
 
     # --- a release's folder -------------------------------------------------------------------
@@ -152,6 +181,7 @@ class ReleaseStore:
             ok, _ = sh(self.h, f"mkdir -p {self.lock.rsplit('/', 1)[0]} && mkdir {self.lock} 2>/dev/null && "
                                f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json")
             if ok:
+                _HELD[self._key()] = None          # read on first use, then kept current
                 if state is not None:
                     state.add_callback_handler(LockCallback(self, label))
                 return
@@ -166,6 +196,8 @@ class ReleaseStore:
                 f"If that run is gone, {rerun_with('break_lock=true', make_target(label))}.")
 
     def give_back_lock(self) -> None:
+        for key in [k for k in _HELD if k[0] == self.h.name]:
+            del _HELD[key]
         sh(self.h, f"rm -rf {self.lock}")
 
 

@@ -22,7 +22,7 @@ from ..host.state import HostState
 from ..health import HealthError
 from ..host.release_store import ReleaseStore
 from ..rollout import Rollout
-from ..host.gate import gate_record, run_release_gate
+from ..host.gate import gate_record, run_release_gate, warm_plotting
 from .rollback import after_failure
 from ..host.checks import confirm, journal_tail, observer
 
@@ -120,6 +120,7 @@ def verify_and_record(r: Rollout) -> None:
         poll = float(host.data.get("health_poll_s", 2.0))
         name = rel.name if rel else "the running release"
         previous = store.current()
+        warm_plotting()                   # while the server starts
         try:
             confirm(host, r.target, budget_s=r.data["service"]["health_timeout_s"], poll_s=poll)
         except HealthError as exc:

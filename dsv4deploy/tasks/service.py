@@ -84,8 +84,9 @@ def config_files(r: Rollout, state: HostState) -> list[OperationMeta]:
     if "--diff" in sys.argv or "--dry" in sys.argv:      # make plan: show what would be written
         for label in files_differ(r, state):
             show_diff(r, state, label)
-    return [ops.file(name=label, dest=path, content=content, state=state.file(path))
-            for label, path, content in unit_files(r)]
+    differ = files_differ(r, state)
+    return [ops.files(name=", ".join(differ) if differ else "up to date",
+                      items=[(path, content, state.file(path)) for _, path, content in unit_files(r)])]
 
 
 def show_diff(r: Rollout, state: HostState, label: str) -> None:
