@@ -215,7 +215,9 @@ def test_prune_keeps_the_last_releases_and_what_they_use(h, store, tmp_path):
             store.mark_deployed(rel)                                 # the live one stays, however old
     layout = Layout.of(load_profile("nvfp4-ctx8k").data)
     old = "/opt/dsv4deploy/venvs/sglang-0.4.0-old"
-    listing = "\n".join([layout.venv, layout.model_dir, old])
+    kept_files = [f"{store.folder(n)}/files" for n in range(2, 13)]     # 0002 is live, 0003 and later are kept
+    listing = "\n".join([layout.venv, layout.model_dir, old, f"{store.folder(1)}/files", f"{store.folder(1)}/profile.json",
+                         *kept_files])
     # the kept profiles are read here from tmp_path; what is on disk is answered (it names /opt, /srv)
     h.answer("echo ---", lambda cmd: sh_here(cmd.split("echo ---")[0] + "echo ---") + listing + "\n")
     h.answer("rm -rf", "")
@@ -226,6 +228,12 @@ def test_prune_keeps_the_last_releases_and_what_they_use(h, store, tmp_path):
     assert rm[:4] == ["rm", "-rf", f"{store.folder(1)}/files", f"{store.folder(1)}/profile.json"]
     assert not any(p.startswith(store.folder(2)) or p.startswith(store.folder(3)) for p in rm)
     assert old in rm and layout.venv not in rm and layout.model_dir not in rm
+    # the next prune: release 0001's files are gone already, nothing else is unused: no remove
+    h.answers[0] = ("echo ---", True, lambda cmd: sh_here(cmd.split("echo ---")[0] + "echo ---")
+                    + "\n".join([layout.venv, layout.model_dir, *kept_files]) + "\n")
+    h.commands.clear()
+    store.prune()
+    assert len(h.commands) == 2 and not any(c.startswith("rm -rf") for c in h.commands)
 
 
 def sh_here(command: str) -> str:

@@ -145,25 +145,30 @@ class ReleaseStore:
         return sh(self.h, f"cp -a {self.folder(number)}/files/. / && {then}")
 
     def prune(self) -> None:
-        """Keep the last releases' files; remove venvs and checkpoints no kept release uses. Three
-        commands: the records, one that reads every kept release's profile and what is on disk,
-        one that removes (only when something goes)."""
+        """Keep the last releases' files; remove venvs and checkpoints no kept release uses. One
+        command reads every kept release's profile and what is on disk, one removes (only when
+        something goes); the records cost one more unless this run holds the lock."""
         recs = self.records()
         dropped = releases.to_prune(recs)
         q = shlex.quote
         kept = " ".join(q(f"{self.folder(rec['release'])}/profile.json")
                         for rec in recs if rec["release"] not in dropped)
         _, out = sh(self.h, f"for f in {kept}; do [ -f \"$f\" ] && {{ tr -d '\\n' < \"$f\"; echo; }}; done; "
-                            f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* 2>/dev/null; true")
-        docs, _, on_disk = out.partition("---\n")
+                            f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* {q(self.dir)}/[0-9]*/files "
+                            f"{q(self.dir)}/[0-9]*/profile.json 2>/dev/null; true")
+        docs, _, listing = out.partition("---\n")
+        ours = f"{self.dir}/"
+        on_disk = [p for p in listing.split() if not p.startswith(ours)]
+        still_there = set(listing.split()) - set(on_disk)     # releases' files not pruned yet
         used: set[str] = set()
         for line in docs.splitlines():        # one JSON document per line
             if line.strip():
                 data = json.loads(line)["data"]
                 layout = Layout.of(data)
                 used |= {layout.venv, layout.model_dir, replicas.gateway_venv(data)} - {None}
-        gone = [f"{self.folder(n)}/files {self.folder(n)}/profile.json" for n in dropped]
-        unused = releases.unused(on_disk.split(), used)
+        gone = [p for n in dropped for p in (f"{self.folder(n)}/files", f"{self.folder(n)}/profile.json")
+                if p in still_there]
+        unused = releases.unused(on_disk, used)
         if gone or unused:
             sh(self.h, f"rm -rf {' '.join(gone)} {' '.join(q(p) for p in unused)}")
         for path in unused:
