@@ -22,6 +22,7 @@ def hub_expectation(src: dict, repo: str, revision: str) -> dict:
     cache = REPO_ROOT / ".cache" / "hub-metadata" / f"{repo.replace('/', '--')}--{revision}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
+    import httpx2      # huggingface_hub's HTTP client: an unreachable hub raises its errors
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -38,7 +39,7 @@ def hub_expectation(src: dict, repo: str, revision: str) -> dict:
                           "pin one that exists (make pin PROFILE=...)") from None
     except RepositoryNotFoundError:
         raise DeployError(f"{repo} not found on {endpoint or 'huggingface.co'} (or the token cannot see it)") from None
-    except (HfHubHTTPError, OSError) as exc:
+    except (HfHubHTTPError, httpx2.HTTPError, OSError) as exc:
         raise DeployError(f"cannot read {repo}@{revision[:12]}'s file list from {endpoint or 'huggingface.co'}: "
                           f"{str(exc).splitlines()[0]}") from None
     doc = weights_check.expected_from_model_info(info)
