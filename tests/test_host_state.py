@@ -64,6 +64,15 @@ def test_an_edited_unit_plans_the_restart_with_its_reason_the_release_the_gate_a
     assert "roll back to release 0003 (nvfp4-ctx8k)" in lines[3]
 
 
+def test_the_plan_says_who_held_the_deploy_lock_when_the_host_was_read():
+    r = _rollout()
+    held = {"controller": "ops-laptop", "pid": 4242, "started": "2026-12-01T04:00:00+00:00", "what": "deploy nvfp4-ctx8k"}
+    lines = plan_lines(r, _deployed_state(r, lock=held), [])
+    assert lines[0] == ("the deploy lock was held when the host was read: PID 4242 on ops-laptop since "
+                        "2026-12-01T04:00:00+00:00 (deploy nvfp4-ctx8k); a deploy refuses while that run holds it")
+    assert lines[1].startswith("nothing to change") and len(plan_lines(r, _deployed_state(r), [])) == 1
+
+
 def test_a_stopped_unit_with_nothing_changed_is_started_and_checked():
     r = _rollout()
     state = _deployed_state(r, unit={"ActiveState": "failed"})

@@ -13,7 +13,19 @@ from ..rollout import Rollout
 
 
 def plan_lines(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
-    """Pure: the plan for rollout R against STATE with the collector's REASONS."""
+    """Pure: the plan for rollout R against STATE with the collector's REASONS (and who held the
+    deploy lock when the host was read: `make plan` takes none, and a deploy now would wait on it)."""
+    holder = state["lock"]
+    return ([lock_line(holder)] if holder else []) + _steps(r, state, reasons)
+
+
+def lock_line(holder: dict) -> str:
+    return (f"the deploy lock was held when the host was read: PID {holder.get('pid', '?')} on "
+            f"{holder.get('controller', '?')} since {holder.get('started', '?')} ({holder.get('what', '?')}); "
+            "a deploy refuses while that run holds it")
+
+
+def _steps(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
     recs = state["releases"] or []
     live = releases.current(recs)
     t = r.target
