@@ -79,15 +79,48 @@ def confirm(h, t: Target, budget_s: float, poll_s: float = 2.0) -> None:
         raise HealthError("the server answering is not the one this release started: " + "; ".join(problems))
 
 
-def probe(h, t: Target, requests: int = 2, tokens: int = 8) -> None:
-    """A short generation probe (a rollback's stand-in for the full gate: it passed before)."""
+PROBE_MARK = "__dsv4deploy_probe"
+
+
+def probe_command(t: Target, requests: int = 2, tokens: int = 8) -> str:
+    """REQUESTS short generations sent at once (so a probe costs one generation's time and one
+    round trip), each answer printed after its own marker line; the answers are small and hold
+    no secret, kept in a private temporary folder that goes with the command."""
     payload = json.dumps({"input_ids": list(range(1, 33)),
                           "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}})
-    for i in range(requests):
-        _, out = sh(h, _authorized_curl(t, "/generate", payload))
+    curl = _authorized_curl(t, "/generate", payload)
+    return (f"d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && for i in $(seq 1 {int(requests)}); do "
+            f"{{ {curl}; }} > \"$d/$i\" 2>&1 & done; wait; "
+            f"for i in $(seq 1 {int(requests)}); do echo {PROBE_MARK} $i; cat \"$d/$i\"; echo; done")
+
+
+def probe_problems(out: str, requests: int = 2, tokens: int = 8) -> list[str]:
+    """Pure: what is wrong with each probe answer in OUT (probe_command's output); [] when every
+    request returned TOKENS tokens."""
+    answers: dict[int, str] = {}
+    current = None
+    for line in out.splitlines():
+        if line.startswith(PROBE_MARK + " "):
+            current = int(line.split()[1])
+            answers[current] = ""
+        elif current is not None:
+            answers[current] += line
+    problems = []
+    for i in range(1, requests + 1):
+        text = answers.get(i, "").strip()
         try:
-            got = json.loads(out)["meta_info"]["completion_tokens"]
+            got = json.loads(text)["meta_info"]["completion_tokens"]
         except (ValueError, KeyError, TypeError):
-            raise HealthError(f"probe request {i + 1}/{requests} failed: {out.strip()[:200] or 'no answer'}") from None
+            problems.append(f"probe request {i}/{requests} failed: {text[:200] or 'no answer'}")
+            continue
         if got != tokens:
-            raise HealthError(f"probe request {i + 1}/{requests} returned {got} tokens, expected {tokens}")
+            problems.append(f"probe request {i}/{requests} returned {got} tokens, expected {tokens}")
+    return problems
+
+
+def probe(h, t: Target, requests: int = 2, tokens: int = 8) -> None:
+    """A short generation probe (a rollback's stand-in for the full gate: it passed before)."""
+    _, out = sh(h, probe_command(t, requests, tokens))
+    problems = probe_problems(out, requests, tokens)
+    if problems:
+        raise HealthError("; ".join(problems))

@@ -27,15 +27,17 @@ from .. import replicas
 CHECKPOINT_MARKERS = (".dsv4deploy-complete.json", ".dsv4deploy-verified.json")
 
 
-def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int] | None = None) -> Release:
+def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int] | None = None,
+            target: Target | None = None) -> Release:
     """Bring release `rec` back: its files, daemon-reload, restart, health, identity, probe. The
     attempt is a history entry whatever happens: a release that cannot be restored leaves a
     `failed` rollback entry saying why. A replica set is restored one replica at a time behind
-    its gateway (only INDICES, the replicas a failed rolling update touched, when given)."""
+    its gateway (only INDICES, the replicas a failed rolling update touched, when given). TARGET:
+    the service REC ran, when the caller has read it already (store.target)."""
     store = ReleaseStore(h)
     new = Release(releases.rollback_record(store.records(), rec, cause))
     try:
-        t = store.target(rec)
+        t = target or store.target(rec)
         missing_for_restore(h, store, rec, t)
     except RollbackError as exc:
         store.mark_failed(new, f"rollback failed: {exc}")
@@ -114,7 +116,7 @@ def after_failure(h, failed: Release | None, failed_target: Target, reason: str,
             indices = None      # a switch of shape: the whole previous release comes back
             sh(h, f"systemctl disable --now {' '.join(failed_target.units)}")
         new = restore(h, previous, cause=f"automatic rollback: {what} failed: {reason}", poll_s=poll_s,
-                      indices=indices)
+                      indices=indices, target=prev_target)
     except RollbackError as exc:
         return (f"{exc}\nNOTHING IS SERVING; the history records the failed rollback. Fix what is named above, "
                 f"then deploy a profile again (make deploy PROFILE={previous['profile']}: it rebuilds what is "

@@ -1,0 +1,79 @@
+"""host/checks.py: the rollback's generation probe, as one command run here with `sh -c` against a
+loopback HTTP server standing in for SGLang's /generate, and its answers judged without a host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dsv4deploy import layout
+from dsv4deploy.host.checks import PROBE_MARK, probe_command, probe_problems
+from dsv4deploy.profiles import load_profile
+from dsv4deploy.rollout import Target
+
+KEY = "sk-probe-test"
+
+
+class Generate(BaseHTTPRequestHandler):
+    in_flight = 0
+    most = 0
+    auth: list[str] = []
+    lock = threading.Lock()
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.most = max(cls.most, cls.in_flight)
+            cls.auth.append(self.headers.get("Authorization", ""))
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(0.3)                                   # a short generation
+        out = json.dumps({"text": "x", "meta_info": {"completion_tokens": body["sampling_params"]["max_new_tokens"]}})
+        with cls.lock:
+            cls.in_flight -= 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(out.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def target(tmp_path, monkeypatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Generate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(layout, "ETC", str(tmp_path))
+    data = load_profile("nvfp4-ctx8k").data
+    data["server"]["port"] = server.server_address[1]
+    t = Target.of(data)
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / f"{t.layout.service}-api-key").write_text(KEY + "\n")
+    yield t
+    server.shutdown()
+
+
+def test_the_probe_sends_its_requests_at_once_with_the_key_and_reads_every_answer(target):
+    Generate.most, Generate.auth = 0, []
+    out = subprocess.run(["sh", "-c", probe_command(target, requests=3, tokens=8)], capture_output=True,
+                         text=True, timeout=30).stdout
+    assert probe_problems(out, requests=3, tokens=8) == []
+    assert Generate.most == 3                                        # in flight together: one generation's time
+    assert Generate.auth == [f"Bearer {KEY}"] * 3
+    assert KEY not in probe_command(target)                          # read on the host, never on a command line
+
+
+def test_each_bad_answer_is_named():
+    out = (f"{PROBE_MARK} 1\n" + json.dumps({"meta_info": {"completion_tokens": 8}}) + "\n"
+           f"{PROBE_MARK} 2\n" + json.dumps({"meta_info": {"completion_tokens": 3}}) + "\n"
+           f"{PROBE_MARK} 3\nInternal Server Error\n")
+    assert probe_problems(out, requests=4, tokens=8) == [
+        "probe request 2/4 returned 3 tokens, expected 8",
+        "probe request 3/4 failed: Internal Server Error",
+        "probe request 4/4 failed: no answer"]
