@@ -270,6 +270,17 @@ def replica_in_flight(metrics: str) -> int | None:
     return int(total) if seen else None
 
 
+def load_reported(metrics: str, worker_url: str) -> bool:
+    """Whether smg's own Prometheus text (its metrics port) holds a load report of WORKER_URL:
+    its load monitor polls each worker's /metrics every 10 s and keeps `smg_engine_gen_throughput`
+    (with token usage and queue) per worker; a worker added or re-added since has none yet.
+    Until it has one, smg's load-aware routing (cache_aware's fallback for a request that matches
+    no cached prefix, least_load, power_of_two) scores it as the best reporting peer plus its own
+    requests in flight, so it gets nothing while it has anything in flight (docs/replicas.md)."""
+    mark = f'smg_engine_gen_throughput{{worker="{worker_url.rstrip("/")}"'
+    return any(line.startswith(mark) for line in metrics.splitlines())
+
+
 @dataclass(frozen=True)
 class Drained:
     """How a replica left the gateway: seconds until smg dropped it and until its last request

@@ -13,7 +13,10 @@ def gate_summary(rec: dict) -> str:
     if gate.get("output_throughput") is None:
         return "-" if not gate else ("pass" if gate.get("passed") else "FAIL")
     verdict = "pass" if gate.get("passed") else "FAIL"
-    return f"{verdict}: {gate.get('level', '?')} {gate['output_throughput']:.1f} tok/s vs floor {gate.get('floor', '-')}"
+    split = gate.get("split")
+    served = f" (replicas {'/'.join('?' if n is None else str(n) for n in split)} requests)" if split else ""
+    return (f"{verdict}: {gate.get('level', '?')} {gate['output_throughput']:.1f} tok/s vs floor "
+            f"{gate.get('floor', '-')}{served}")
 
 
 def replicas_summary(rec: dict) -> str:

@@ -47,7 +47,7 @@ def sim_twin():
         simhost.down([1])
 
 
-LAB_FLEET = "lab"
+LAB_FLEET = os.environ.get("DSV4_SIM_LAB_FLEET", "lab")    # another name: a lab twin of one's own
 
 
 @pytest.fixture(scope="session")

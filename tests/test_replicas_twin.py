@@ -103,6 +103,11 @@ def test_a_replica_set_serves_through_the_gateway_and_a_rerun_changes_nothing(rs
     rec = faultlab.releases(rset.twin)[-1]
     assert rec["status"] == "deployed" and rec["gate"]["passed"]
     assert [(r["index"], r["status"]) for r in rec["replicas"]] == [(0, "switched"), (1, "switched")]
+    # the gate through the gateway: which replica served it, by the replicas' own counters
+    # (16 prompts + 1 warm-up; nothing else reaches the set meanwhile) and smg's routing header
+    assert "requests per replica: 0: " in first.output and "C=16: routed" in first.output, first.output[-3000:]
+    assert len(rec["gate"]["split"]) == 2 and sum(rec["gate"]["split"]) == 17, rec["gate"]
+    assert 0.5 <= rec["gate"]["busiest_share"] <= 1.0
     before = pids(rset.twin)
     again = rset.deploy(BASE)
     assert again.rc == 0 and faultlab.changed_ops(again.output) == [], again.output[-3000:]
@@ -145,6 +150,9 @@ def test_a_rolling_update_drops_no_request_and_a_failing_replica_is_restored(rse
     rec = faultlab.releases(twin)[-1]
     assert rec["profile"] == CHANGED and [r["status"] for r in rec["replicas"]] == ["switched", "switched"]
     assert all(r["gate"]["passed"] for r in rec["replicas"])
+    # the gate after the roll ran through the gateway (the load's requests count too) and says so
+    assert all(isinstance(n, int) for n in rec["gate"]["split"]) and sum(rec["gate"]["split"]) >= 17
+    assert "requests per replica: 0: " in good.output
 
 
 def test_fault_14_a_killed_gateway_comes_back_and_a_replica_killed_mid_update_does_not_stop_the_roll(rset):

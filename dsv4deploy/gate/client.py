@@ -69,6 +69,7 @@ MIN_SECONDS = 10.0      # ... or this many seconds into the level
 MARGIN = 0.5            # (b) running throughput below MARGIN x floor stops the level
 HEADROOM = 1.5          # (a) after the warm-up share, remaining tokens at HEADROOM x best rate
 CT_KEY = b'"completion_tokens":'
+ROUTED_HEADER = b"x-smg-routed-worker-id"   # smg names the worker that served each request
 STAT_KEYS = ("mean", "median", "std", "p90", "p95", "p99", "max")
 MAX_ERRORS = 5
 
@@ -117,7 +118,7 @@ class StaleConnection(Exception):
 
 
 class Rec:
-    __slots__ = ("ok", "ttft", "e2e", "out", "itls", "error", "t_end")
+    __slots__ = ("ok", "ttft", "e2e", "out", "itls", "error", "t_end", "t_start", "worker")
 
     def __init__(self):
         self.ok = False
@@ -127,6 +128,42 @@ class Rec:
         self.itls = []
         self.error = None
         self.t_end = 0.0
+        self.t_start = 0.0
+        self.worker = None      # the replica a gateway routed it to (ROUTED_HEADER), when it says
+
+
+def routing(recs: list) -> dict | None:
+    """Where a gateway sent the level's requests, from ROUTED_HEADER (None: no gateway named a
+    worker): per worker its requests, completed ones, output tokens and peak in flight, and
+    `busiest_share`, the time-weighted mean over the level of the busiest worker's share of the
+    requests in flight (1/N when the gateway spread them evenly, 1.0 when one worker held them all
+    at every moment, even if the totals came out even)."""
+    named = [r for r in recs if r.worker]
+    if not named:
+        return None
+    workers: dict = {}
+    events = []
+    for r in named:
+        w = workers.setdefault(r.worker, {"requests": 0, "completed": 0, "output_tokens": 0, "peak_in_flight": 0})
+        w["requests"] += 1
+        if r.ok:
+            w["completed"] += 1
+            w["output_tokens"] += r.out
+        events += [(r.t_start, 1, r.worker), (r.t_end, -1, r.worker)]
+    events.sort(key=lambda e: (e[0], e[1]))
+    now = dict.fromkeys(workers, 0)
+    weighted = span = 0.0
+    last = None
+    for t, step, name in events:
+        total = sum(now.values())
+        if last is not None and total > 0 and t > last:
+            weighted += (t - last) * max(now.values()) / total
+            span += t - last
+        now[name] += step
+        workers[name]["peak_in_flight"] = max(workers[name]["peak_in_flight"], now[name])
+        last = t
+    return {"header": ROUTED_HEADER.decode(), "workers": workers,
+            "busiest_share": round(weighted / span, 4) if span > 0 else None}
 
 
 class Conn:
@@ -244,7 +281,7 @@ class Level:
     # ------------------------------------------------------------------ one request
     async def request(self, conn: Conn, payload: bytes, timed: bool) -> Rec:
         rec = Rec()
-        t0 = time.perf_counter()
+        t0 = rec.t_start = time.perf_counter()
         for attempt in (0, 1):
             reused = conn.writer is not None and conn.uses > 0
             try:
@@ -286,6 +323,8 @@ class Level:
                 raise StaleConnection(f"{type(e).__name__}: {e}") from None
             raise
         conn.uses += 1
+        if ROUTED_HEADER in headers:
+            rec.worker = headers[ROUTED_HEADER].decode("ascii", "replace")
         chunked = b"chunked" in headers.get(b"transfer-encoding", b"")
         length = int(headers[b"content-length"]) if (not chunked and b"content-length" in headers) else None
         keep = headers.get(b"connection", b"") != b"close"
@@ -614,7 +653,7 @@ class Level:
             "client_cpu_s": cpu, "client_cpu_share": (cpu / dur) if (cpu is not None and dur > 0) else None,
             "early_stop": self.early,
             "errors": [{"message": m, "count": c} for m, c in self.errors.most_common(MAX_ERRORS)],
-            "extra": {},
+            "extra": {}, "routed": routing(self.recs),
         }
 
 

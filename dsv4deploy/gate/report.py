@@ -19,6 +19,7 @@ from typing import Any
 
 from .result import EARLY_STOP, OK, SKIPPED, GateResult
 from .runner import GateOutcome
+from .split import routing_lines, warnings as split_warnings
 
 REPORT_SCHEMA = "dsv4deploy.gate.report/1"
 REGRESSION_PCT = 5.0
@@ -135,6 +136,23 @@ def _stat(s) -> str:
     return "n/a" if s.mean is None else f"{s.mean:.1f} / {s.median:.1f} / {s.p90:.1f} / {s.p99:.1f}"
 
 
+def _replicas_section(parts: list[dict], levels: list) -> list[str]:
+    """Which replica served the gate's requests through the gateway (gate/split.py)."""
+    total = sum(p.get("requests") or 0 for p in parts)
+    out = ["## Requests per replica", "",
+           "Through the gateway, from each replica's own `sglang:num_requests_total` before and after the gate.", "",
+           "| replica | url | requests | share |", "|---|---|---:|---:|"]
+    for p in parts:
+        n = p.get("requests")
+        share = f"{100 * n / total:.0f}%" if n is not None and total else "n/a"
+        out.append(f"| {p.get('index')} | {p.get('url')} | {_f(n)} | {share} |")
+    out.append("")
+    lines, warns = routing_lines(levels, len(parts))
+    out += [f"- {line}" for line in lines]
+    out += [f"- **warning**: {w}" for w in split_warnings(parts) + warns]
+    return out + [""]
+
+
 def render_markdown(outcome: GateOutcome, comparison: Comparison | None = None, *, title: str | None = None,
                     png_name: str | None = "gate.png") -> str:
     r, v, spec = outcome.result, outcome.verdict, outcome.spec
@@ -183,6 +201,8 @@ def render_markdown(outcome: GateOutcome, comparison: Comparison | None = None, 
                    f"{lr.duration_s:.1f} | {lr.request_throughput:.2f} | {tp} | {lr.total_throughput:.1f} | "
                    f"{_stat(lr.ttft_ms)} | {_stat(lr.tpot_ms)} | {_stat(lr.itl_ms)} | {_stat(lr.e2e_ms)} | {cpu} |")
     out.append("")
+    if r.replicas:
+        out += _replicas_section(r.replicas, r.levels)
     out += ["## Comparison with the previous gate", ""]
     if comparison is None or not comparison.comparable:
         out += [f"Not compared: {comparison.reason if comparison else 'no previous gate'}.", ""]

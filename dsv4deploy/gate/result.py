@@ -100,6 +100,10 @@ class LevelResult(LevelShape):
     early_stop: dict[str, Any] | None = None        # {"rule": "bound"|"running"|..., "at_s": ...}
     errors: list[dict[str, Any]] = field(default_factory=list)  # [{"message", "count"}], first few
     extra: dict[str, Any] = field(default_factory=dict)          # runner specifics (exit code, tail)
+    # built-in client through a gateway that names the worker of each request (smg's
+    # x-smg-routed-worker-id): {"header", "workers": {url: {requests, completed, output_tokens,
+    # peak_in_flight}}, "busiest_share"} (client.routing); None otherwise
+    routed: dict[str, Any] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,6 +130,9 @@ class GateResult:
     budget_exhausted: bool = False
     error: str | None = None                      # the runner itself failed (no or bad output)
     client: dict[str, Any] = field(default_factory=dict)      # cpu, python, early-stop policy, ...
+    # through a replica set's gateway: each replica's requests during the gate, from its own
+    # sglang:num_requests_total ([{"index", "url", "requests"}], gate/split.py); empty otherwise
+    replicas: list[dict[str, Any]] = field(default_factory=list)
     schema: str = SCHEMA
 
     def level(self, concurrency: int) -> LevelResult | None:

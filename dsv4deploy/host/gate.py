@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
+from ..gate import split
 from .io import put, run, sh
 from ..layout import GATE_USER
 from ..profiles import REPO_ROOT
@@ -62,9 +63,14 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
     PREVIOUS's (None: an ad-hoc run, kept nowhere on the host, or nothing to compare with)."""
     warm_plotting()
     spec = GateSpec.from_profile(target.data)
+    # through a replica set's gateway: which replica served the gate, by the replicas' own counters
+    urls = [rt.base_url for rt in target.replica_targets] if target.is_set else []
+    before = replica_requests(h, urls) if urls else {}
     outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
                        venv_python=target.layout.python, upload=lambda src, dst: put(h, src, dst),
                        api_key_file=target.layout.api_key_file, run_as=GATE_USER)
+    if urls:
+        outcome.result.replicas = split.split(urls, before, replica_requests(h, urls))
     store = ReleaseStore(h, target.layout.releases_dir)
     number = f"{release:04d}" if release else "adhoc"
     gate_dir = f"gate-{part}" if part else "gate"
@@ -76,6 +82,13 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
         keep_reports(h, f"{store.folder(release)}/{gate_dir}", [Path(p) for p in (files.json, files.markdown, files.png) if p])
     for line in outcome.verdict.lines():
         print(f"[{h.name}] {line}")
+    if urls:
+        print(f"[{h.name}] through {target.base_url}, {split.describe(outcome.result.replicas)}")
+        lines, warns = split.routing_lines(outcome.result.levels, len(urls))
+        for line in lines:
+            print(f"[{h.name}]   {line}")
+        for warning in split.warnings(outcome.result.replicas) + warns:
+            print(f"[{h.name}] WARNING: {warning}")
     print(f"[{h.name}] gate report: {local.relative_to(REPO_ROOT)}")
     return outcome
 
@@ -105,6 +118,20 @@ def keep_reports(h, remote: str, paths: list[Path]) -> None:
         print(f"[{h.name}] warning: could not keep the gate's reports under {remote}")
 
 
+def replica_requests(h, urls: list[str]) -> dict[str, int | None]:
+    """Each replica's requests served so far (its sglang:num_requests_total), in one command."""
+    _, out = sh(h, split.counters_command(urls), timeout=60)
+    return split.parse_counters(out, urls)
+
+
 def gate_record(outcome) -> dict:
-    """What the release record keeps of a gate: pass/fail, headline, summary."""
-    return {"passed": outcome.passed, "summary": outcome.summary, **outcome.verdict.headline}
+    """What the release record keeps of a gate: pass/fail, headline, summary, and through a
+    gateway the requests each replica served (`split`, in replica order; None: unknown)."""
+    doc = {"passed": outcome.passed, "summary": outcome.summary, **outcome.verdict.headline}
+    if outcome.result.replicas:
+        doc["split"] = [p["requests"] for p in outcome.result.replicas]
+        shares = [lv.routed["busiest_share"] for lv in outcome.result.levels
+                  if lv.routed and lv.routed.get("busiest_share") is not None]
+        if shares:
+            doc["busiest_share"] = max(shares)
+    return doc

@@ -21,6 +21,7 @@ from .gateway_http import KEY, host_http
 from .io import sh
 
 GATEWAY_READY_S = 60.0      # smg registers a listed worker within a second (docs/replicas.md)
+LOAD_REPORT_S = 25.0        # smg polls every worker's load every 10 s: two rounds and some slack
 
 
 class ReplicaFailed(Exception):
@@ -79,6 +80,32 @@ def wait_all_routable(h, t: Target, timeout_s: float = GATEWAY_READY_S) -> None:
     if not gateway.wait_for(ready, timeout_s, poll_s=0.3):
         seen = ", ".join(f"{w.url} {w.status}" for w in last) or "no worker"
         raise HealthError(f"the gateway {endpoint} does not route to every replica after {timeout_s:g} s ({seen})")
+
+
+def wait_load_reports(h, t: Target, log: Callable[[str], None], timeout_s: float = LOAD_REPORT_S) -> float | None:
+    """Until smg holds a load report of every replica (gateway.load_reported, read from its metrics
+    port on the host), so that a gate through it right after a (re)registration does not measure
+    the 10 s in which a replica without a report gets nothing. Seconds waited, or None (logged,
+    not fatal) when the reports did not come in time."""
+    http, _, _ = api(h, t)
+    metrics = f"http://{gateway.METRICS_HOST}:{t.plan.gateway.metrics_port}/metrics"
+    start = time.monotonic()
+    missing: list[str] = []
+
+    def reported() -> bool:
+        try:
+            status, body = http("GET", metrics, {}, None, 10)
+        except OSError:
+            return False
+        text = body.decode("utf-8", "replace") if status == 200 else ""
+        missing[:] = [rt.base_url for rt in t.replica_targets if not gateway.load_reported(text, rt.base_url)]
+        return not missing
+
+    if gateway.wait_for(reported, timeout_s, poll_s=1.0) is None:
+        log(f"the gateway has no load report of {', '.join(missing) or 'every replica'} after {timeout_s:g} s: "
+            "its routing may starve that replica during the gate")
+        return None
+    return time.monotonic() - start
 
 
 def start_gateway(h, t: Target, restart: bool) -> None:

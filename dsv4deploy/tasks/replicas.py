@@ -24,7 +24,7 @@ from ..host import ops
 from ..host.gate import gate_record, run_release_gate
 from ..host.io import sh
 from ..host.release_store import ReleaseStore, RollbackError
-from ..host.replicas import ReplicaFailed, Step, roll, start_gateway, start_set, unit_active
+from ..host.replicas import ReplicaFailed, Step, roll, start_gateway, start_set, unit_active, wait_load_reports
 from ..host.state import VENV_MARKER, HostState
 from ..rollout import Rollout, Target
 from .release import reported
@@ -131,6 +131,7 @@ class Switch:
                     start_gateway(self.h, t, restart=True)
                     self.log(f"restarted {t.unit} (its unit or venv changed)")
                 # every replica passed alone; now the set as users reach it, through the gateway
+                self.settle_routing()
                 gate = run_release_gate(self.h, t, self._number, self._previous_number, self.r.profile.name)
                 if not gate.passed:
                     every = [s.index for s in steps]
@@ -138,6 +139,7 @@ class Switch:
                               ReplicaFailed(every[-1], "", done=every[:-1]))
             else:
                 start_set(self.h, t, lambda rt: None, self.poll, self.log, steps)
+                self.settle_routing()
                 gate = run_release_gate(self.h, t, self._number, self._previous_number, self.r.profile.name)
                 if not gate.passed:
                     self.fail(steps, f"smoke gate through the gateway failed: {gate.verdict.message}", None)
@@ -146,6 +148,13 @@ class Switch:
         except HealthError as exc:
             self.fail(steps, str(exc), None)
         self.record(steps, gate)
+
+    def settle_routing(self) -> None:
+        """Before the gate through the gateway: until smg has a load report of every replica (a
+        replica it has just (re)registered has none for up to 10 s and gets no request meanwhile)."""
+        waited = wait_load_reports(self.h, self.t, self.log)
+        if waited is not None and waited >= 1.0:
+            self.log(f"the gateway has a load report of every replica after {waited:.1f} s")
 
     def start_down(self) -> None:
         """No new release: start what is down, each checked, and gate the set through the gateway."""
@@ -157,6 +166,7 @@ class Switch:
                 start_gateway(self.h, t, restart=False)
         except (ReplicaFailed, HealthError) as exc:
             raise DeployError(f"the deployed release's replica set could not be started: {exc}") from None
+        self.settle_routing()
         gate = run_release_gate(self.h, t, None, self._previous_number, self.r.profile.name)
         if not gate.passed:
             raise DeployError(f"the replica set serves but fails the smoke gate: {gate.verdict.message}")
