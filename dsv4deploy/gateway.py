@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import PACKAGE_DATA
+from .prometheus import summed
 
 Http = Callable[[str, str, dict, "bytes | None", float], "tuple[int, bytes]"]
 
@@ -258,16 +259,7 @@ def remove_worker(http: Http, gateway: str, key: str | None, worker_id: str, tim
 def replica_in_flight(metrics: str) -> int | None:
     """Running plus queued requests in an SGLang /metrics text (every label set summed), or
     None when it has neither gauge (metrics off, or not SGLang)."""
-    total, seen = 0.0, False
-    for line in metrics.splitlines():
-        m = _METRIC.fullmatch(line.strip())
-        if m:
-            try:
-                total += float(m.group(3))
-            except ValueError:
-                continue
-            seen = True
-    return int(total) if seen else None
+    return summed(metrics, _METRIC, 3)
 
 
 def load_reported(metrics: str, worker_url: str) -> bool:

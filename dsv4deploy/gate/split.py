@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 import shlex
 
+from ..prometheus import summed
+
 COUNTER = re.compile(r"sglang[:_]num_requests_total(\{[^}]*\})?\s+(\S+)")
 MARK = "@@dsv4deploy-replica "
 SKEW_SHARE = 0.5      # warn when a replica served less than this fraction of an even split's share
@@ -27,16 +29,7 @@ MIN_REQUESTS = 8      # fewer requests through the gateway than this: too few to
 def requests_total(metrics: str) -> int | None:
     """`sglang:num_requests_total` (SGLang's `sglang_` prefix too, every label set summed) in a
     /metrics text, or None when it has none (metrics off, or not SGLang)."""
-    total, seen = 0.0, False
-    for line in metrics.splitlines():
-        m = COUNTER.fullmatch(line.strip())
-        if m:
-            try:
-                total += float(m.group(2))
-            except ValueError:
-                continue
-            seen = True
-    return int(total) if seen else None
+    return summed(metrics, COUNTER, 2)
 
 
 def counters_command(urls: list[str]) -> str:
