@@ -4,12 +4,14 @@
    operations on the same twin (runs alternate, medians compared), and the remote commands a
    no-op sends, counted from pyinfra's own command log (`--debug`: "Running command on");
 2. a deploy that changes only the unit: its wall time minus the server's own start (the twin's
-   simulated load + warm-up) and minus the gate's own duration (from the release record);
+   simulated load + warm-up) and minus the gate's own duration (from the release record). Its
+   gate is one short level (the profile's full gate adds 74 s of load and nothing to the
+   overhead: its own duration is subtracted), so it runs CHANGES times (the median counts);
 3. an automatic rollback (a release whose server crashes at start): wall time minus the restored
-   server's own start, the crashing server's start and the bare deploy.
+   server's own start and the crashing server's start, CHANGES times.
 
     make sim-up && make deploy PROFILE=nvfp4-ctx8k
-    .venv/bin/python bench/deploy_overhead.py [--profile nvfp4-ctx8k] [--runs 5]
+    .venv/bin/python bench/deploy_overhead.py [--profile nvfp4-ctx8k] [--runs 5] [--changes 3]
 
 Prints figures; asserts nothing. The last line: `no-op: ratio=R commands=N`.
 """
@@ -34,6 +36,11 @@ from dsv4deploy.twin.faults import Faults  # noqa: E402
 
 PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
 FAULTS = "/etc/dsv4deploy-twin/faults.json"
+SHORT_GATE = """gate:
+  warmup_requests: 1
+  levels:
+    - {concurrency: 8, num_prompts: 16, input_len: 64, output_len: 32, min_output_throughput: 10}
+"""
 
 
 def timed(cmd: list[str], env: dict | None = None, ok: bool = True) -> tuple[float, str]:
@@ -68,6 +75,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="nvfp4-ctx8k")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--changes", type=int, default=3, help="unit-only changes and rollbacks measured (median)")
     args = ap.parse_args()
     twin = SimHost(1)
     if not twin.running():
@@ -102,29 +110,35 @@ def main() -> int:
         env = {"DSV4_PROFILES_DIR": tmp}
         for name in os.listdir(REPO / "profiles"):
             (Path(tmp) / name).write_text((REPO / "profiles" / name).read_text())
-        (Path(tmp) / "unit-only.yaml").write_text(
-            f"extends: {args.profile}\ndescription: unit-only change for bench/deploy_overhead.py\n"
-            "service:\n  timeout_stop_s: 119\n")
-        changed = [PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=unit-only"]
-        took, _ = timed(changed, env)
-        gate_s = last_gate_wall_s(twin)
-        print(f"unit-only change: {took:.2f} s = server start {start_s:.1f} s + gate {gate_s:.1f} s + "
-              f"overhead {took - start_s - gate_s:.2f} s (of which a bare pyinfra run: {base:.2f} s)")
+        overheads, rollbacks = [], []
+        for i in range(args.changes):
+            (Path(tmp) / "unit-only.yaml").write_text(
+                f"extends: {args.profile}\ndescription: unit-only change for bench/deploy_overhead.py\n"
+                f"service:\n  timeout_stop_s: {119 - i % 2}\n{SHORT_GATE}")
+            took, _ = timed([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=unit-only"], env)
+            gate_s = last_gate_wall_s(twin)
+            overheads.append(took - start_s - gate_s)
+            print(f"unit-only change: {took:.2f} s = server start {start_s:.1f} s + gate {gate_s:.1f} s + "
+                  f"overhead {overheads[-1]:.2f} s")
 
-        # 3. automatic rollback: the next release crashes at start; the tool restores unit-only
-        (Path(tmp) / "crashes.yaml").write_text(
-            f"extends: {args.profile}\ndescription: crashes at start (bench)\nserver:\n  context_length: 20480\n")
-        twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error",
-                                            "match_argv": "--context-length 20480"}))
-        try:
-            took, out = timed([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=crashes"],
-                              env, ok=False)
-        finally:
-            twin.run(f"rm -f {FAULTS}")
-        restored = "rolled back" in out or "restored" in out
-        print(f"automatic rollback ({'restored' if restored else 'NOT restored'}): {took:.2f} s = "
-              f"crashing start {crash_s:.1f} s + restored start {start_s:.1f} s + overhead "
-              f"{took - crash_s - start_s:.2f} s (of which a bare pyinfra run: {base:.2f} s)")
+            # 3. automatic rollback: the next release crashes at start; the tool restores unit-only
+            (Path(tmp) / "crashes.yaml").write_text(
+                f"extends: unit-only\ndescription: crashes at start (bench)\nserver:\n  context_length: 20480\n")
+            twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error",
+                                                "match_argv": "--context-length 20480"}))
+            try:
+                took, out = timed([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=crashes"],
+                                  env, ok=False)
+            finally:
+                twin.run(f"rm -f {FAULTS}")
+            restored = "rolled back" in out or "restored" in out
+            rollbacks.append(took - crash_s - start_s)
+            print(f"automatic rollback ({'restored' if restored else 'NOT restored'}): {took:.2f} s = "
+                  f"crashing start {crash_s:.1f} s + restored start {start_s:.1f} s + overhead {rollbacks[-1]:.2f} s")
+    print(f"unit-only change overhead: median {statistics.median(overheads):.2f} s "
+          f"({', '.join(f'{t:.2f}' for t in overheads)}; a bare pyinfra run: {base:.2f} s)")
+    print(f"automatic rollback overhead: median {statistics.median(rollbacks):.2f} s "
+          f"({', '.join(f'{t:.2f}' for t in rollbacks)}; a bare pyinfra run: {base:.2f} s)")
     timed(deploy)   # leave the profile deployed
     print(f"no-op: ratio={noop / base:.2f} commands={commands}")
     return 0
