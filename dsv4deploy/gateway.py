@@ -36,6 +36,9 @@ SMG_DATA = PACKAGE_DATA / "smg"
 KEY_CREDENTIAL = "gateway-api-key"       # LoadCredential= name; the launcher reads it
 LAUNCHER_FILE = "dsv4deploy-gateway-launch.py"
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load", "prefix_hash", "random")
+# Policies that route by the load smg reads from each worker's metrics every 10 s: a worker
+# just (re)registered has no report yet and gets nothing meanwhile (docs/replicas.md)
+LOAD_AWARE = ("cache_aware", "power_of_two", "least_load")
 METRICS_HOST = "127.0.0.1"               # smg's default is 0.0.0.0 (every interface, no auth)
 SHUTDOWN_GRACE_S = 60                    # smg waits this long for in-flight requests on stop
 _VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?")

@@ -16,7 +16,7 @@ from . import gateway
 
 DEFAULT_DRAIN_TIMEOUT_S = 300
 DEFAULT_METRICS_PORT = 29000
-DEFAULT_POLICY = "cache_aware"
+DEFAULT_POLICY = "round_robin"
 # Set in each replica's env file; server.env may not set them (the env file would silently win).
 REPLICA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "DSV4_REPLICA_PORT")
 LOWEST_PORT = 1024  # the sandboxed units have no CAP_NET_BIND_SERVICE

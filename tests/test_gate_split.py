@@ -228,11 +228,15 @@ def test_no_report_in_time_is_said_and_not_fatal(monkeypatch):
     assert "no load report of http://127.0.0.1:30002" in logged[0]
 
 
+@pytest.mark.parametrize("policy", ["cache_aware", "round_robin"])
 @pytest.mark.parametrize("rolling", [True, False])
-def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling):
+def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling, policy):
+    """A load-aware policy: the gate waits for smg's load reports; round robin needs none."""
     events = []
     sw = object.__new__(tr.Switch)
-    t = target()
+    data = load_profile("nvfp4-ctx8k-dp2").data
+    data["replicas"]["gateway"]["policy"] = policy
+    t = Target.of(data)
     sw.h, sw.t, sw.reasons, sw.restart_gateway, sw.poll, sw.gates = Host(), t, ["changed"], False, 0.0, {}
     sw.release, sw.previous = None, {"release": 1}
     sw.r = type("R", (), {"layout": t.layout, "profile": type("P", (), {"name": "nvfp4-ctx8k-dp2"})()})()
@@ -246,4 +250,5 @@ def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling)
     monkeypatch.setattr(tr, "run_release_gate", lambda *a, **k: events.append("gate") or gate)
     monkeypatch.setattr(tr.Switch, "record", lambda self, steps, g: events.append("record"))
     sw.run()
-    assert events == (["roll"] if rolling else ["start"]) + ["wait", "gate", "record"]
+    waits = ["wait"] if policy in gateway.LOAD_AWARE else []
+    assert events == (["roll"] if rolling else ["start"]) + waits + ["gate", "record"]

@@ -89,7 +89,7 @@ def test_the_gateway_takes_the_public_endpoint_and_routes_to_the_replicas():
     assert flags[flags.index("--port") + 1] == "30000"
     assert flags[flags.index("--prometheus-host") + 1] == "127.0.0.1"
     assert flags[flags.index("--worker-urls") + 1:flags.index("--policy")] == [r.url for r in rendered.replicas]
-    assert flags[flags.index("--policy") + 1] == "cache_aware"
+    assert flags[flags.index("--policy") + 1] == "round_robin"
     assert flags[flags.index("--health-check-endpoint") + 1] == "/ready"
     assert gw.argv[0] == f"{gw.venv}/bin/python" and gw.argv[1] == gw.launcher
     assert gw.venv.startswith("/opt/dsv4deploy/venvs/smg-1.13.0-") and gw.lock_sha256[:12] in gw.venv

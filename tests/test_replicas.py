@@ -35,7 +35,7 @@ def test_without_gpus_the_sets_are_contiguous_and_ports_follow_the_server_port(p
     plan = replicas.plan(load_profile("r").data)
     assert [r.gpus for r in plan.replicas] == [(0, 1), (2, 3), (4, 5)]
     assert [r.port for r in plan.replicas] == [31001, 31002, 31003]
-    assert plan.gateway.port == 31000 and plan.gateway.policy == "cache_aware"
+    assert plan.gateway.port == 31000 and plan.gateway.policy == "round_robin"       # the default
     assert plan.gateway.version == "1.13.0" and plan.drain_timeout_s == 300
 
 

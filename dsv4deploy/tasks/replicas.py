@@ -151,7 +151,10 @@ class Switch:
 
     def settle_routing(self) -> None:
         """Before the gate through the gateway: until smg has a load report of every replica (a
-        replica it has just (re)registered has none for up to 10 s and gets no request meanwhile)."""
+        replica it has just (re)registered has none for up to 10 s and gets no request meanwhile).
+        Only for a policy that routes by those reports."""
+        if self.t.plan.gateway.policy not in gateway.LOAD_AWARE:
+            return
         waited = wait_load_reports(self.h, self.t, self.log)
         if waited is not None and waited >= 1.0:
             self.log(f"the gateway has a load report of every replica after {waited:.1f} s")
