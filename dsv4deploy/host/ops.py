@@ -80,56 +80,54 @@ def inline_write(dest: str, text: str, user: str = "root", group: str = "root", 
             f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}")
 
 
+def _file_commands(dest: str, content: bytes, state: dict | None, user: str, group: str, mode: str,
+                   secret: bool = False) -> list:
+    """What `file` sends for one file: nothing (up to date), one command (owner and mode only, or a
+    small text file that is not SECRET written inline) or a private temp file, its upload, the move."""
+    if state and state["type"] == "file" and state["sha256"] == hashlib.sha256(content).hexdigest():
+        return [] if _same(state, mode, user, group) else [f"chown {q(user)}:{q(group)} {q(dest)} && chmod {mode} {q(dest)}"]
+    if not secret and len(content) <= INLINE_MAX and b"\0" not in content:
+        try:
+            return [inline_write(dest, content.decode(), user, group, mode)]
+        except UnicodeDecodeError:
+            pass
+    tmp = f"{dest}.dsv4deploy-tmp"
+    return [f"{make_parent(dest)} && umask 077 && : > {q(tmp)}", FileUploadCommand(BytesIO(content), tmp),
+            f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}"]
+
+
+def _yield(commands: list):
+    for c in commands:
+        yield c if isinstance(c, FileUploadCommand) else StringCommand(c)
+
+
 @operation()
 def file(dest: str, content: bytes, state: dict | None, user: str = "root", group: str = "root",
          mode: str = "644", secret: bool = False):
     """A file with exactly CONTENT, owner and mode, written when its sha256 differs through a temp
     file made with umask 077, then moved into place. A small text file that is not SECRET goes in
     one command; anything else is uploaded (never on a command line)."""
-    digest = hashlib.sha256(content).hexdigest()
-    if state and state["type"] == "file" and state["sha256"] == digest:
-        if _same(state, mode, user, group):
-            host.noop(f"{dest} up to date")
-            return
-        yield StringCommand(f"chown {q(user)}:{q(group)} {q(dest)} && chmod {mode} {q(dest)}")
+    commands = _file_commands(dest, content, state, user, group, mode, secret)
+    if not commands:
+        host.noop(f"{dest} up to date")
         return
-    if not secret and len(content) <= INLINE_MAX and b"\0" not in content:
-        try:
-            yield StringCommand(inline_write(dest, content.decode(), user, group, mode))
-            return
-        except UnicodeDecodeError:
-            pass
-    tmp = f"{dest}.dsv4deploy-tmp"
-    yield StringCommand(f"{make_parent(dest)} && umask 077 && : > {q(tmp)}")
-    yield FileUploadCommand(BytesIO(content), tmp)
-    yield StringCommand(f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}")
+    yield from _yield(commands)
 
 
 @operation()
 def files(items: list[tuple[str, bytes, dict | None]], user: str = "root", group: str = "root", mode: str = "644"):
-    """Several small text files that hold no secret (a unit and the files it reads), each as
-    `file` writes it, those that differ all in one command: one round trip, however many change."""
-    inline, other = [], []
-    for dest, content, state in items:
-        if state and state["type"] == "file" and state["sha256"] == hashlib.sha256(content).hexdigest():
-            if not _same(state, mode, user, group):
-                inline.append(f"chown {q(user)}:{q(group)} {q(dest)} && chmod {mode} {q(dest)}")
-            continue
-        try:
-            text = content.decode()
-        except UnicodeDecodeError:
-            text = None
-        if text is None or len(content) > INLINE_MAX or "\0" in text:
-            other.append((dest, content, state))
-        else:
-            inline.append(inline_write(dest, text, user, group, mode))
-    if not inline and not other:
+    """Several files that hold no secret (a unit and the files it reads), each as `file` writes
+    it; those that take one command each all go in one: one round trip, however many change."""
+    each = [_file_commands(dest, content, state, user, group, mode) for dest, content, state in items]
+    if not any(each):
         host.noop(f"{', '.join(d for d, _, _ in items)} up to date")
         return
-    if inline:
-        yield StringCommand(" && ".join(f"{{ {c}; }}" for c in inline))
-    for dest, content, state in other:
-        yield from file._inner(dest, content, state, user=user, group=group, mode=mode)
+    single = [c[0] for c in each if len(c) == 1]
+    if single:
+        yield StringCommand(" && ".join(f"{{ {c}; }}" for c in single))
+    for commands in each:
+        if len(commands) > 1:
+            yield from _yield(commands)
 
 
 @operation()

@@ -69,7 +69,7 @@ class ReleaseStore:
     def _remember(self, docs: list[dict]) -> None:
         """DOCS were written: the run's copy of the records says what the host now holds."""
         held = _HELD.get(self._key())
-        if held is None or held is False:
+        if held is None:            # not under this run's lock, or not read yet: nothing to keep current
             return
         by_number = {r["release"]: r for r in held}
         by_number.update({d["release"]: dict(d) for d in docs})
@@ -196,8 +196,7 @@ class ReleaseStore:
                 self.give_back_lock()
                 continue
             raise DeployError(
-                f"another deploy holds the lock on this host: PID {holder.get('pid', '?')} on "
-                f"{holder.get('controller', '?')} since {holder.get('started', '?')} ({holder.get('what', '?')}). "
+                f"another deploy holds the lock on this host: {lock_holder(holder)}. "
                 f"If that run is gone, {rerun_with('break_lock=true', make_target(label))}.")
 
     def give_back_lock(self) -> None:
@@ -220,6 +219,12 @@ def release_write_command(folder: str, venv: str, files: dict[str, str], profile
     parts += [json_write_command(f"{folder}/profile.json", profile_doc),
               json_write_command(f"{folder}/status.json", rec)]
     return " && ".join(parts)
+
+
+def lock_holder(holder: dict) -> str:
+    """Who holds the deploy lock, from its owner.json: "PID n on controller since t (what)"."""
+    return (f"PID {holder.get('pid', '?')} on {holder.get('controller', '?')} since "
+            f"{holder.get('started', '?')} ({holder.get('what', '?')})")
 
 
 def _pid_alive(pid: int) -> bool:

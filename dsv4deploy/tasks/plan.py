@@ -8,21 +8,18 @@ from pyinfra import host
 from .. import releases
 from ..changes import Changes
 from ..gate import GateSpec
+from ..host.release_store import lock_holder
 from ..host.state import HostState
 from ..rollout import Rollout
 
 
 def plan_lines(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
     """Pure: the plan for rollout R against STATE with the collector's REASONS (and who held the
-    deploy lock when the host was read: `make plan` takes none, and a deploy now would wait on it)."""
+    deploy lock when the host was read: `make plan` takes none, and a deploy refuses while it is held)."""
     holder = state["lock"]
-    return ([lock_line(holder)] if holder else []) + _steps(r, state, reasons)
-
-
-def lock_line(holder: dict) -> str:
-    return (f"the deploy lock was held when the host was read: PID {holder.get('pid', '?')} on "
-            f"{holder.get('controller', '?')} since {holder.get('started', '?')} ({holder.get('what', '?')}); "
-            "a deploy refuses while that run holds it")
+    held = [f"the deploy lock was held when the host was read: {lock_holder(holder)}; a deploy refuses "
+            "while that run holds it"] if holder else []
+    return held + _steps(r, state, reasons)
 
 
 def _steps(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
