@@ -338,6 +338,11 @@ def test_stop_never_signals_a_process_its_record_does_not_match(tmp_path):
         record = tmp_path / "proxy.json"
         from dsv4deploy.sim.processes import _proc_stat
         start = _proc_stat(sleeper.pid)[1]
+        # Popen returns when exec closes its close-on-exec pipe, which the kernel does before it
+        # lays out the new argv: under load /proc/PID/cmdline reads empty for a few ms (CI saw it)
+        deadline = time.monotonic() + 10
+        while proxyctl._cmdline(sleeper.pid) != sleeper.args and time.monotonic() < deadline:
+            time.sleep(0.01)
         for wrong in ({"pid": sleeper.pid, "starttime": start, "argv": ["python", "-m", proxyctl.MODULE]},
                       {"pid": sleeper.pid, "starttime": start + 1, "argv": sleeper.args},
                       {"pid": 1, "starttime": 0, "argv": []}, {"pid": "1"}):
