@@ -15,8 +15,9 @@ def gate_summary(rec: dict) -> str:
     verdict = "pass" if gate.get("passed") else "FAIL"
     split = gate.get("split")
     served = f" (replicas {'/'.join('?' if n is None else str(n) for n in split)} requests)" if split else ""
+    scope = f" ({gate['scope']})" if gate.get("scope") else ""
     return (f"{verdict}: {gate.get('level', '?')} {gate['output_throughput']:.1f} tok/s vs floor "
-            f"{gate.get('floor', '-')}{served}")
+            f"{gate.get('floor', '-')}{served}{scope}")
 
 
 def replicas_summary(rec: dict) -> str:

@@ -231,7 +231,8 @@ def test_no_report_in_time_is_said_and_not_fatal(monkeypatch):
 @pytest.mark.parametrize("policy", ["cache_aware", "round_robin"])
 @pytest.mark.parametrize("rolling", [True, False])
 def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling, policy):
-    """A load-aware policy: the gate waits for smg's load reports; round robin needs none."""
+    """A load-aware policy: the gate through the gateway waits for smg's load reports; round robin
+    needs none; a rolling update runs no gate through the gateway at all (only a probe)."""
     events = []
     sw = object.__new__(tr.Switch)
     data = load_profile("nvfp4-ctx8k-dp2").data
@@ -248,7 +249,8 @@ def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling,
     monkeypatch.setattr(tr, "wait_load_reports", lambda h, t_, log: events.append("wait") or 9.8)
     gate = type("G", (), {"passed": True})()
     monkeypatch.setattr(tr, "run_release_gate", lambda *a, **k: events.append("gate") or gate)
+    monkeypatch.setattr(tr, "probe", lambda h, t_, requests: events.append("probe") or "said")
     monkeypatch.setattr(tr.Switch, "record", lambda self, steps, g: events.append("record"))
     sw.run()
     waits = ["wait"] if policy in gateway.LOAD_AWARE else []
-    assert events == (["roll"] if rolling else ["start"]) + waits + ["gate", "record"]
+    assert events == (["roll", "probe", "record"] if rolling else ["start"] + waits + ["gate", "record"])

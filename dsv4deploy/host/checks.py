@@ -118,9 +118,11 @@ def probe_problems(out: str, requests: int = 2, tokens: int = 8) -> list[str]:
     return problems
 
 
-def probe(h, t: Target, requests: int = 2, tokens: int = 8) -> None:
-    """A short generation probe (a rollback's stand-in for the full gate: it passed before)."""
+def probe(h, t: Target, requests: int = 2, tokens: int = 8) -> str:
+    """A short generation probe (a rollback's stand-in for the full gate: it passed before; and
+    the check through the gateway after a rolling update). Raises HealthError; says what passed."""
     _, out = sh(h, probe_command(t, requests, tokens))
     problems = probe_problems(out, requests, tokens)
     if problems:
         raise HealthError("; ".join(problems))
+    return f"{requests}/{requests} probe requests through {t.base_url} answered {tokens} tokens each"

@@ -46,8 +46,9 @@ def _steps(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
         rolling = state.unit_active and live is not None and live.get("replicas")
         switch = ([f"rolling update behind {t.unit}, one replica at a time: take it out of the gateway, wait for "
                    f"its requests (at most {t.plan.drain_timeout_s} s), restart it, health, identity and the smoke "
-                   f"gate on its own port, add it back; the others serve throughout; then the smoke gate through "
-                   f"{t.unit}, as users reach the set"] if rolling else
+                   f"gate on its own port, add it back; the others serve throughout; then "
+                   f"{2 * len(t.replica_targets)} short probe requests through {t.unit} (users are there: no "
+                   "second gate loads them)"] if rolling else
                   [f"start {', '.join(rt.unit for rt in t.replica_targets)} at once (no replica set serves yet"
                    + (f"; {r.layout.service}.service stops first" if state.unit(r.layout.service).get("ActiveState")
                       == "active" else "") + f"), then {t.unit} on {t.base_url}, then the smoke gate through it"])

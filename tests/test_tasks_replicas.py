@@ -1,0 +1,118 @@
+"""The switch of a replica set (tasks/replicas.py) on a fake host: after a rolling update the set
+users reach is probed through the gateway, never loaded by a second gate (users are there), and
+the release records each replica's own gate with the weakest one as its headline."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from dsv4deploy.gate import GateOutcome, GateResult, GateSpec, LevelResult, LevelSpec, judge
+from dsv4deploy.health import HealthError
+from dsv4deploy.history import gate_summary
+from dsv4deploy.host.gate import rolling_gate_record
+from dsv4deploy.layout import Layout
+from dsv4deploy.profiles import load_profile
+from dsv4deploy.releases import Release
+from dsv4deploy.rollout import Target
+from dsv4deploy.tasks import replicas as tr
+
+SPEC = GateSpec(levels=(LevelSpec(64, 64, 256, 64, min_output_throughput=300),))
+
+
+def outcome(tok_s: float) -> GateOutcome:
+    result = GateResult(runner="builtin", levels=[LevelResult(concurrency=64, num_prompts=64, completed=64,
+                                                              output_throughput=tok_s, duration_s=9.0)])
+    return GateOutcome(SPEC, result, judge(SPEC, result))
+
+
+class Store:
+    def __init__(self, h, releases_dir=None):
+        self.saved: list[dict] = []
+        Store.last = self
+
+    def current(self):
+        return {"release": 1, "profile": "nvfp4-ctx8k-dp2", "status": "deployed"}
+
+    def target(self, rec):
+        return Target.of(load_profile("nvfp4-ctx8k-dp2").data)
+
+    def mark_deployed(self, rel):
+        self.saved.append(rel.record)
+        return rel
+
+    def prune(self):
+        pass
+
+
+@pytest.fixture()
+def switch(monkeypatch):
+    events: list[tuple] = []
+    data = load_profile("nvfp4-ctx8k-dp2").data
+    r = SimpleNamespace(target=Target.of(data), layout=Layout.of(data), profile=SimpleNamespace(name="nvfp4-ctx8k-dp2"),
+                        run=SimpleNamespace(release=Release({"release": 2, "profile": "nvfp4-ctx8k-dp2",
+                                                             "status": "pending"})))
+    monkeypatch.setattr(tr, "ReleaseStore", Store)
+    monkeypatch.setattr(tr, "unit_active", lambda h, unit: True)
+    monkeypatch.setattr(tr, "sh", lambda h, cmd, timeout=None: (True, ""))
+    speeds = {0: 420.0, 1: 380.0}
+
+    def gate(h, t, number, previous, profile, part=None):
+        events.append(("gate", t.base_url))
+        return outcome(speeds[t.index] if t.index is not None else 999.0)
+
+    def roll(h, t, indices, check, poll_s, log, steps):
+        for s in steps:
+            check(t.replica(s.index))
+            s.status = "switched"
+        return steps
+
+    def probe(h, t, requests=2, tokens=8):
+        events.append(("probe", t.base_url, requests))
+        if getattr(switch, "probe_fails", False):
+            raise HealthError("probe request 1/4 failed: no answer")
+        return f"{requests}/{requests} probe requests through {t.base_url} answered {tokens} tokens each"
+
+    monkeypatch.setattr(tr, "run_release_gate", gate)
+    monkeypatch.setattr(tr, "roll", roll)
+    monkeypatch.setattr(tr, "probe", probe)
+    h = SimpleNamespace(name="fake", data={"health_poll_s": 0})
+    switch = SimpleNamespace(make=lambda: tr.Switch(h, r, ["the unit changed"], restart_gateway=False), events=events)
+    return switch
+
+
+def test_a_rolling_update_gates_each_replica_alone_then_only_probes_the_gateway(switch, capsys):
+    switch.make().run()
+    assert switch.events == [("gate", "http://127.0.0.1:30001"), ("gate", "http://127.0.0.1:30002"),
+                             ("probe", "http://127.0.0.1:30000", 4)]
+    rec = Store.last.saved[-1]
+    assert rec["gate"]["passed"] and rec["gate"]["output_throughput"] == 380.0
+    assert rec["gate"]["scope"] == "replica 1, the weakest of 2 gated one at a time"
+    assert [r["gate"]["output_throughput"] for r in rec["replicas"]] == [420.0, 380.0]
+    assert "4/4 probe requests through http://127.0.0.1:30000 answered" in capsys.readouterr().out
+
+
+def test_a_failed_probe_through_the_gateway_fails_the_release_and_restores_every_replica(switch, monkeypatch):
+    switch.probe_fails = True
+    restored = {}
+
+    def after_failure(h, rel, t, reason, poll_s, indices):
+        restored.update(reason=reason, indices=indices, status=rel.record["status"])
+        return "rolled back: release 0003 (restores 0001, profile nvfp4-ctx8k-dp2) is serving"
+
+    monkeypatch.setattr(tr, "after_failure", after_failure)
+    with pytest.raises(tr.DeployError, match="probe request 1/4 failed"):
+        switch.make().run()
+    assert restored["indices"] is None and "probe request" in restored["reason"]     # the whole set comes back
+    assert not Store.last.saved
+
+
+def test_the_rolling_record_names_the_weakest_replica_and_history_shows_it():
+    per = {0: {"passed": True, "summary": "C=64 420 tok/s", "level": "C=64", "floor": 300, "output_throughput": 420.0},
+           1: {"passed": True, "summary": "C=64 380 tok/s", "level": "C=64", "floor": 300, "output_throughput": 380.0}}
+    doc = rolling_gate_record(per, "4/4 probe requests through http://127.0.0.1:30000 answered 8 tokens each")
+    assert doc["passed"] and doc["output_throughput"] == 380.0 and doc["summary"].startswith("replica 0: C=64 420")
+    assert gate_summary({"gate": doc}) == ("pass: C=64 380.0 tok/s vs floor 300 "
+                                           "(replica 1, the weakest of 2 gated one at a time)")
+    assert not rolling_gate_record({**per, 1: {**per[1], "passed": False}}, "-")["passed"]
