@@ -56,7 +56,10 @@ def wait_healthy(observe: Callable[[], Observation], budget_s: float, poll_s: fl
     first = observe()
 
     def check() -> Observation:
+        nonlocal first
         obs = observe()
+        if not first.active_state:      # the first read said nothing (no answer): the baseline is this one
+            first = obs
         reason = crashed(first, obs)
         if reason:
             raise HealthError(reason)

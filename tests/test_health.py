@@ -49,6 +49,17 @@ def test_a_new_main_pid_counts_as_a_crash():
         wait_healthy(sequence(obs(503, pid=100), obs(0, pid=200)), budget_s=60, poll_s=0.01)
 
 
+def test_a_first_read_that_got_no_answer_is_no_baseline():
+    """An SSH hiccup on the first poll reads as nothing at all; a unit systemd restarted before
+    this deploy (NRestarts 2, kept until reset-failed) is then not a crash."""
+    silent = Observation(http=0, active_state="", sub_state="", main_pid=0, n_restarts=0)
+    result = wait_healthy(sequence(silent, obs(503, restarts=2), obs(200, restarts=2)), budget_s=10, poll_s=0.01)
+    assert result.http == 200
+    with pytest.raises(HealthError, match="restarting it"):
+        wait_healthy(sequence(silent, obs(503, restarts=2), obs(0, sub="auto-restart", restarts=3)),
+                     budget_s=10, poll_s=0.01)
+
+
 @pytest.mark.slow
 def test_never_healthy_ends_at_the_budget():
     start = time.monotonic()

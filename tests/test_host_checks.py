@@ -77,3 +77,13 @@ def test_each_bad_answer_is_named():
         "probe request 2/4 returned 3 tokens, expected 8",
         "probe request 3/4 failed: Internal Server Error",
         "probe request 4/4 failed: no answer"]
+
+
+def test_a_journal_line_of_16_kb_is_cut_so_the_reason_above_it_stays_readable(monkeypatch):
+    from dsv4deploy.host import checks
+    server_args = "server_args=ServerArgs(" + "x" * 16500 + ")"
+    monkeypatch.setattr(checks, "sh", lambda h, cmd: (True, f"Loading weights\n{server_args}\nbind failed\n"))
+    tail = checks.journal_tail(None, Target.of(load_profile("nvfp4-ctx8k").data)).splitlines()
+    assert tail[0] == "Loading weights" and tail[2] == "bind failed"
+    assert tail[1].startswith("server_args=ServerArgs(xxx") and tail[1].endswith(" ... (16524 characters)")
+    assert len(tail[1]) < 500

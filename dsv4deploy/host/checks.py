@@ -44,9 +44,16 @@ def observer(h, t: Target, path: str = "/health", window_s: float = 0.0):
     return observe
 
 
+JOURNAL_LINE_MAX = 400
+
+
 def journal_tail(h, t: Target, lines: int = 30) -> str:
+    """The unit's last LINES journal lines, each cut at JOURNAL_LINE_MAX characters: SGLang logs
+    its whole ServerArgs on one line (16.5 KB on the twin), which would bury the reason printed
+    above the tail."""
     _, out = sh(h, f"journalctl -u {t.unit} -n {lines} --no-pager -o cat 2>&1 || true")
-    return out
+    return "\n".join(line if len(line) <= JOURNAL_LINE_MAX else f"{line[:JOURNAL_LINE_MAX]} ... ({len(line)} characters)"
+                     for line in out.splitlines())
 
 
 def _authorized_curl(t: Target, path: str, data: str | None = None) -> str:

@@ -52,7 +52,7 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int]
             restore_set(h, t, indices, poll_s)
         else:
             ok, out = store.copy_back(rec["release"], then=f"systemctl daemon-reload && {stop_set_units(t)}"
-                                                           f"systemctl reset-failed {t.unit}; systemctl restart {t.unit}")
+                                                           f"systemctl reset-failed {t.unit}; systemctl restart {t.unit} 2>&1")
             if not ok:
                 raise HealthError(f"could not restore the files or restart {t.unit}: {out.strip()[-300:]}")
             confirm(h, t, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)
