@@ -367,7 +367,7 @@ def test_a_restore_is_a_new_entry_with_its_own_copy_then_deployed(h, tmp_path, m
     assert on_disk(store, 2)["status"] == releases.SUPERSEDED
     assert Path(store.folder(3), "files/etc/systemd/system/sglang.service").exists()   # restorable in turn
     assert h.commands[5].startswith(f"cp -a {store.folder(1)}/files/. / && systemctl daemon-reload && ")
-    assert h.commands[5].endswith("systemctl reset-failed sglang.service; systemctl restart sglang.service")
+    assert h.commands[5].endswith("systemctl reset-failed sglang.service; systemctl restart sglang.service 2>&1")
 
 
 def test_a_restore_whose_files_are_gone_is_a_failed_entry_naming_them(h, tmp_path, monkeypatch):
