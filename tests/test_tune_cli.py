@@ -35,7 +35,12 @@ def run(*args, cwd=None):
 
 
 def snapshot(*folders: Path) -> dict:
-    return {str(p): p.stat().st_mtime_ns for f in folders if f.exists() for p in f.rglob("*")}
+    """Every path under FOLDERS and its mtime; under reports/ only what a tune writes (tune-*):
+    the deploys of make test's other pytest processes write reports/<host>/ meanwhile."""
+    def ours(p: Path) -> bool:
+        rel = p.relative_to(REPO / "reports").parts if p.is_relative_to(REPO / "reports") else ()
+        return not rel or rel[0].startswith("tune")
+    return {str(p): p.stat().st_mtime_ns for f in folders if f.exists() for p in f.rglob("*") if ours(p)}
 
 
 def test_plan_lists_candidates_and_refusals_with_reasons_and_writes_nothing(profile_dir, tmp_path):
