@@ -41,18 +41,19 @@ def write(profile_dir, text: str | bytes, name: str = "case") -> Path:
 def refused(capsys, tmp_path, args: list[str], file: str | None, key: str | None, contains: str = "",
             line: bool = True) -> str:
     """Run the CLI; assert exit 2, a `file:line: key: message` line, no traceback, nothing
-    written under tmp_path/out, and an answer in under 2 s. Returns the output."""
+    written under tmp_path/out, and an answer in under 2 s of CPU (the time the tool spends; wall
+    time on make test's shared 2 cores also counts the other pytest processes). Returns the output."""
     out = tmp_path / "out"
     if args[0] == "render" and "--out" not in args:
         args = args + ["--out", str(out)]
-    started = time.perf_counter()
+    started = time.process_time()
     rc = main(args)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert rc == 2, text
     assert "Traceback" not in text
-    assert elapsed < 2.0, f"{elapsed:.2f} s"
+    assert elapsed < 2.0, f"{elapsed:.2f} CPU s"
     assert not out.exists(), "nothing may be written for bad input"
     where = re.escape(file) + (r":\d+: " if line else r"(:\d+)?: ") if file else r"\S+:\d+: "
     pattern = r"(^|/)" + where + (r"(warning: )?" + re.escape(key) if key else "")
@@ -446,7 +447,8 @@ def test_render_into_a_read_only_folder_for_real(tmp_path, capsys):
 WRAPPER = ("import resource, runpy, sys\n"
            "sys.argv = ['dsv4deploy'] + sys.argv[1:]\n"
            "try:\n    runpy.run_module('dsv4deploy', run_name='__main__')\n"
-           "finally:\n    print('maxrss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
+           "finally:\n    u = resource.getrusage(resource.RUSAGE_SELF)\n"
+           "    print('maxrss_kib', u.ru_maxrss, 'cpu_s', u.ru_utime + u.ru_stime, file=sys.stderr)\n")
 
 
 @pytest.mark.parametrize("case", ["alias-bomb", "deep-flow", "huge-file", "huge-string", "too-many-values",
@@ -454,16 +456,15 @@ WRAPPER = ("import resource, runpy, sys\n"
 def test_through_a_process_under_2s_and_200mb(profile_dir, tmp_path, case):
     text, _, contains = YAML_CASES[case]
     write(profile_dir, text)
-    started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", WRAPPER, "render", "case", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, env={**os.environ, "DSV4_PROFILES_DIR": str(profile_dir.path)})
-    elapsed = time.perf_counter() - started
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert contains in proc.stderr and re.search(r"case\.yaml:\d+: ", proc.stderr)
     rss = int(re.search(r"maxrss_kib (\d+)", proc.stderr).group(1))
     assert rss < 200 * 1024, f"{rss} KiB"
-    assert elapsed < 4.0  # 2 s for the work, plus interpreter start-up on a loaded machine
+    cpu_s = float(re.search(r"cpu_s ([0-9.]+)", proc.stderr).group(1))
+    assert cpu_s < 2.0, f"{cpu_s:.2f} CPU s, interpreter start-up included"
     assert not (tmp_path / "out").exists()
 
 
