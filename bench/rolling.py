@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from dsv4deploy.layout import Layout  # noqa: E402
 from dsv4deploy.profiles import load_profile  # noqa: E402
-from dsv4deploy.sim.faultlab.tool import deploy, run  # noqa: E402
+from dsv4deploy.sim.faultlab.tool import Run, deploy, deploy_watching, run  # noqa: E402
 from dsv4deploy.sim.faultlab.variants import QUICK_GATE, write_profiles  # noqa: E402
 from dsv4deploy.sim.host import SimHost, up  # noqa: E402
 from dsv4deploy.sim.load import StreamingLoad  # noqa: E402
@@ -38,27 +38,48 @@ STAGGER_S = 15.0     # about one request's duration at C=32: the clients' starts
 FAST_START = '{"load_seconds": 0.5, "warmup_seconds": 0.3}'
 
 
+def longest_gap(times: list[float], t0: float, t1: float) -> tuple[float, float]:
+    """(length, start) of the longest gap between TIMES within [t0, t1], edges included."""
+    points = [t0] + sorted(t for t in times if t0 <= t <= t1) + [t1]
+    return max((b - a, a) for a, b in zip(points, points[1:]))
+
+
+def during(lines: list[tuple[float, str]], at: float) -> str:
+    """The deploy's last own line ("[host] ...") printed before AT: which step a gap fell in."""
+    said = [line for t, line in lines if t <= at and (line.startswith("[") or line.startswith("--> Starting"))]
+    return said[-1].strip()[:120] if said else "(before the deploy's first line)"
+
+
 def measured(label: str, action, url: str, key: str, concurrency: int, settle_s: float) -> tuple[dict, str]:
-    """Run ACTION (a deploy) under the load, once the load is steady; the figures between its
-    start and end."""
+    """Run ACTION (a deploy, given a callback for each output line) under the load, once the load
+    is steady; the figures between its start and end, and the step each longest gap fell in."""
     load = StreamingLoad(url, concurrency=concurrency, api_key=key, stagger_s=STAGGER_S).start()
     time.sleep(STAGGER_S + settle_s)
+    lines: list[tuple[float, str]] = []
     t0 = time.monotonic()
-    out = action()
+    out = action(lambda line: lines.append((time.monotonic(), line)))
     t1 = time.monotonic()
     time.sleep(settle_s)
     res = load.stop()
-    fig = {"what": label, "rc": out.returncode, "duration_s": t1 - t0, "sent": res.sent, "completed": res.completed,
-           "failed": res.failed, "max_gap_s": res.max_gap_s(t0, t1), "max_token_gap_s": res.max_token_gap_s(t0, t1),
-           "errors": sorted(set(res.errors))[:5]}
-    return fig, out.stdout + out.stderr
+    (gap, gap_at), (tgap, tgap_at) = longest_gap(res.completions, t0, t1), longest_gap(res.tokens_at, t0, t1)
+    fig = {"what": label, "rc": out.rc, "duration_s": t1 - t0, "sent": res.sent, "completed": res.completed,
+           "failed": res.failed, "max_gap_s": gap, "max_token_gap_s": tgap, "errors": sorted(set(res.errors))[:5],
+           "where": [f"longest gap between completions {gap:.2f} s at +{gap_at - t0:.1f} s, after: "
+                     f"{during(lines, gap_at)}",
+                     f"longest gap between tokens {tgap:.2f} s at +{tgap_at - t0:.1f} s, after: "
+                     f"{during(lines, tgap_at)}"] if lines else []}
+    return fig, out.output
 
 
-def _idle(seconds: float):
+def _idle(seconds: float) -> Run:
     """The steady row's action: nothing changes for SECONDS (the load's own baseline)."""
-    import subprocess
     time.sleep(seconds)
-    return subprocess.CompletedProcess([], 0, "", "")
+    return Run(rc=0, output="")
+
+
+def _rollback(on_line) -> Run:
+    out = run(["make", "rollback", "ARGS=--data health_poll_s=0.5"])
+    return Run(rc=out.returncode, output=out.stdout + out.stderr)
 
 
 def main(argv=None) -> int:
@@ -83,16 +104,17 @@ def main(argv=None) -> int:
     url = f"http://127.0.0.1:{data['server']['port']}"
 
     figures = []
-    steady, _ = measured("steady (no switch, 30 s)", lambda: _idle(30.0), url, key, args.concurrency, args.settle_s)
+    steady, _ = measured("steady (no switch, 30 s)", lambda on_line: _idle(30.0), url, key, args.concurrency,
+                         args.settle_s)
     figures.append(steady)
-    fig, out = measured(f"update {BASE} -> {CHANGED}", lambda: deploy(CHANGED, profiles_dir=profiles), url, key,
+    fig, out = measured(f"update {BASE} -> {CHANGED}",
+                        lambda on_line: deploy_watching(CHANGED, on_line, profiles_dir=profiles), url, key,
                         args.concurrency, args.settle_s)
     figures.append(fig)
     if fig["rc"] != 0:
         print(out[-3000:])
     if not args.no_rollback:
-        fig_rb, out_rb = measured("make rollback", lambda: run(["make", "rollback", "ARGS=--data health_poll_s=0.5"]),
-                                  url, key, args.concurrency, args.settle_s)
+        fig_rb, out_rb = measured("make rollback", _rollback, url, key, args.concurrency, args.settle_s)
         figures.append(fig_rb)
         if fig_rb["rc"] != 0:
             print(out_rb[-3000:])
@@ -105,6 +127,9 @@ def main(argv=None) -> int:
               f"| {f['max_gap_s']:.2f} | {f['max_token_gap_s']:.2f} |")
         for e in f["errors"]:
             print(f"  {f['what']}: {e}")
+    for f in figures:
+        for w in f["where"]:
+            print(f"{f['what']}: {w}")
     u = figures[1]
     print(f"rolling: failed_requests={u['failed']} max_gap_s={u['max_gap_s']:.2f} duration_s={u['duration_s']:.1f}")
     return 0 if all(f["rc"] == 0 for f in figures) else 1
