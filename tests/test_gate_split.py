@@ -250,6 +250,8 @@ def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling,
     gate = type("G", (), {"passed": True})()
     monkeypatch.setattr(tr, "run_release_gate", lambda *a, **k: events.append("gate") or gate)
     monkeypatch.setattr(tr, "probe", lambda h, t_, requests: events.append("probe") or "said")
+    monkeypatch.setattr(tr, "gate_record", lambda g: {})
+    monkeypatch.setattr(tr, "rolling_gate_record", lambda per_replica, said: {})
     monkeypatch.setattr(tr.Switch, "record", lambda self, steps, g: events.append("record"))
     sw.run()
     waits = ["wait"] if policy in gateway.LOAD_AWARE else []

@@ -135,18 +135,20 @@ class Switch:
                     start_gateway(self.h, t, restart=True)
                     self.log(f"restarted {t.unit} (its unit or venv changed)")
                 # every replica passed its gate alone; the set as users reach it is probed, not loaded
-                gate = self.probe_through_gateway()
+                summary = rolling_gate_record({i: gate_record(o) for i, o in self.gates.items()},
+                                              self.probe_through_gateway())
             else:
                 start_set(self.h, t, lambda rt: None, self.poll, self.log, steps)
                 self.settle_routing()
                 gate = run_release_gate(self.h, t, self._number, self._previous_number, self.r.profile.name)
                 if not gate.passed:
                     self.fail(steps, f"smoke gate through the gateway failed: {gate.verdict.message}", None)
+                summary = gate_record(gate)
         except ReplicaFailed as exc:
             self.fail(steps, str(exc), exc if rolling else None)
         except HealthError as exc:
             self.fail(steps, str(exc), None)
-        self.record(steps, gate)
+        self.record(steps, summary)
 
     def probe_through_gateway(self) -> str:
         """After a rolling update: short generations through the gateway, two per replica, at once."""
@@ -197,17 +199,12 @@ class Switch:
         name = self.release.name if self.release else "the new release"
         raise DeployError(f"{name} ({self.r.profile.name}) failed: {reason}\n{outcome}")
 
-    def record(self, steps: list[Step], gate) -> None:
-        """GATE: the outcome of the gate through the gateway (a set that started together), or what
-        the probe through it said after a rolling update (each replica's own gate is the verdict)."""
+    def record(self, steps: list[Step], summary: dict) -> None:
+        """SUMMARY: the release's gate (through the gateway for a set that started together; each
+        replica's own, weakest first, after a rolling update)."""
         if not self.release:
             return
-        replicas_ = self._summary(steps)
-        if isinstance(gate, str):
-            summary = rolling_gate_record({d["index"]: d["gate"] for d in replicas_ if "gate" in d}, gate)
-        else:
-            summary = gate_record(gate)
-        rel = self.store.mark_deployed(self.release.with_gate(summary).with_replicas(replicas_))
+        rel = self.store.mark_deployed(self.release.with_gate(summary).with_replicas(self._summary(steps)))
         self.log(f"{rel.name} deployed: {self.r.profile.name} serves from {len(steps)} replicas "
                  f"through {self.t.unit} on {self.t.base_url}")
         self.store.prune()
