@@ -79,6 +79,9 @@ def test_make_deploy_serves_the_profile_passes_the_gate_and_records_it(twin):
         assert name in listing
     freeze = twin.run("cat /var/lib/dsv4deploy/releases/0001/pip-freeze.txt").stdout.splitlines()
     assert "sglang==0.5.23" in freeze and any(line.startswith("aiohttp==") for line in freeze)
+    # the launch check was SGLang's own parser, in the venv: the real wheel and CPU torch
+    assert "torch==2.13.0+cpu" in freeze
+    assert "Launch check | SGLang 0.5.23's own parser parses the rendered argv" in changed_ops(out.stdout + out.stderr)
     assert (REPO / "reports/127.0.0.2/0001-nvfp4-ctx8k/gate.md").is_file()
     assert twin.run("stat -c '%a %U' /etc/dsv4deploy/secrets /etc/dsv4deploy/secrets/sglang-api-key").stdout.split(
         "\n")[:2] == ["700 root", "600 root"]
@@ -192,6 +195,23 @@ def test_bad_profile_changes_nothing(twin, profile_dir):
     assert "CUDA-graph capture would run out of GPU memory" in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
     assert main_pid(twin) == pid and len(releases(twin)) == 4
+
+
+def test_sglangs_own_parser_refuses_an_argv_the_twins_parser_would_pass(twin, profiles):
+    """The launch check on the twin is SGLang 0.5.23's own parser: it knows each flag's choices,
+    which the twin's parser (flags and arity only) does not. Refused before anything changes,
+    with argparse's message alone (not the 500-line usage above it)."""
+    (profiles / "badchoice.yaml").write_text("extends: quick16k\nserver:\n  extra_args: [--attention-backend, bogus]\n")
+    count, pid = len(releases(twin)), main_pid(twin)
+    out = deploy("badchoice", profiles_dir=profiles)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "sglang serve: error: argument --attention-backend: invalid choice: 'bogus'" in text, text[-3000:]
+    assert "usage: sglang serve" not in text
+    assert changed_ops(text) == [] and len(releases(twin)) == count and main_pid(twin) == pid
+    venv = live_venv(twin)
+    passes = twin.run(f"{venv}/bin/python -m dsv4deploy.twin.args --model-path m --attention-backend bogus", check=False)
+    assert passes.returncode == 0, "the twin's parser has no choices: only SGLang's own catches this"
 
 
 def test_too_few_gpus_refuses_before_changing_anything(twin):
@@ -317,6 +337,9 @@ def test_history_lists_every_release_with_its_gate(twin):
 
 
 PATCH_SHA = "0ff2621cdc51dbe59a0cc7e2a882616a1bd07451ba23dff8e6148e85966c90f9"
+# A second patch set is a second venv: it keeps the twin's own parser (the stand-in) rather than
+# install CPU torch once more; SGLang's own parser is the default venv's, above.
+TWIN_PARSER = {"DSV4_SIM_LAUNCH_CHECK": "twin"}
 
 
 def test_a_sha256_mismatch_in_a_patch_is_refused_before_any_change(twin, profiles):
@@ -336,8 +359,9 @@ def test_patched_venv_and_api_key_end_to_end(twin, profiles):
         "extends: quick16k\nserver:\n  api_key: true\nsglang:\n  patches:\n"
         f"    - {{name: twin-marker, file: tests/fixtures/patches/twin-marker.patch, sha256: {PATCH_SHA}}}\n"
         f"    - {{name: {MASK['name']}, file: {MASK['file']}, sha256: {MASK['sha256']}}}\n")
-    out = deploy("secured", profiles_dir=profiles)
+    out = deploy("secured", profiles_dir=profiles, env=TWIN_PARSER)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "Launch check | the twin's parser (stand-in" in (out.stdout + out.stderr)
     venv = json.loads(twin.run("cat /etc/dsv4deploy/sglang/manifest.json").stdout)["venv"]
     assert venv != "/opt/dsv4deploy/venvs/sglang-0.5.23-nopatch" and venv.startswith("/opt/dsv4deploy/venvs/sglang-0.5.23-")
     assert twin.run(f"{venv}/bin/python -c 'import dsv4deploy_patch_marker as m; print(m.APPLIED)'").stdout.strip() == "True"
@@ -351,8 +375,16 @@ def test_patched_venv_and_api_key_end_to_end(twin, profiles):
                   "cat /etc/dsv4deploy/sglang/manifest.json", "cat /var/lib/dsv4deploy/releases/*/status.json"):
         assert key not in twin.run(where).stdout, where
     assert key not in out.stdout + out.stderr
-    again = deploy("secured", profiles_dir=profiles)
+    again = deploy("secured", profiles_dir=profiles, env=TWIN_PARSER)
     assert again.returncode == 0 and changed_ops(again.stdout + again.stderr) == []
+    # the unit alone changes: the serving release passed this launch check (same argv, same venv)
+    (profiles / "secured-stop.yaml").write_text("extends: secured\nservice:\n  timeout_stop_s: 117\n")
+    unit_only = deploy("secured-stop", profiles_dir=profiles, env=TWIN_PARSER)
+    text = unit_only.stdout + unit_only.stderr
+    assert unit_only.returncode == 0, text[-3000:]
+    assert "Restart | restart sglang.service (" in " ".join(changed_ops(text))
+    assert not any(op.startswith("Launch check") for op in changed_ops(text))
+    assert "passed it with this argv and venv" in text and "not run again" in text
 
 
 def test_the_085_profile_forced_past_validation_crashes_at_graph_capture(twin, profiles):

@@ -41,6 +41,10 @@ SLOW_GATE = """gate:
   levels:
     - {concurrency: 8, num_prompts: 8, input_len: 64, output_len: 16, min_output_throughput: 300}
 """
+# The rollout's order is under test here, not the launch check: the twins keep their own parser
+# (sim/stand_ins.py) rather than install CPU torch for SGLang's (2.3 GB, ~1 min of pip) on each of
+# three hosts at once. SGLang's own parser on a twin: tests/test_deploy_twin.py.
+TWIN_PARSER = {"DSV4_SIM_LAUNCH_CHECK": "twin"}
 RESET = ("systemctl stop sglang.service 2>/dev/null; systemctl reset-failed 2>/dev/null; "
          "rm -rf /var/lib/dsv4deploy /etc/dsv4deploy /etc/systemd/system/sglang.service; systemctl daemon-reload")
 # what a deploy could change on a host: every file under the deploy's state, config and unit, with
@@ -80,7 +84,7 @@ def fleet_deploy(profiles, profile: str, *extra: str):
     t0 = time.monotonic()
     out = faultlab.run([DSV4DEPLOY, "fleet", "deploy", profile, "--inventory", INVENTORY, "--json",
                         "--data", "health_poll_s=0.5", *extra],
-                       env={"DSV4_SIM_FLEET": FLEET, "DSV4_PROFILES_DIR": str(profiles)}, timeout=900)
+                       env={"DSV4_SIM_FLEET": FLEET, "DSV4_PROFILES_DIR": str(profiles), **TWIN_PARSER}, timeout=900)
     print(f"fleet deploy {profile} {' '.join(extra)}: exit {out.returncode} in {time.monotonic() - t0:.1f} s")
     # no traceback of ours (a twin's journal, quoted with its [host] prefix, may hold the server's)
     ours = [ln for ln in out.stderr.splitlines() if "Traceback" in ln and not ln.lstrip().startswith("[ftest-")]

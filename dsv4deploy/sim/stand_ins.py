@@ -8,12 +8,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# The launch check: SGLang's own parser, in the venv with CPU torch (2.3 GB, about a minute of pip per
+# venv). DSV4_SIM_LAUNCH_CHECK=twin keeps the twin's own parser instead (SGLang's flags and their
+# arity, no value checks: a stand-in), e.g. for the isolated twins that test the rollout's order.
+LAUNCH_CHECK = os.environ.get("DSV4_SIM_LAUNCH_CHECK") or "sglang"
+if LAUNCH_CHECK not in ("sglang", "twin"):
+    raise SystemExit(f"DSV4_SIM_LAUNCH_CHECK={LAUNCH_CHECK!r}: expected 'sglang' (SGLang's own parser, "
+                     "the default) or 'twin' (the twin's parser)")
+OWN_PARSER = LAUNCH_CHECK == "sglang"
+
 STAND_INS: dict[str, Any] = {
     # SGLang with CUDA torch -> this project's twin server (same argv, same HTTP API).
     "server_module": "dsv4deploy.twin.server",
-    "launch_check_module": "dsv4deploy.twin.args",
-    # (and huggingface_hub for `hf download`, which SGLang's own requirements bring on a real host)
-    "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.3", "huggingface_hub==2.4.0"]},
+    "launch_check_module": "dsv4deploy.twin.args",          # without a parser lock, or OWN_PARSER off
+    # (and huggingface_hub for `hf download`, which SGLang's own requirements bring on a real host);
+    # with own_parser, the venv also holds data/sglang/<version>.parser.lock (tasks/venv.py)
+    "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.4", "huggingface_hub==2.4.0"],
+               "own_parser": OWN_PARSER},
     # NVIDIA's apt repository and kernel modules -> the twin's nvidia-smi at the profile's branch.
     "driver": True,
     # GPUs for an NCCL all-reduce -> none: the probe is skipped with a note (it ran on real GPUs,

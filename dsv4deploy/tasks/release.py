@@ -24,6 +24,7 @@ from ..host.release_store import ReleaseStore
 from ..rollout import Rollout
 from ..host.gate import gate_record, run_release_gate, warm_plotting
 from .rollback import after_failure
+from .venv import launch_check_key
 from ..host.checks import confirm, journal_tail, observer
 
 
@@ -102,7 +103,7 @@ def begin_release(r: Rollout) -> None:
         rel = ReleaseStore(host, r.layout.releases_dir).begin(
             files=r.rendered.files, profile_doc=profile_doc, venv=r.layout.venv, profile=r.profile.name,
             content_hash=r.profile.content_hash, manifest_sha256=r.manifest_sha256,
-            sglang_version=r.data["sglang"]["version"])
+            sglang_version=r.data["sglang"]["version"], launch_check=launch_check_key(r))
         r.run.release = rel
         print(f"[{host.name}] {rel.name} pending ({r.profile.name})")
 

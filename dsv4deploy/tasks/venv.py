@@ -2,6 +2,10 @@
 sha256-pinned patches, and a launch check (the host's own SGLang parses the rendered argv).
 Everything is compared with the host's state (host/state.py): a venv whose marker says it holds
 exactly these installs is left alone, so a re-deploy runs no pip at all.
+
+On the CT200 twin the venv holds the real SGLang wheel (--no-deps) and what its own argument
+parser imports, CPU torch included (data/sglang/<version>.parser.lock), so the launch check is
+SGLang's own there too; only the engine that serves is the twin server.
 """
 
 from __future__ import annotations
@@ -9,25 +13,30 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import shlex
 import tarfile
 from importlib.resources import files as package_files
 from pathlib import Path
 
+from pyinfra import host, logger
 from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, server
 
 from ..host import ops
-from ..host.state import PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
+from .. import releases
+from ..host.state import PARSER_LOCK, PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from ..profiles import REPO_ROOT
 from ..render import SGLANG_CONFIG_CREDENTIAL
-from ..sglang_versions import lock_file
+from ..sglang_versions import lock_file, parser_lock_file
 from ..rollout import Rollout
 
+# SGLang's own parser, as `sglang serve` builds it; on a refusal only argparse's message (its usage
+# lists every flag: 500 lines above the one that matters).
 SGLANG_PARSE = ("import argparse, sys; from sglang.srt.server_args import ServerArgs; "
                 "p = argparse.ArgumentParser(prog='sglang serve'); ServerArgs.add_cli_args(p); "
-                "p.parse_args(sys.argv[1:])")
+                "p.print_usage = lambda file=None: None; p.parse_args(sys.argv[1:])")
 PIP = "--disable-pip-version-check -q"
 
 
@@ -49,6 +58,16 @@ def stand_in_archive() -> bytes:
     return gzip.compress(buf.getvalue(), mtime=0)       # same files, same bytes, same hash
 
 
+def twin_parser_lock(r: Rollout) -> Path | None:
+    """The twin's parser lock (what SGLang's own argument parser imports, CPU torch included), or
+    None: a real host's venv holds all of SGLang; a release with no parser lock shipped, or a twin
+    told DSV4_SIM_LAUNCH_CHECK=twin, keeps the twin's own parser (sim/stand_ins.py)."""
+    stand_in = r.stand_ins.get("sglang")
+    if not stand_in or not stand_in.get("own_parser"):
+        return None
+    return parser_lock_file(r.data["sglang"]["version"])
+
+
 def installs(r: Rollout) -> list[str]:
     """The pip commands that fill the venv, in order (they are also the venv marker's content)."""
     data, pip = r.data, f"{r.layout.venv}/bin/pip install {PIP}"
@@ -57,9 +76,12 @@ def installs(r: Rollout) -> list[str]:
     if stand_in:
         # The twin cannot hold SGLang with CUDA torch: its stand-in is this project's twin server
         # (dsv4deploy.twin.server, same argv and HTTP API), plus the real SGLang wheel without its
-        # dependencies: its files are what the profile's patches apply to.
-        return [f"{pip} {' '.join(shlex.quote(x) for x in stand_in['requirements'])}",
-                f"{pip} --no-deps {shlex.quote(f'sglang=={version}')}"]
+        # dependencies (its files are what the profile's patches apply to) and, pinned by the
+        # parser lock, what SGLang's own parser imports (CPU torch), for the launch check.
+        reqs = " ".join(shlex.quote(x) for x in stand_in["requirements"])
+        if twin_parser_lock(r):
+            reqs = f"-r {shlex.quote(f'{r.layout.venv}/{PARSER_LOCK}')} {reqs}"
+        return [f"{pip} {reqs}", f"{pip} --no-deps {shlex.quote(f'sglang=={version}')}"]
     extras = data["sglang"].get("extras") or []
     spec = f"sglang[{','.join(extras)}]=={version}" if extras else f"sglang=={version}"
     args = []
@@ -84,7 +106,14 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
         changed.append(ops.file(name=f"lock file {lock.name}", dest=f"{venv}/dsv4deploy.lock",
                                 content=lock.read_bytes(), state=state.file(f"{venv}/dsv4deploy.lock")))
     marker = {"installs": installs(r), "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock else None}
-    changed.append(ops.venv(name=f"venv {venv}: {', '.join(c.rsplit(' ', 1)[-1] for c in marker['installs'])}",
+    parser_lock = twin_parser_lock(r)
+    if parser_lock:
+        marker["parser_lock_sha256"] = hashlib.sha256(parser_lock.read_bytes()).hexdigest()
+        changed.append(ops.file(name=f"stand-in: what SGLang's own parser imports ({parser_lock.name})",
+                                dest=f"{venv}/{PARSER_LOCK}", content=parser_lock.read_bytes(),
+                                state=state.file(f"{venv}/{PARSER_LOCK}")))
+    holds = [c.rsplit(" ", 1)[-1] for c in marker["installs"]] + ([parser_lock.name] if parser_lock else [])
+    changed.append(ops.venv(name=f"venv {venv}: {', '.join(holds)}",
                             path=venv, marker=marker, marker_file=f"{venv}/{VENV_MARKER}",
                             marker_state=state["venv"], exists=bool(state.file(f"{venv}/bin/python")),
                             freeze_file=f"{venv}/{PIP_FREEZE}"))
@@ -123,15 +152,42 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
     return changed
 
 
-@deploy("Launch check")
-def launch_check(r: Rollout) -> None:
-    """The host's own server module parses the rendered argv before anything restarts. The API
-    key's credential exists only while the unit runs: the check reads its source file (as root)."""
+def launch_argv(r: Rollout) -> list[str]:
+    """The argv the check parses: the unit's (replica 0's), the API key's credential read from its
+    source file (the credential exists only while the unit runs)."""
     credentials = {r.layout.credential_path(SGLANG_CONFIG_CREDENTIAL),
                    r.layout.instance_credential_path(0, SGLANG_CONFIG_CREDENTIAL)}   # replica 0's argv
-    argv = [r.layout.sglang_config_secret if a in credentials else a for a in r.rendered.argv[3:]]
-    args = " ".join(shlex.quote(a) for a in argv)
-    check = r.stand_ins.get("launch_check_module")
-    cmd = (f"{r.layout.python} -m {check} {args}" if check
-           else f"{r.layout.python} -c {shlex.quote(SGLANG_PARSE)} {args}")
-    server.shell(name=f"{r.module} parses the rendered argv", commands=[cmd])
+    return [r.layout.sglang_config_secret if a in credentials else a for a in r.rendered.argv[3:]]
+
+
+def launch_parser(r: Rollout) -> tuple[str, str]:
+    """(the command that parses, what it is): SGLang's own parser in the venv, or on a twin that
+    keeps it (no parser lock for the release, or DSV4_SIM_LAUNCH_CHECK=twin), the twin's."""
+    version = r.data["sglang"]["version"]
+    if r.stand_ins.get("sglang") and not twin_parser_lock(r):
+        module = r.stand_ins.get("launch_check_module", "dsv4deploy.twin.args")
+        return (f"{r.layout.python} -m {module}",
+                f"the twin's parser (stand-in: SGLang {version}'s flags and their arity, no value checks)")
+    return f"{r.layout.python} -c {shlex.quote(SGLANG_PARSE)}", f"SGLang {version}'s own parser"
+
+
+def launch_check_key(r: Rollout) -> str:
+    """What a passed launch check proves: this argv parsed by this venv's parser (its path, what
+    it holds, its patches). Kept in the release record (releases.new_record)."""
+    doc = {"argv": launch_argv(r), "parser": launch_parser(r)[0], "venv": r.layout.venv, "installs": installs(r),
+           "patches": sorted(p["sha256"] for p in r.data["sglang"].get("patches") or [])}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@deploy("Launch check")
+def launch_check(r: Rollout, state: HostState) -> None:
+    """The host's SGLang parses the rendered argv before anything restarts, unless the release
+    serving now passed this very check (same argv, same venv): importing SGLang costs seconds."""
+    live = releases.current(state["releases"] or [])
+    parse, what = launch_parser(r)
+    if live and live.get("launch_check") == launch_check_key(r):
+        logger.info(f"{host.print_prefix}launch check: release {live['release']:04d}, serving, passed it with "
+                    f"this argv and venv ({what}); not run again")
+        return
+    args = " ".join(shlex.quote(a) for a in launch_argv(r))
+    server.shell(name=f"{what} parses the rendered argv", commands=[f"{parse} {args}"])

@@ -14,6 +14,11 @@ Command line::
     python tests/tools/sglang_parser.py dump-flags VERSION [-o FILE]
     python tests/tools/sglang_parser.py dump-arity VERSION [-o FILE]   # FLAG 0|1|?|*|+
     python tests/tools/sglang_parser.py actions VERSION          # every action as JSON
+    python tests/tools/sglang_parser.py write-lock VERSION       # dsv4deploy/data/sglang/VERSION.parser.lock
+
+``write-lock`` pins the built venv (``pip freeze``, SGLang left out) into the parser lock that
+the CT200 twin's venv installs next to ``sglang --no-deps`` for its launch check; when that file
+exists, this tool builds with it as pip constraints, so both parsers hold the same packages.
 
 ``parse`` does what ``prepare_server_args(argv)`` does up to ``parse_args``:
 ``argparse.ArgumentParser(prog="sglang serve")``, ``ServerArgs.add_cli_args``, SGLang's
@@ -170,8 +175,16 @@ class ParserToolError(RuntimeError):
 
 # --- the venv ---------------------------------------------------------------------------------
 
+def parser_lock(version: str) -> Path | None:
+    path = REPO / "dsv4deploy" / "data" / "sglang" / f"{version}.parser.lock"
+    return path if path.is_file() else None
+
+
 def _recipe(version: str) -> dict:
     recipe = {"recipe": RECIPE_VERSION, "sglang": version, "torch": TORCH, "deps": list(DEPS)}
+    lock = parser_lock(version)
+    if lock:
+        recipe["parser_lock"] = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
     if is_legacy(version):
         recipe["legacy_deps"] = LEGACY_DEPS
         recipe["torchvision_stub"] = hashlib.sha256(TORCHVISION_STUB.encode()).hexdigest()[:16]
@@ -254,7 +267,8 @@ def ensure(version: str, log=None) -> Path:
                 site = next((tmp / "lib").glob("python3.*/site-packages"))
                 (site / "torchvision").mkdir()
                 (site / "torchvision" / "__init__.py").write_text(TORCHVISION_STUB)
-            _run(pip + deps, log)
+            lock = parser_lock(version)
+            _run(pip + (["-c", str(lock)] if lock else []) + deps, log)
             # Proof of completeness: the parser builds and has the version asked for.
             out = _worker_call(Path(py), "info", {})
             if out.get("version") != version:
@@ -270,6 +284,22 @@ def ensure(version: str, log=None) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
         log(f"sglang-parser {version}: built in {time.monotonic() - started:.0f} s at {final}")
     return venv_python(version)
+
+
+def write_lock(version: str) -> Path:
+    """Pin what the built venv holds (SGLang itself left out) into data/sglang/VERSION.parser.lock."""
+    py = ensure(version)
+    frozen = subprocess.run([str(py), "-m", "pip", "freeze", "--disable-pip-version-check"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    pins = sorted((line for line in frozen if line and not line.lower().startswith("sglang==")), key=str.lower)
+    out = REPO / "dsv4deploy" / "data" / "sglang" / f"{version}.parser.lock"
+    out.write_text(
+        f"# sglang=={version}: what its own argument parser imports (`from sglang.srt.server_args import\n"
+        "# ServerArgs; ServerArgs.add_cli_args(...)`), pinned, with CPU torch, for Linux x86_64, Python 3.11.\n"
+        "# The CT200 twin's venv installs this with `sglang --no-deps` and runs SGLang's own launch check\n"
+        f"# (no GPU there). Written by `python tests/tools/sglang_parser.py write-lock {version}`.\n"
+        + "".join(f"{pin}\n" for pin in pins))
+    return out
 
 
 def _sglang_pins(venv: Path) -> dict[str, str]:
@@ -466,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p_arity.add_argument("version")
     p_arity.add_argument("-o", "--output", type=Path)
     sub.add_parser("actions", help="every parser action as JSON").add_argument("version")
+    sub.add_parser("write-lock", help="pin the built venv into data/sglang/VERSION.parser.lock").add_argument("version")
     args = cli.parse_args(argv)
     try:
         if args.cmd == "ensure":
@@ -493,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write(text)
         elif args.cmd == "actions":
             print(json.dumps(actions(args.version), indent=1))
+        elif args.cmd == "write-lock":
+            print(write_lock(args.version))
     except ParserToolError as exc:
         print(f"sglang_parser: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,91 @@
+"""The SGLang venv's pure parts (dsv4deploy/tasks/venv.py): what pip installs on a real host and on
+the twin, which parser the launch check runs, and what a passed check is remembered by."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from dsv4deploy import releases
+from dsv4deploy.host.state import PARSER_LOCK
+from dsv4deploy.rollout import rollout_for
+from dsv4deploy.sglang_versions import parser_lock_file
+from dsv4deploy.sim.stand_ins import STAND_INS
+from dsv4deploy.tasks.venv import SGLANG_PARSE, installs, launch_check_key, launch_parser
+
+REAL = {"weights_source": {"type": "hf"}}
+
+
+def twin(own_parser: bool = True) -> dict:
+    stand_ins = copy.deepcopy(STAND_INS)
+    stand_ins["sglang"]["own_parser"] = own_parser
+    return {"stand_ins": stand_ins, "weights_source": {"type": "rsync", "path": "/x"}}
+
+
+def rollout(host_data: dict, profile: str = "nvfp4-ctx8k"):
+    return rollout_for({**host_data, "profile": profile})
+
+
+def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
+    r = rollout(REAL)
+    (cmd,) = installs(r)
+    assert cmd.endswith("-c /opt/dsv4deploy/venvs/" + r.layout.venv.rsplit("/", 1)[-1] + "/dsv4deploy.lock sglang==0.5.23")
+    parse, what = launch_parser(r)
+    assert what == "SGLang 0.5.23's own parser" and SGLANG_PARSE.split(";")[0] in parse
+
+
+def test_the_twin_installs_the_real_wheel_and_what_its_parser_imports():
+    r = rollout(twin())
+    first, second = installs(r)
+    assert f"-r {r.layout.venv}/{PARSER_LOCK} " in first and "huggingface_hub==2.4.0" in first
+    assert second.endswith("--no-deps sglang==0.5.23")
+    assert launch_parser(r)[1] == "SGLang 0.5.23's own parser"
+    lock = parser_lock_file("0.5.23").read_text().splitlines()
+    assert "torch==2.13.0+cpu" in lock and not any(line.startswith("sglang==") for line in lock)
+
+
+def test_the_stand_ins_pins_agree_with_the_parser_lock():
+    """One pip command installs both: a pin of the stand-in that differs from the lock would fail
+    every twin deploy at pip."""
+    lock = {line.split("==")[0].lower().replace("_", "-"): line
+            for line in parser_lock_file("0.5.23").read_text().splitlines() if "==" in line and not line.startswith("#")}
+    for req in STAND_INS["sglang"]["requirements"]:
+        name = req.split("==")[0].lower().replace("_", "-")
+        assert lock.get(name, req) == req or lock[name].lower() == req.lower(), (req, lock.get(name))
+
+
+def test_a_twin_told_so_or_a_release_without_a_parser_lock_keeps_the_twins_parser():
+    for r in (rollout(twin(own_parser=False)), rollout(twin(), "nvfp4-ctx8k-sglang0513post1")):
+        assert not any(PARSER_LOCK in c for c in installs(r))
+        parse, what = launch_parser(r)
+        assert parse.endswith("-m dsv4deploy.twin.args") and what.startswith("the twin's parser (stand-in")
+
+
+def test_the_launch_checks_key_changes_with_the_argv_and_the_parser_not_with_the_unit(profile_dir):
+    profile_dir.write("stop", "extends: nvfp4-ctx8k\nservice:\n  timeout_stop_s: 117\n")
+    profile_dir.write("ctx", "extends: nvfp4-ctx8k\nserver:\n  context_length: 16384\n")
+    base = launch_check_key(rollout(twin()))
+    assert launch_check_key(rollout(twin(), "stop")) == base
+    assert launch_check_key(rollout(twin(), "ctx")) != base
+    assert launch_check_key(rollout(twin(own_parser=False))) != base
+    assert launch_check_key(rollout(REAL)) != base
+
+
+def test_a_rollback_record_keeps_the_launch_check_of_the_release_it_restores():
+    first = {**releases.new_record([], profile="p", content_hash="c", manifest_sha256="m", sglang_version="0.5.23",
+                                   launch_check="k1"), "status": releases.DEPLOYED}
+    back = releases.rollback_record([first], first, "gate failed")
+    assert back["launch_check"] == "k1" and back["restores"] == 1
+
+
+@pytest.mark.parametrize("value", ["SGLANG", "twin ", "real"])
+def test_an_unknown_launch_check_choice_is_refused(value, monkeypatch):
+    import importlib
+
+    import dsv4deploy.sim.stand_ins as stand_ins
+    monkeypatch.setenv("DSV4_SIM_LAUNCH_CHECK", value)
+    with pytest.raises(SystemExit, match="DSV4_SIM_LAUNCH_CHECK"):
+        importlib.reload(stand_ins)
+    monkeypatch.delenv("DSV4_SIM_LAUNCH_CHECK")
+    assert importlib.reload(stand_ins).OWN_PARSER      # unset: SGLang's own parser
