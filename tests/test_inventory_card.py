@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -43,15 +43,29 @@ def clean_env() -> dict:
 
 
 def run(cmd: list[str], env: dict | None = None, timeout: int = 60) -> tuple[subprocess.CompletedProcess, float]:
-    """The command's result (with .text, and .cpu_s: the CPU it spent, which the other pytest
-    processes of make test do not stretch as they do wall time) and its wall time."""
-    base = clean_env()
-    start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                         env={**base, **(env or {})})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """The command's result (with .text, and .cpu_s: the CPU it and its children spent, which the
+    other pytest processes of make test do not stretch as they do wall time) and its wall time.
+    The CPU is this child's own, from wait4(): RUSAGE_CHILDREN would also count whatever else this
+    process reaped meanwhile (the parser venv's pip, built by a background thread)."""
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=so, stderr=se, env={**clean_env(), **(env or {})})
+        fired = threading.Event()
+        timer = threading.Timer(timeout, lambda: (fired.set(), proc.kill()))
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if fired.is_set():
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        so.seek(0)
+        se.seek(0)
+        out = subprocess.CompletedProcess(cmd, proc.returncode, so.read().decode(errors="replace"),
+                                          se.read().decode(errors="replace"))
     out.text = out.stdout + out.stderr
-    out.cpu_s = (after.ru_utime + after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
+    out.cpu_s = usage.ru_utime + usage.ru_stime
     return out, time.monotonic() - start
 
 
