@@ -7,7 +7,10 @@ replicas, then while `make rollback` rolls the set back the same way.
 
 Two replicas (nvfp4-ctx8k-dp2, the shipped profile, with a shorter gate so that the run takes
 minutes) run behind the real smg gateway; the changed profile differs in its chunked prefill
-size, so every replica restarts. The load runs from this machine to the twin's loopback
+size, so every replica restarts. Two rows come first, with nothing changing: the set through the
+gateway (the load's own baseline), and the same load on one replica alone, straight to its port,
+for as long as a rolling update keeps one replica out (what users get while the other is
+replaced, whatever the rollout does). The load runs from this machine to the twin's loopback
 endpoint (127.0.0.1:30000) with the API key read from the twin. Prints figures; asserts
 nothing; the last line is `rolling: failed_requests=N max_gap_s=X duration_s=Y` for the update.
 """
@@ -26,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from dsv4deploy.layout import Layout  # noqa: E402
 from dsv4deploy.profiles import load_profile  # noqa: E402
+from dsv4deploy.replicas import plan as replica_plan  # noqa: E402
 from dsv4deploy.sim.faultlab.tool import Run, deploy, deploy_watching, run  # noqa: E402
 from dsv4deploy.sim.faultlab.variants import QUICK_GATE, write_profiles  # noqa: E402
 from dsv4deploy.sim.host import SimHost, up  # noqa: E402
@@ -34,6 +38,7 @@ from dsv4deploy.sim.load import StreamingLoad  # noqa: E402
 BASE, CHANGED = "rolling-a", "rolling-b"
 VARIANTS = {BASE: f"extends: nvfp4-ctx8k-dp2\n{QUICK_GATE}",
             CHANGED: f"extends: nvfp4-ctx8k-dp2\nserver:\n  chunked_prefill_size: 4096\n{QUICK_GATE}"}
+ALONE_S = 33.0       # one replica's switch in a rolling update here: drained, restarted, gated, back
 STAGGER_S = 15.0     # about one request's duration at C=32: the clients' starts spread over it
 FAST_START = '{"load_seconds": 0.5, "warmup_seconds": 0.3}'
 
@@ -107,6 +112,10 @@ def main(argv=None) -> int:
     steady, _ = measured("steady (no switch, 30 s)", lambda on_line: _idle(30.0), url, key, args.concurrency,
                          args.settle_s)
     figures.append(steady)
+    alone_url = replica_plan(data).replicas[0].url
+    alone, _ = measured(f"one replica alone ({alone_url}, no switch, {ALONE_S:.0f} s)",
+                        lambda on_line: _idle(ALONE_S), alone_url, key, args.concurrency, args.settle_s)
+    figures.append(alone)
     fig, out = measured(f"update {BASE} -> {CHANGED}",
                         lambda on_line: deploy_watching(CHANGED, on_line, profiles_dir=profiles), url, key,
                         args.concurrency, args.settle_s)
@@ -130,7 +139,7 @@ def main(argv=None) -> int:
     for f in figures:
         for w in f["where"]:
             print(f"{f['what']}: {w}")
-    u = figures[1]
+    u = next(f for f in figures if f["what"].startswith("update"))
     print(f"rolling: failed_requests={u['failed']} max_gap_s={u['max_gap_s']:.2f} duration_s={u['duration_s']:.1f}")
     return 0 if all(f["rc"] == 0 for f in figures) else 1
 

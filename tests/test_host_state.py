@@ -59,9 +59,23 @@ def test_an_edited_unit_plans_the_restart_with_its_reason_the_release_the_gate_a
     assert changes.reasons == ["unit files: unit sglang.service"]
     lines = plan_lines(r, state, changes.reasons)
     assert lines[0] == "restart sglang.service because: unit files: unit sglang.service"
-    assert "record release 0004 (nvfp4-ctx8k) as pending" in lines[1]
-    assert "C=64 >= 400 tok/s, C=16 >= 120 tok/s, C=1 >= 10 tok/s" in lines[2]
-    assert "roll back to release 0003 (nvfp4-ctx8k)" in lines[3]
+    assert lines[1] == "launch check before the switch: SGLang 0.5.23's own parser parses the rendered argv"
+    assert "record release 0004 (nvfp4-ctx8k) as pending" in lines[2]
+    assert "C=64 >= 400 tok/s, C=16 >= 120 tok/s, C=1 >= 10 tok/s" in lines[3]
+    assert "roll back to release 0003 (nvfp4-ctx8k)" in lines[4]
+
+
+def test_the_plan_skips_the_launch_check_the_serving_release_passed_with_the_same_argv_and_venv():
+    from dsv4deploy.tasks.venv import launch_check_key
+    r = _rollout()
+    state = _deployed_state(r)
+    state.values["releases"][0]["launch_check"] = launch_check_key(r)
+    state.values["files"][r.layout.unit]["sha256"] = "0" * 64     # the unit alone differs
+    lines = plan_lines(r, state, ["unit files: unit sglang.service"])
+    assert lines[1] == ("launch check: release 0003, serving, passed it with this argv and venv "
+                        "(SGLang 0.5.23's own parser); not run again")
+    state.values["releases"][0]["launch_check"] = "0" * 16      # another argv or venv passed there
+    assert plan_lines(r, state, ["unit files: unit sglang.service"])[1].startswith("launch check before the switch")
 
 
 def test_the_plan_says_who_held_the_deploy_lock_when_the_host_was_read():

@@ -179,15 +179,24 @@ def launch_check_key(r: Rollout) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def launch_check_plan(r: Rollout, state: HostState) -> tuple[bool, str]:
+    """Pure: (run it?, what the plan says). Not again when the release serving now passed this very
+    check (same argv, same venv): importing SGLang costs seconds."""
+    live = releases.current(state["releases"] or [])
+    what = launch_parser(r)[1]
+    if live and live.get("launch_check") == launch_check_key(r):
+        return False, (f"launch check: release {live['release']:04d}, serving, passed it with this argv and venv "
+                       f"({what}); not run again")
+    return True, f"launch check before the switch: {what} parses the rendered argv"
+
+
 @deploy("Launch check")
 def launch_check(r: Rollout, state: HostState) -> None:
-    """The host's SGLang parses the rendered argv before anything restarts, unless the release
-    serving now passed this very check (same argv, same venv): importing SGLang costs seconds."""
-    live = releases.current(state["releases"] or [])
-    parse, what = launch_parser(r)
-    if live and live.get("launch_check") == launch_check_key(r):
-        logger.info(f"{host.print_prefix}launch check: release {live['release']:04d}, serving, passed it with "
-                    f"this argv and venv ({what}); not run again")
+    """The host's SGLang parses the rendered argv before anything restarts (see launch_check_plan)."""
+    run, said = launch_check_plan(r, state)
+    if not run:
+        logger.info(f"{host.print_prefix}{said}")
         return
+    parse, what = launch_parser(r)
     args = " ".join(shlex.quote(a) for a in launch_argv(r))
     server.shell(name=f"{what} parses the rendered argv", commands=[f"{parse} {args}"])
