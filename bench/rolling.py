@@ -3,7 +3,7 @@ on the gateway (C=32, random 256/256 on /generate) while a changed profile rolls
 replicas, then while `make rollback` rolls the set back the same way.
 
     make sim-up
-    .venv/bin/python bench/rolling.py [--concurrency 32] [--no-rollback]
+    .venv/bin/python bench/rolling.py [--concurrency 32] [--no-rollback] [--contention]
 
 Two replicas (nvfp4-ctx8k-dp2, the shipped profile, with a shorter gate so that the run takes
 minutes) run behind the real smg gateway; the changed profile differs in its chunked prefill
@@ -82,6 +82,16 @@ def _idle(seconds: float) -> Run:
     return Run(rc=0, output="")
 
 
+def _other_under_load(url: str, key: str | None, seconds: float) -> Run:
+    """The "alone" row's contention check: the other replica under a C=64 load (as during its own
+    gate: 256 in, 32 out, all at once) for SECONDS."""
+    other = StreamingLoad(url, concurrency=64, input_len=256, output_len=32, api_key=key, stagger_s=0.0,
+                          range_ratio=1.0, seed=11).start()
+    time.sleep(seconds)
+    res = other.stop()
+    return Run(rc=0 if res.failed == 0 else 1, output=f"C=64 on {url}: {res.completed} completed, {res.failed} failed")
+
+
 def _rollback(on_line) -> Run:
     out = run(["make", "rollback", "ARGS=--data health_poll_s=0.5"])
     return Run(rc=out.returncode, output=out.stdout + out.stderr)
@@ -92,6 +102,9 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--settle-s", type=float, default=5.0, help="load before and after each switch (default 5)")
     ap.add_argument("--no-rollback", action="store_true", help="measure the update only")
+    ap.add_argument("--contention", action="store_true",
+                    help="one more row: one replica alone while the other takes a C=64 load (as its gate) on the "
+                         "same CPUs")
     args = ap.parse_args(argv)
 
     up(1)
@@ -116,6 +129,12 @@ def main(argv=None) -> int:
     alone, _ = measured(f"one replica alone ({alone_url}, no switch, {ALONE_S:.0f} s)",
                         lambda on_line: _idle(ALONE_S), alone_url, key, args.concurrency, args.settle_s)
     figures.append(alone)
+    if args.contention:
+        other_url = replica_plan(data).replicas[1].url
+        busy, _ = measured(f"one replica alone ({alone_url}), {other_url} under C=64, {ALONE_S:.0f} s",
+                           lambda on_line: _other_under_load(other_url, key, ALONE_S), alone_url, key,
+                           args.concurrency, args.settle_s)
+        figures.append(busy)
     fig, out = measured(f"update {BASE} -> {CHANGED}",
                         lambda on_line: deploy_watching(CHANGED, on_line, profiles_dir=profiles), url, key,
                         args.concurrency, args.settle_s)
