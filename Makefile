@@ -55,7 +55,7 @@ help:
 	@echo "make bench PROFILE=...       the smoke gate alone against the live server"
 	@echo "make tune PROFILE=... [PLAN=1] [TUNE_ARGS=\"--set server.context_length=8192,32768\"]   search the profile's tune: space"
 	@echo "make test                    the whole test suite (needs root for the twin)"
-	@echo "make test-fast               the tests that need neither the twin nor SGLang's parser (about 1.5 min)"
+	@echo "make test-fast               the tests that need neither the twin nor SGLang's parser (under a minute)"
 	@echo "make validate PROFILE=...    check a profile, print its GPU-memory budget"
 	@echo "make render PROFILE=...      write the rendered unit, NCCL env, manifest under rendered/"
 	@echo "make pin PROFILE=... [BRANCH=main] [INTO_BASE=1]   write the model repo's current commit into the profile"
