@@ -72,6 +72,15 @@ def test_the_launch_checks_key_changes_with_the_argv_and_the_parser_not_with_the
     assert launch_check_key(rollout(REAL)) != base
 
 
+def test_a_refreshed_parser_lock_is_a_new_launch_check(monkeypatch, tmp_path):
+    r = rollout(twin())
+    base = launch_check_key(r)
+    refreshed = tmp_path / "0.5.23.parser.lock"
+    refreshed.write_text(parser_lock_file("0.5.23").read_text().replace("numpy==2.4.6", "numpy==2.4.7"))
+    monkeypatch.setattr("dsv4deploy.tasks.venv.parser_lock_file", lambda version: refreshed)
+    assert installs(r) == installs(rollout(twin())) and launch_check_key(r) != base
+
+
 def test_a_rollback_record_keeps_the_launch_check_of_the_release_it_restores():
     first = {**releases.new_record([], profile="p", content_hash="c", manifest_sha256="m", sglang_version="0.5.23",
                                    launch_check="k1"), "status": releases.DEPLOYED}

@@ -173,8 +173,11 @@ def launch_parser(r: Rollout) -> tuple[str, str]:
 
 def launch_check_key(r: Rollout) -> str:
     """What a passed launch check proves: this argv parsed by this venv's parser (its path, what
-    it holds, its patches). Kept in the release record (releases.new_record)."""
+    it holds: its installs and the content of their lock files, its patches). Kept in the release
+    record (releases.new_record)."""
+    locks = [lock_file(r.data["sglang"]["version"]), twin_parser_lock(r)]
     doc = {"argv": launch_argv(r), "parser": launch_parser(r)[0], "venv": r.layout.venv, "installs": installs(r),
+           "locks": [hashlib.sha256(f.read_bytes()).hexdigest() if f else None for f in locks],
            "patches": sorted(p["sha256"] for p in r.data["sglang"].get("patches") or [])}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
