@@ -35,7 +35,7 @@ changes.notify("unit files", *differ)                 # NCCL env, manifest, unit
 
 tasks.show_plan(rollout, state, changes)              # what follows and why (make plan prints it too)
 if changes:
-    tasks.launch_check(rollout, state)                # the host's own SGLang parses the argv first
+    tasks.launch_check(rollout, state, changes.reasons)  # the host's own SGLang parses the argv first
     tasks.nccl_probe(rollout)                         # all-reduce with the new NCCL env, bounded in time
     tasks.begin_release(rollout)                      # release NNNN: pending, before the switch
 tasks.config_files(rollout, state)                    # NCCL env, launch manifest, unit

@@ -72,8 +72,10 @@ def test_the_plan_skips_the_launch_check_the_serving_release_passed_with_the_sam
     state.values["releases"][0]["launch_check"] = launch_check_key(r)
     state.values["files"][r.layout.unit]["sha256"] = "0" * 64     # the unit alone differs
     lines = plan_lines(r, state, ["unit files: unit sglang.service"])
-    assert lines[1] == ("launch check: release 0003, serving, passed it with this argv and venv "
+    assert lines[1] == ("launch check: release 0003, the last deployed, passed it with this argv and venv "
                         "(SGLang 0.5.23's own parser); not run again")
+    refilled = plan_lines(r, state, ["venv changed", "unit files: unit sglang.service"])   # the venv is redone
+    assert refilled[1].startswith("launch check before the switch")
     state.values["releases"][0]["launch_check"] = "0" * 16      # another argv or venv passed there
     assert plan_lines(r, state, ["unit files: unit sglang.service"])[1].startswith("launch check before the switch")
 

@@ -55,6 +55,8 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 60) -> tuple[sub
         timer.start()
         try:
             _, status, usage = os.wait4(proc.pid, 0)
+        except ChildProcessError:     # the timer's kill() reaped it first (Popen.poll): it ran out of time
+            raise subprocess.TimeoutExpired(cmd, timeout) from None
         finally:
             timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)

@@ -4,6 +4,7 @@ the twin, which parser the launch check runs, and what a passed check is remembe
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
@@ -93,8 +94,12 @@ def test_an_unknown_launch_check_choice_is_refused(value, monkeypatch):
     import importlib
 
     import dsv4deploy.sim.stand_ins as stand_ins
+    before = os.environ.get("DSV4_SIM_LAUNCH_CHECK")
     monkeypatch.setenv("DSV4_SIM_LAUNCH_CHECK", value)
     with pytest.raises(SystemExit, match="DSV4_SIM_LAUNCH_CHECK"):
         importlib.reload(stand_ins)
     monkeypatch.delenv("DSV4_SIM_LAUNCH_CHECK")
     assert importlib.reload(stand_ins).OWN_PARSER      # unset: SGLang's own parser
+    if before is not None:                             # leave the module as this process's environment says
+        monkeypatch.setenv("DSV4_SIM_LAUNCH_CHECK", before)
+        importlib.reload(stand_ins)

@@ -53,12 +53,12 @@ def _steps(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
                   [f"start {', '.join(rt.unit for rt in t.replica_targets)} at once (no replica set serves yet"
                    + (f"; {r.layout.service}.service stops first" if state.unit(r.layout.service).get("ActiveState")
                       == "active" else "") + f"), then {t.unit} on {t.base_url}, then the smoke gate through it"])
-        return [f"switch the replica set because: " + "; ".join(reasons), launch_check_plan(r, state)[1],
+        return [f"switch the replica set because: " + "; ".join(reasons), launch_check_plan(r, state, reasons)[1],
                 f"record release {number:04d} ({r.profile.name}) as pending before the switch", *switch,
                 f"smoke gate {floors}{early}",
                 f"gate passed: release {number:04d} deployed; failed: {fallback}"
                 + (" (only the replicas it touched, one at a time)" if rolling else "")]
-    return [f"restart {unit} because: " + "; ".join(reasons), launch_check_plan(r, state)[1],
+    return [f"restart {unit} because: " + "; ".join(reasons), launch_check_plan(r, state, reasons)[1],
             f"record release {number:04d} ({r.profile.name}) as pending before the switch",
             f"after the restart: health within {r.data['service']['health_timeout_s']} s, identity "
             f"(/server_info is this release), smoke gate {floors}{early}",

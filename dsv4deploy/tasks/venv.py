@@ -182,21 +182,26 @@ def launch_check_key(r: Rollout) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def launch_check_plan(r: Rollout, state: HostState) -> tuple[bool, str]:
-    """Pure: (run it?, what the plan says). Not again when the release serving now passed this very
-    check (same argv, same venv): importing SGLang costs seconds."""
+VENV_CHANGED = "venv changed"      # the reason deploy/serve.py's collector gives (changes.Changes)
+
+
+def launch_check_plan(r: Rollout, state: HostState, reasons: list[str]) -> tuple[bool, str]:
+    """Pure: (run it?, what the plan says). Not again when the last release deployed passed this
+    very check (same argv, same venv) and this run does not touch the venv (REASONS: a refill, a
+    repair, a patch or the stand-in may change what the key cannot see): importing SGLang costs
+    seconds."""
     live = releases.current(state["releases"] or [])
     what = launch_parser(r)[1]
-    if live and live.get("launch_check") == launch_check_key(r):
-        return False, (f"launch check: release {live['release']:04d}, serving, passed it with this argv and venv "
-                       f"({what}); not run again")
+    if live and live.get("launch_check") == launch_check_key(r) and VENV_CHANGED not in reasons:
+        return False, (f"launch check: release {live['release']:04d}, the last deployed, passed it with this argv "
+                       f"and venv ({what}); not run again")
     return True, f"launch check before the switch: {what} parses the rendered argv"
 
 
 @deploy("Launch check")
-def launch_check(r: Rollout, state: HostState) -> None:
+def launch_check(r: Rollout, state: HostState, reasons: list[str]) -> None:
     """The host's SGLang parses the rendered argv before anything restarts (see launch_check_plan)."""
-    run, said = launch_check_plan(r, state)
+    run, said = launch_check_plan(r, state, reasons)
     if not run:
         logger.info(f"{host.print_prefix}{said}")
         return
