@@ -29,7 +29,7 @@ from .. import releases
 from ..host.state import PARSER_LOCK, PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from ..profiles import REPO_ROOT
 from ..render import SGLANG_CONFIG_CREDENTIAL
-from ..sglang_versions import lock_file, parser_lock_file
+from ..sglang_versions import lock_file, lock_sha256, parser_lock_file
 from ..rollout import Rollout
 
 # SGLang's own parser, as `sglang serve` builds it; on a refusal only argparse's message (its usage
@@ -96,6 +96,16 @@ def installs(r: Rollout) -> list[str]:
     return [f"{pip} {' '.join(shlex.quote(a) for a in [*args, spec])}"]
 
 
+def venv_marker(r: Rollout) -> dict:
+    """What the venv holds, as its marker file says it (ops.venv refills it when the host's differs):
+    the pip commands and the content of the lock files they install from."""
+    marker = {"installs": installs(r), "lock_sha256": lock_sha256(r.data["sglang"]["version"])}
+    parser_lock = twin_parser_lock(r)
+    if parser_lock:
+        marker["parser_lock_sha256"] = hashlib.sha256(parser_lock.read_bytes()).hexdigest()
+    return marker
+
+
 @deploy("SGLang venv")
 def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
     """Returns the operations whose change means the server must restart."""
@@ -105,10 +115,9 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
     if lock and not r.stand_ins.get("sglang"):
         changed.append(ops.file(name=f"lock file {lock.name}", dest=f"{venv}/dsv4deploy.lock",
                                 content=lock.read_bytes(), state=state.file(f"{venv}/dsv4deploy.lock")))
-    marker = {"installs": installs(r), "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock else None}
+    marker = venv_marker(r)
     parser_lock = twin_parser_lock(r)
     if parser_lock:
-        marker["parser_lock_sha256"] = hashlib.sha256(parser_lock.read_bytes()).hexdigest()
         changed.append(ops.file(name=f"stand-in: what SGLang's own parser imports ({parser_lock.name})",
                                 dest=f"{venv}/{PARSER_LOCK}", content=parser_lock.read_bytes(),
                                 state=state.file(f"{venv}/{PARSER_LOCK}")))
@@ -173,11 +182,8 @@ def launch_parser(r: Rollout) -> tuple[str, str]:
 
 def launch_check_key(r: Rollout) -> str:
     """What a passed launch check proves: this argv parsed by this venv's parser (its path, what
-    it holds: its installs and the content of their lock files, its patches). Kept in the release
-    record (releases.new_record)."""
-    locks = [lock_file(r.data["sglang"]["version"]), twin_parser_lock(r)]
-    doc = {"argv": launch_argv(r), "parser": launch_parser(r)[0], "venv": r.layout.venv, "installs": installs(r),
-           "locks": [hashlib.sha256(f.read_bytes()).hexdigest() if f else None for f in locks],
+    it holds as its marker says, its patches). Kept in the release record (releases.new_record)."""
+    doc = {"argv": launch_argv(r), "parser": launch_parser(r)[0], "venv": r.layout.venv, "holds": venv_marker(r),
            "patches": sorted(p["sha256"] for p in r.data["sglang"].get("patches") or [])}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -175,8 +175,14 @@ class ParserToolError(RuntimeError):
 
 # --- the venv ---------------------------------------------------------------------------------
 
+def parser_lock_path(version: str) -> Path:
+    """Where the parser lock of VERSION lives (dsv4deploy.sglang_versions.parser_lock_file: this
+    file stays stdlib-only, it also runs inside the built venv)."""
+    return REPO / "dsv4deploy" / "data" / "sglang" / f"{version}.parser.lock"
+
+
 def parser_lock(version: str) -> Path | None:
-    path = REPO / "dsv4deploy" / "data" / "sglang" / f"{version}.parser.lock"
+    path = parser_lock_path(version)
     return path if path.is_file() else None
 
 
@@ -292,7 +298,7 @@ def write_lock(version: str) -> Path:
     frozen = subprocess.run([str(py), "-m", "pip", "freeze", "--disable-pip-version-check"],
                             capture_output=True, text=True, check=True).stdout.splitlines()
     pins = sorted((line for line in frozen if line and not line.lower().startswith("sglang==")), key=str.lower)
-    out = REPO / "dsv4deploy" / "data" / "sglang" / f"{version}.parser.lock"
+    out = parser_lock_path(version)
     out.write_text(
         f"# sglang=={version}: what its own argument parser imports (`from sglang.srt.server_args import\n"
         "# ServerArgs; ServerArgs.add_cli_args(...)`), pinned, with CPU torch, for Linux x86_64, Python 3.11.\n"
