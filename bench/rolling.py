@@ -33,7 +33,7 @@ from dsv4deploy.replicas import plan as replica_plan  # noqa: E402
 from dsv4deploy.sim.faultlab.tool import Run, deploy, deploy_watching, run  # noqa: E402
 from dsv4deploy.sim.faultlab.variants import QUICK_GATE, write_profiles  # noqa: E402
 from dsv4deploy.sim.host import SimHost, up  # noqa: E402
-from dsv4deploy.sim.load import StreamingLoad  # noqa: E402
+from dsv4deploy.sim.load import StreamingLoad, longest_gap  # noqa: E402
 
 BASE, CHANGED = "rolling-a", "rolling-b"
 VARIANTS = {BASE: f"extends: nvfp4-ctx8k-dp2\n{QUICK_GATE}",
@@ -41,12 +41,6 @@ VARIANTS = {BASE: f"extends: nvfp4-ctx8k-dp2\n{QUICK_GATE}",
 ALONE_S = 33.0       # one replica's switch in a rolling update here: drained, restarted, gated, back
 STAGGER_S = 15.0     # about one request's duration at C=32: the clients' starts spread over it
 FAST_START = '{"load_seconds": 0.5, "warmup_seconds": 0.3}'
-
-
-def longest_gap(times: list[float], t0: float, t1: float) -> tuple[float, float]:
-    """(length, start) of the longest gap between TIMES within [t0, t1], edges included."""
-    points = [t0] + sorted(t for t in times if t0 <= t <= t1) + [t1]
-    return max((b - a, a) for a, b in zip(points, points[1:]))
 
 
 def during(lines: list[tuple[float, str]], at: float) -> str:

@@ -28,6 +28,12 @@ from urllib.parse import urlsplit
 from ..twin.perf import sse_data
 
 
+def longest_gap(times: list[float], since: float, until: float) -> tuple[float, float]:
+    """(length, start) of the longest gap between TIMES within [since, until], edges included."""
+    points = [since] + sorted(t for t in times if since <= t <= until) + [until]
+    return max((b - a, a) for a, b in zip(points, points[1:]))
+
+
 @dataclass
 class LoadResult:
     sent: int = 0
@@ -41,16 +47,13 @@ class LoadResult:
 
     def max_gap_s(self, since: float | None = None, until: float | None = None) -> float:
         """The longest time between two completions in [since, until] (edges included)."""
-        since = self.started if since is None else since
-        until = self.ended if until is None else until
-        points = [since] + sorted(t for t in self.completions if since <= t <= until) + [until]
-        return max(b - a for a, b in zip(points, points[1:]))
+        return self._gap(self.completions, since, until)
 
     def max_token_gap_s(self, since: float | None = None, until: float | None = None) -> float:
-        since = self.started if since is None else since
-        until = self.ended if until is None else until
-        points = [since] + sorted(t for t in self.tokens_at if since <= t <= until) + [until]
-        return max(b - a for a, b in zip(points, points[1:]))
+        return self._gap(self.tokens_at, since, until)
+
+    def _gap(self, times: list[float], since: float | None, until: float | None) -> float:
+        return longest_gap(times, self.started if since is None else since, self.ended if until is None else until)[0]
 
 
 def _loopback(url: str) -> None:
