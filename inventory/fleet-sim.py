@@ -34,6 +34,8 @@ try:
     _fleet = check_fleet(os.environ.get("DSV4_SIM_FLEET") or DEFAULT_FLEET)
 except SimError as exc:
     refuse(_INVENTORY, [f"DSV4_SIM_FLEET: {exc}"], cli=_CLI, code=EXIT_BAD_INPUT)
+if stand_ins.launch_check_problem():
+    refuse(_INVENTORY, [stand_ins.launch_check_problem()], cli=_CLI, code=EXIT_BAD_INPUT)
 _canary_text = os.environ.get("DSV4_SIM_CANARY") or "1"
 if not re.fullmatch(r"[0-9]{1,3}(,[0-9]{1,3})*", _canary_text):
     refuse(_INVENTORY, [f"DSV4_SIM_CANARY={ascii(_canary_text)}: expected twin numbers like 1 or 2,3"], cli=_CLI,

@@ -31,6 +31,9 @@ _INVENTORY = "inventory/sim.py"
 STAND_INS = stand_ins.STAND_INS
 WEIGHTS = stand_ins.weights_source()
 
+if stand_ins.launch_check_problem():
+    refuse(_INVENTORY, [stand_ins.launch_check_problem()], cli=pyinfra_cli_params() is not None)
+
 # The profile first: a bad one is refused even when no twin runs.
 _profile = profile_data(_INVENTORY, env_names=("PROFILE",), default="nvfp4-ctx8k", weights_stand_in=True)
 try:

@@ -238,6 +238,14 @@ def test_sim_inventory_checks_its_profile_before_looking_for_a_twin(no_twin, pro
     clean(out)
 
 
+@pytest.mark.parametrize("inventory", ["inventory/sim.py", "inventory/fleet-sim.py"])
+def test_the_twins_inventories_refuse_an_unknown_launch_check(no_twin, inventory):
+    out, _ = pyinfra(inventory, "deploy/serve.py", env={**no_twin, "DSV4_SIM_LAUNCH_CHECK": "real"})
+    assert out.returncode == 2 and "DSV4_SIM_LAUNCH_CHECK='real': expected 'sglang'" in out.text, out.text[-2000:]
+    assert out.cpu_s < 5
+    clean(out)
+
+
 def test_sim_inventory_keeps_its_default_and_the_placeholder(no_twin):
     out, _ = pyinfra("inventory/sim.py", "deploy/serve.py", env=no_twin)
     assert "inventory/sim.py: profile nvfp4-ctx8k (from the inventory's default)" in out.text

@@ -12,10 +12,15 @@ from typing import Any
 # venv). DSV4_SIM_LAUNCH_CHECK=twin keeps the twin's own parser instead (SGLang's flags and their
 # arity, no value checks: a stand-in), e.g. for the isolated twins that test the rollout's order.
 LAUNCH_CHECK = os.environ.get("DSV4_SIM_LAUNCH_CHECK") or "sglang"
-if LAUNCH_CHECK not in ("sglang", "twin"):
-    raise SystemExit(f"DSV4_SIM_LAUNCH_CHECK={LAUNCH_CHECK!r}: expected 'sglang' (SGLang's own parser, "
-                     "the default) or 'twin' (the twin's parser)")
 OWN_PARSER = LAUNCH_CHECK == "sglang"
+
+
+def launch_check_problem() -> str | None:
+    """What is wrong with DSV4_SIM_LAUNCH_CHECK, if anything (the twins' inventories refuse with it)."""
+    if LAUNCH_CHECK in ("sglang", "twin"):
+        return None
+    return (f"DSV4_SIM_LAUNCH_CHECK={ascii(LAUNCH_CHECK)}: expected 'sglang' (SGLang's own parser, the default) "
+            "or 'twin' (the twin's parser)")
 
 STAND_INS: dict[str, Any] = {
     # SGLang with CUDA torch -> this project's twin server (same argv, same HTTP API).
