@@ -38,17 +38,19 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
 
 def test_the_twin_installs_the_real_wheel_and_what_its_parser_imports():
     r = rollout(twin())
-    first, second = installs(r)
-    assert f"-r {r.layout.venv}/{PARSER_LOCK} " in first and "huggingface_hub==2.4.0" in first
-    assert second.endswith("--no-deps sglang==0.5.23")
+    server, parser, wheel = installs(r)
+    assert "huggingface_hub==2.4.0" in server and "--no-compile" not in server   # the server imports these
+    assert f"-c {r.layout.venv}/{PARSER_LOCK} " in server                         # under the lock's pins
+    assert parser.endswith(f"--no-compile -r {r.layout.venv}/{PARSER_LOCK}")
+    assert wheel.endswith("--no-compile --no-deps sglang==0.5.23")
     assert launch_parser(r)[1] == "SGLang 0.5.23's own parser"
     lock = parser_lock_file("0.5.23").read_text().splitlines()
     assert "torch==2.13.0+cpu" in lock and not any(line.startswith("sglang==") for line in lock)
 
 
 def test_the_stand_ins_pins_agree_with_the_parser_lock():
-    """One pip command installs both: a pin of the stand-in that differs from the lock would fail
-    every twin deploy at pip."""
+    """The stand-in's pins are installed under the lock's (-c): a pin that differs from the lock
+    would fail every twin deploy at pip."""
     lock = {line.split("==")[0].lower().replace("_", "-"): line
             for line in parser_lock_file("0.5.23").read_text().splitlines() if "==" in line and not line.startswith("#")}
     for req in STAND_INS["sglang"]["requirements"]:

@@ -78,10 +78,16 @@ def installs(r: Rollout) -> list[str]:
         # (dsv4deploy.twin.server, same argv and HTTP API), plus the real SGLang wheel without its
         # dependencies (its files are what the profile's patches apply to) and, pinned by the
         # parser lock, what SGLang's own parser imports (CPU torch), for the launch check.
+        # The server's own imports are byte-compiled (it runs as the service user, who cannot
+        # write __pycache__ in the venv); the rest is not (`--no-compile`: SGLang's and torch's
+        # thousands of modules, most of the twin's pip CPU time, which only the launch check
+        # imports, as root, writing the caches of what it imports once). The server's packages
+        # are installed under the lock's pins (-c), so the lock's install keeps them.
         reqs = " ".join(shlex.quote(x) for x in stand_in["requirements"])
-        if twin_parser_lock(r):
-            reqs = f"-r {shlex.quote(f'{r.layout.venv}/{PARSER_LOCK}')} {reqs}"
-        return [f"{pip} {reqs}", f"{pip} --no-deps {shlex.quote(f'sglang=={version}')}"]
+        lock = shlex.quote(f"{r.layout.venv}/{PARSER_LOCK}") if twin_parser_lock(r) else None
+        server = f"{pip} -c {lock} {reqs}" if lock else f"{pip} {reqs}"
+        parser = [f"{pip} --no-compile -r {lock}"] if lock else []
+        return [server, *parser, f"{pip} --no-compile --no-deps {shlex.quote(f'sglang=={version}')}"]
     extras = data["sglang"].get("extras") or []
     spec = f"sglang[{','.join(extras)}]=={version}" if extras else f"sglang=={version}"
     args = []
