@@ -18,7 +18,7 @@ import pytest
 
 from dsv4deploy.sim import faultlab
 from dsv4deploy.sim import host as simhost
-from sim_fixtures import LAB_FLEET, lab_twin  # noqa: F401
+from sim_fixtures import LAB_ENV, LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 BASE = "fbase"      # the baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
@@ -31,7 +31,7 @@ def lab(lab_twin, tmp_path_factory):  # noqa: F811
     # any release that passed its gate is a clean start (each test leaves one), and a fault that
     # ends with one serving is not deployed a second time: bench/faults.py does both in full
     lab = faultlab.Lab(lab_twin, profiles, baseline=BASE, any_good=True, rerun=False,
-                       inventory="inventory/fleet-sim.py", env={"DSV4_SIM_FLEET": LAB_FLEET})
+                       inventory="inventory/fleet-sim.py", env=LAB_ENV)
     lab.baseline()
     yield lab
     lab.reset_host()

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from dsv4deploy.sim import faultlab
-from sim_fixtures import LAB_FLEET, lab_twin  # noqa: F401
+from sim_fixtures import LAB_ENV, LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 
@@ -48,7 +48,7 @@ UNITS = ("sglang@0.service", "sglang@1.service", "sglang-gateway.service")
 @pytest.fixture(scope="module")
 def rset(lab_twin, tmp_path_factory):  # noqa: F811
     profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"), PROFILES)
-    lab = faultlab.Lab(lab_twin, profiles, baseline=BASE, inventory=INVENTORY, env={"DSV4_SIM_FLEET": LAB_FLEET})
+    lab = faultlab.Lab(lab_twin, profiles, baseline=BASE, inventory=INVENTORY, env=LAB_ENV)
     lab.reset_host()
     # the single server of the fault matrix's tests (same twin) gives the GPUs back
     lab_twin.run("systemctl disable --now sglang.service 2>/dev/null; true", check=False)
