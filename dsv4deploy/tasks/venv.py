@@ -84,10 +84,11 @@ def installs(r: Rollout) -> list[str]:
         # imports, as root, writing the caches of what it imports once). The server's packages
         # are installed under the lock's pins (-c), so the lock's install keeps them.
         reqs = " ".join(shlex.quote(x) for x in stand_in["requirements"])
-        lock = shlex.quote(f"{r.layout.venv}/{PARSER_LOCK}") if twin_parser_lock(r) else None
-        server = f"{pip} -c {lock} {reqs}" if lock else f"{pip} {reqs}"
-        parser = [f"{pip} --no-compile -r {lock}"] if lock else []
-        return [server, *parser, f"{pip} --no-compile --no-deps {shlex.quote(f'sglang=={version}')}"]
+        wheel = f"{pip} --no-compile --no-deps {shlex.quote(f'sglang=={version}')}"
+        if not twin_parser_lock(r):
+            return [f"{pip} {reqs}", wheel]
+        lock = shlex.quote(f"{r.layout.venv}/{PARSER_LOCK}")
+        return [f"{pip} -c {lock} {reqs}", f"{pip} --no-compile -r {lock}", wheel]
     extras = data["sglang"].get("extras") or []
     spec = f"sglang[{','.join(extras)}]=={version}" if extras else f"sglang=={version}"
     args = []
