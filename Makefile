@@ -190,9 +190,12 @@ test: twin-debs
 	  cat .cache/test-$${log%%:*}.log; done; \
 	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
-# The edit-test loop: everything that needs neither the twin nor SGLang's parser venv.
+# The edit-test loop: everything that needs neither the twin nor SGLang's parser venv, spread over
+# TEST_JOBS pytest-xdist workers (default: the CPUs, at most 4; these tests compute, or wait on a
+# local child process, so two workers on a 2-core machine halve the wall time).
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test-fast: venv
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not slow" -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf rendered reports .pytest_cache

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from dsv4deploy.cli import main
+
 
 def run(*args, env=None):
     return subprocess.run([sys.executable, "-m", "dsv4deploy", *args], capture_output=True, text=True,
@@ -44,19 +46,35 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD) + ["does-not-exist", "../etc/passwd"])
-@pytest.mark.parametrize("command", ["validate", "render"])
-def test_bad_input_exits_2_with_a_message_and_no_traceback(profile_dir, tmp_path, case, command):
+def bad_input_args(profile_dir, tmp_path, case, command):
     if case in BAD:
         profile_dir.write(case, BAD[case])
-    args = [command, case] + (["--out", str(tmp_path / "out")] if command == "render" else [])
-    out = run(*args)
-    assert out.returncode == 2, (out.stdout, out.stderr)
-    assert "Traceback" not in out.stderr + out.stdout
-    text = out.stderr + out.stdout
+    return [command, case] + (["--out", str(tmp_path / "out")] if command == "render" else [])
+
+
+def assert_refused(code, text, tmp_path, case):
+    assert code == 2, text
+    assert "Traceback" not in text
     if case in BAD:
         assert f"{case}.yaml" in text
     assert not (tmp_path / "out").exists(), "nothing is written for a bad profile"
+
+
+@pytest.mark.parametrize("case", sorted(BAD) + ["does-not-exist", "../etc/passwd"])
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_bad_input_exits_2_with_a_message_and_no_traceback(profile_dir, tmp_path, capsys, case, command):
+    """The command's own entry point, in this process: any exception escaping it would be the user's
+    traceback, so the call must return 2 with the message (the process itself: the test below)."""
+    code = main(bad_input_args(profile_dir, tmp_path, case, command))
+    out = capsys.readouterr()
+    assert_refused(code, out.err + out.out, tmp_path, case)
+
+
+@pytest.mark.parametrize("command,case", [("validate", "malformed"), ("render", "inject"), ("render", "does-not-exist")])
+def test_bad_input_through_the_process_exits_2(profile_dir, tmp_path, command, case):
+    """The same refusal as `python -m dsv4deploy` gives it: exit status, stderr, no traceback."""
+    out = run(*bad_input_args(profile_dir, tmp_path, case, command))
+    assert_refused(out.returncode, out.stderr + out.stdout, tmp_path, case)
 
 
 def test_render_writes_unit_env_manifest_and_argv(tmp_path):
