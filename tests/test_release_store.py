@@ -142,11 +142,12 @@ def test_under_the_lock_a_run_reads_the_records_once_and_keeps_its_copy_current(
     store.mark_deployed(begin(store, tmp_path, manifest="m1"))
     store.take_lock("deploy nvfp4-ctx8k")
     try:
+        assert h.commands[-1].startswith("mkdir -p") and "status.json" in h.commands[-1]   # read with the lock
         h.commands.clear()
-        rel = begin(store, tmp_path, manifest="m2")                  # reads the records once, writes 0002
+        rel = begin(store, tmp_path, manifest="m2")                  # writes 0002, reads nothing
         assert store.current()["release"] == 1 and store.records()[-1]["status"] == releases.PENDING
         live = store.mark_deployed(rel.with_gate({"passed": True, "summary": "ok"}))
-        assert [c.startswith("for f in") for c in h.commands] == [True, False, False]   # read, begin, save
+        assert len(h.commands) == 2 and not any(c.startswith("for f in") for c in h.commands)   # begin, save
         assert store.records() == [on_disk(store, 1), on_disk(store, 2)] and store.current() == live.record
         assert ReleaseStore(h, store.dir).current() == live.record   # another handle on the same store agrees
     finally:
@@ -198,14 +199,22 @@ def test_a_release_target_comes_from_its_kept_profile(h, store, tmp_path):
         store.target(rec)
 
 
-def test_kept_files_are_copied_for_a_rollback_and_back_in_place(h, store, tmp_path):
+def not_into_this_machines_root(store: ReleaseStore, source: int = 1):
+    """An answer that runs a put_back here up to its copy into / (which it leaves out)."""
+    return lambda cmd: sh_here(cmd.split(f" && cp -a {store.folder(source)}/files/. /")[0])
+
+
+def test_a_restore_writes_its_entry_copies_the_kept_files_and_puts_them_back_in_one_command(h, store, tmp_path):
     begin(store, tmp_path)
-    begin(store, tmp_path)
-    store.keep_copy(1, 2)                                            # runs here: both are under tmp_path
+    entry = Release(releases.rollback_record(store.records(), store.records()[0], "manual rollback to release 0001"))
+    h.answer("/files/. / &&", not_into_this_machines_root(store))
+    h.commands.clear()
+    assert store.put_back(1, entry, then="systemctl daemon-reload") == (True, "")
+    assert len(h.commands) == 1
+    assert h.commands[0].endswith(f" && cp -a {store.folder(1)}/files/. / && systemctl daemon-reload")
+    assert on_disk(store, 2) == entry.record                         # the entry, with its own copy
     assert Path(store.folder(2), "files/etc/systemd/system/sglang.service").exists()
-    h.answer("cp -a ", "")                                           # never copy into this machine's /
-    assert store.copy_back(1, then="systemctl daemon-reload") == (True, "")
-    assert h.commands[-1] == f"cp -a {store.folder(1)}/files/. / && systemctl daemon-reload"
+    assert Path(store.folder(2), "profile.json").read_text() == Path(store.folder(1), "profile.json").read_text()
 
 
 def test_prune_keeps_the_last_releases_and_what_they_use(h, store, tmp_path):
@@ -246,6 +255,37 @@ def test_nothing_to_prune_removes_nothing(h, store, tmp_path):
     h.commands.clear()
     store.prune()
     assert len(h.commands) == 2 and not any(c.startswith("rm -rf") for c in h.commands)
+
+
+def test_going_live_writes_the_records_and_reads_for_pruning_in_one_command(h, store, tmp_path):
+    """After a passed gate: the records (and the gate's reports, carried along) and the prune's
+    listing in one round trip, the removal in a second, none for the records under the lock."""
+    for n in range(1, 12):
+        store.mark_deployed(begin(store, tmp_path, manifest=f"m{n}"))
+    layout = Layout.of(load_profile("nvfp4-ctx8k").data)
+    store.take_lock("deploy nvfp4-ctx8k")
+    try:
+        rel = begin(store, tmp_path, manifest="m12").with_gate({"passed": True, "summary": "ok"})
+        listing = "\n".join([layout.venv, layout.model_dir, f"{store.folder(1)}/files", f"{store.folder(1)}/profile.json"])
+        h.answer("echo ---;", lambda cmd: sh_here(cmd.split("echo ---;")[0] + "echo ---; }") + listing + "\n")
+        h.answer("rm -rf", "")
+        reports = tmp_path / "reports"
+        h.commands.clear()
+        live = store.go_live(rel, also=f"mkdir -p {reports} && touch {reports}/gate.json")
+        assert len(h.commands) == 2 and h.commands[1].split()[:4] == [
+            "rm", "-rf", f"{store.folder(1)}/files", f"{store.folder(1)}/profile.json"]
+        assert live.record["status"] == releases.DEPLOYED and on_disk(store, 12) == live.record
+        assert on_disk(store, 11)["status"] == releases.SUPERSEDED and (reports / "gate.json").exists()
+    finally:
+        store.give_back_lock()
+
+
+def test_reports_that_cannot_be_kept_are_a_warning_and_the_release_still_goes_live(h, store, tmp_path, capsys):
+    rel = begin(store, tmp_path).with_gate({"passed": True, "summary": "ok"})
+    h.answer("ls -d", lambda cmd: sh_here(cmd.split("echo ---;")[0] + "echo ---; }"))
+    live = store.go_live(rel, also="false")
+    assert live.record["status"] == releases.DEPLOYED and on_disk(store, 1)["status"] == releases.DEPLOYED
+    assert "warning: could not keep the gate's reports with release 0001" in capsys.readouterr().out
 
 
 # --- the lock ---------------------------------------------------------------------------------
@@ -358,16 +398,16 @@ def test_a_restore_is_a_new_entry_with_its_own_copy_then_deployed(h, tmp_path, m
     first = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
     store.mark_deployed(begin(store, tmp_path, manifest="m2"))
     h.answer("test -x", "")                                          # its venv, weights and files are there
-    h.answer("/files/. / &&", "")                                    # never copy into this machine's /
+    h.answer("/files/. / &&", not_into_this_machines_root(store))   # never copy into this machine's /
     h.commands.clear()
     new = rollback.restore(h, first, cause="manual rollback to release 0001")
-    assert len(h.commands) == 8      # records, profile, what is gone, entry, copy, files back, records, the writes
+    assert len(h.commands) == 6      # records, profile, what is gone, entry+copy+files back, records, the writes
     assert new.number == 3 and new.restores == 1 and new.record["status"] == releases.DEPLOYED
     assert on_disk(store, 3)["reason"] == "manual rollback to release 0001"
     assert on_disk(store, 2)["status"] == releases.SUPERSEDED
     assert Path(store.folder(3), "files/etc/systemd/system/sglang.service").exists()   # restorable in turn
-    assert h.commands[5].startswith(f"cp -a {store.folder(1)}/files/. / && systemctl daemon-reload && ")
-    assert h.commands[5].endswith("systemctl reset-failed sglang.service; systemctl restart sglang.service 2>&1")
+    assert f" && cp -a {store.folder(1)}/files/. / && systemctl daemon-reload && " in h.commands[3]
+    assert h.commands[3].endswith("systemctl reset-failed sglang.service; systemctl restart sglang.service 2>&1")
 
 
 def test_a_restore_whose_files_are_gone_is_a_failed_entry_naming_them(h, tmp_path, monkeypatch):

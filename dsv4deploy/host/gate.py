@@ -11,6 +11,7 @@ import io
 import shlex
 import tarfile
 import threading
+from functools import partial
 from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
@@ -57,10 +58,12 @@ def warm_plotting() -> None:
 
 
 def run_release_gate(h, target, release: int | None, previous: int | None, profile_name: str,
-                     part: str | None = None):
+                     part: str | None = None, keep=None):
     """Run the profile's gate against release RELEASE's server (or one PART of a replica set,
     e.g. `replica-0`, on its own port); write and fetch its reports, compared with release
-    PREVIOUS's (None: an ad-hoc run, kept nowhere on the host, or nothing to compare with)."""
+    PREVIOUS's (None: an ad-hoc run, kept nowhere on the host, or nothing to compare with).
+    The reports go next to the release on the host by KEEP(remote_dir, paths): default
+    keep_reports, now; a caller may carry them in its next command instead (reports_command)."""
     warm_plotting()
     spec = GateSpec.from_profile(target.data)
     # through a replica set's gateway: which replica served the gate, by the replicas' own counters
@@ -79,7 +82,8 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
     title = f"{profile_name} release {number}" + (f" ({part})" if part else "") + f" on {h.name}"
     files = write_report(outcome, local, previous=prev_doc, title=title)
     if release:
-        keep_reports(h, f"{store.folder(release)}/{gate_dir}", [Path(p) for p in (files.json, files.markdown, files.png) if p])
+        (keep or partial(keep_reports, h))(f"{store.folder(release)}/{gate_dir}",
+                                           [Path(p) for p in (files.json, files.markdown, files.png) if p])
     for line in outcome.verdict.lines():
         print(f"[{h.name}] {line}")
     if urls:
@@ -97,23 +101,52 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
 INLINE_REPORTS_MAX = 96 << 10
 
 
-def keep_reports(h, remote: str, paths: list[Path]) -> None:
-    """The gate's reports next to the release on the host: one archive, in one command when it
-    is small (it is: JSON, Markdown and a palette PNG, about 30 KB), else uploaded. They hold
-    no secret."""
+def _archive(paths: list[Path]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for path in paths:
             tar.add(str(path), arcname=path.name)
+    return buf.getvalue()
+
+
+def _unpack(remote: str, src: str) -> str:
     q = shlex.quote
-    unpack = f"tar -xzf {{src}} -C {q(remote)} --no-same-owner"
-    text = base64.b64encode(buf.getvalue()).decode()
-    if len(text) <= INLINE_REPORTS_MAX:
-        ok = sh(h, f"mkdir -p {q(remote)} && printf '%s' {q(text)} | base64 -d | {unpack.format(src='-')}")[0]
+    return f"mkdir -p {q(remote)} && tar -xzf {src} -C {q(remote)} --no-same-owner"
+
+
+def reports_command(remote: str, paths: list[Path]) -> str | None:
+    """One command that puts the reports under REMOTE, carrying them inline; None when they are
+    too large for one argv word (keep_reports uploads those)."""
+    text = base64.b64encode(_archive(paths)).decode()
+    if len(text) > INLINE_REPORTS_MAX:
+        return None
+    return f"printf '%s' {shlex.quote(text)} | base64 -d | {{ {_unpack(remote, '-')}; }}"
+
+
+def carry_reports(h, reports: list[tuple[str, list[Path]]]) -> str:
+    """The command that keeps REPORTS ((remote dir, paths) as run_release_gate's KEEP got them)
+    when another command carries it (the release record's): the small ones inline, any too
+    large for that uploaded now, on their own."""
+    inline = []
+    for remote, paths in reports:
+        command = reports_command(remote, paths)
+        if command:
+            inline.append(command)
+        else:
+            keep_reports(h, remote, paths)
+    return " && ".join(inline)
+
+
+def keep_reports(h, remote: str, paths: list[Path]) -> None:
+    """The gate's reports next to the release on the host: one archive, in one command when it
+    is small (it is: JSON, Markdown and a palette PNG, about 30 KB), else uploaded. They hold
+    no secret."""
+    command = reports_command(remote, paths)
+    if command:
+        ok = sh(h, command)[0]
     else:
-        buf.seek(0)
         tmp = f"{remote}.tar.gz.dsv4deploy-tmp"
-        ok = put(h, buf, tmp) and sh(h, f"mkdir -p {q(remote)} && {unpack.format(src=q(tmp))} && rm -f {q(tmp)}")[0]
+        ok = put(h, io.BytesIO(_archive(paths)), tmp) and sh(h, f"{_unpack(remote, shlex.quote(tmp))} && rm -f {shlex.quote(tmp)}")[0]
     if not ok:
         print(f"[{h.name}] warning: could not keep the gate's reports under {remote}")
 

@@ -31,8 +31,13 @@ from .state import LOCK, PIP_FREEZE
 
 # The records as this run last read or wrote them, per (host, store): valid only while this
 # process holds the host's deploy lock (nothing else writes records then), so a run reads them
-# once and each later step costs no round trip for them. Dropped when the lock is given back.
-_HELD: dict[tuple[str, str], list[dict] | None] = {}
+# once, with the lock, and each later step costs no round trip for them. Dropped when the lock
+# is given back.
+_HELD: dict[tuple[str, str], list[dict]] = {}
+
+
+ALSO_FAILED = "__dsv4deploy_also_failed"
+PRUNE_MARK = "__dsv4deploy_prune"
 
 
 class RollbackError(Exception):
@@ -57,19 +62,16 @@ class ReleaseStore:
         return (self.h.name, self.dir)
 
     def records(self) -> list[dict]:
-        """Every record, oldest first (one command; none while this run holds the lock and has
-        read them once)."""
-        held = _HELD.get(self._key(), False)
-        if held is False:
-            return self.h.get_fact(Releases, releases_dir=self.dir)
+        """Every record, oldest first (one command; none while this run holds the lock)."""
+        held = _HELD.get(self._key())
         if held is None:
-            held = _HELD[self._key()] = self.h.get_fact(Releases, releases_dir=self.dir)
+            return self.h.get_fact(Releases, releases_dir=self.dir)
         return [dict(r) for r in held]
 
     def _remember(self, docs: list[dict]) -> None:
         """DOCS were written: the run's copy of the records says what the host now holds."""
         held = _HELD.get(self._key())
-        if held is None:            # not under this run's lock, or not read yet: nothing to keep current
+        if held is None:            # not under this run's lock: nothing to keep current
             return
         by_number = {r["release"]: r for r in held}
         by_number.update({d["release"]: dict(d) for d in docs})
@@ -83,8 +85,13 @@ class ReleaseStore:
         """Write records, all in one command."""
         if not docs:
             return
-        ok, _ = sh(self.h, " && ".join(json_write_command(f"{self.folder(d['release'])}/status.json", d)
-                                       for d in docs))
+        ok, _ = sh(self.h, self._save_command(docs))
+        self._saved(ok, docs)
+
+    def _save_command(self, docs) -> str:
+        return " && ".join(json_write_command(f"{self.folder(d['release'])}/status.json", d) for d in docs)
+
+    def _saved(self, ok: bool, docs) -> None:
         if not ok:
             raise DeployError(f"cannot write the records of release(s) "
                               f"{', '.join(format(d['release'], '04d') for d in docs)} under {self.dir}")
@@ -104,9 +111,34 @@ class ReleaseStore:
     def mark_deployed(self, release: Release) -> Release:
         """RELEASE goes live as the handle holds it (its gate, its replicas' parts) and the one that
         served before is superseded: the records, then one write of every changed record."""
-        recs = [release.record if r["release"] == release.number else r for r in self.records()]
-        docs = releases.mark_deployed(recs, release.number)
+        docs = self._deployed_docs(release)
         self.save(*docs)
+        return self._live(docs, release)
+
+    def go_live(self, release: Release, also: str = "") -> Release:
+        """mark_deployed, then prune: one command runs ALSO (keeping the gate's reports: a failure
+        there is a warning, not a failed deploy), writes the records and reads what pruning needs;
+        one more removes, only when something goes. The records cost one more unless this run
+        holds the lock."""
+        docs = self._deployed_docs(release)
+        recs = {r["release"]: r for r in self.records()}
+        recs.update({d["release"]: d for d in docs})
+        listing, dropped = self._prune_listing(sorted(recs.values(), key=lambda d: d["release"]))
+        first = f"{{ {also}; }} >/dev/null 2>&1 || echo {ALSO_FAILED}; " if also else ""
+        ok, out = sh(self.h, f"{first}{self._save_command(docs)} && echo {PRUNE_MARK} && {{ {listing}; }}")
+        self._saved(ok, docs)
+        said, _, listed = out.partition(PRUNE_MARK + "\n")
+        if ALSO_FAILED in said:
+            print(f"[{self.h.name}] warning: could not keep the gate's reports with {release.name}")
+        self._prune_from(listed, dropped)
+        return self._live(docs, release)
+
+    def _deployed_docs(self, release: Release) -> list[dict]:
+        recs = [release.record if r["release"] == release.number else r for r in self.records()]
+        return releases.mark_deployed(recs, release.number)
+
+    @staticmethod
+    def _live(docs: list[dict], release: Release) -> Release:
         return next((Release(d) for d in docs if d["release"] == release.number), release)
 
     def mark_failed(self, release: Release, reason: str) -> Release:
@@ -134,28 +166,39 @@ class ReleaseStore:
             raise RollbackError(f"release {rec['release']:04d} has no profile.json: its files were pruned")
         return Target.of(doc["data"])
 
-    def keep_copy(self, source: int, into: int) -> None:
-        """Release INTO (a rollback) gets its own copy of SOURCE's files and profile: it can be
-        restored in turn."""
-        sh(self.h, f"cp -a {self.folder(source)}/files {self.folder(source)}/profile.json {self.folder(into)}/")
-
-    def copy_back(self, number: int, then: str) -> tuple[bool, str]:
-        """Put release NUMBER's kept files back in place (`cp -a files/. /`), then run THEN in the
-        same command (daemon-reload, a restart): (ok, output)."""
-        return sh(self.h, f"cp -a {self.folder(number)}/files/. / && {then}")
+    def put_back(self, source: int, into: Release, then: str) -> tuple[bool, str]:
+        """A restore's files, in one command: write INTO's record (the rollback entry), give it its
+        own copy of release SOURCE's files and profile (so it can be restored in turn), put those
+        files back in place (`cp -a files/. /`), then run THEN (daemon-reload, a restart):
+        (ok, output)."""
+        src, dst = self.folder(source), self.folder(into.number)
+        ok, out = sh(self.h, f"{self._save_command([into.record])} && "
+                             f"cp -a {src}/files {src}/profile.json {dst}/ && cp -a {src}/files/. / && {then}")
+        self._remember([into.record])     # written, or about to be marked failed by the caller
+        return ok, out
 
     def prune(self) -> None:
         """Keep the last releases' files; remove venvs and checkpoints no kept release uses. One
         command reads every kept release's profile and what is on disk, one removes (only when
         something goes); the records cost one more unless this run holds the lock."""
-        recs = self.records()
+        listing, dropped = self._prune_listing(self.records())
+        _, out = sh(self.h, listing)
+        self._prune_from(out, dropped)
+
+    def _prune_listing(self, recs: list[dict]) -> tuple[str, list[int]]:
+        """The command that prints each kept release's profile (one JSON document a line), then
+        `---` and what is on disk; and the releases whose files go."""
         dropped = releases.to_prune(recs)
         q = shlex.quote
         kept = " ".join(q(f"{self.folder(rec['release'])}/profile.json")
                         for rec in recs if rec["release"] not in dropped)
-        _, out = sh(self.h, f"for f in {kept}; do [ -f \"$f\" ] && {{ tr -d '\\n' < \"$f\"; echo; }}; done; "
-                            f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* {q(self.dir)}/[0-9]*/files "
-                            f"{q(self.dir)}/[0-9]*/profile.json 2>/dev/null; true")
+        return (f"for f in {kept}; do [ -f \"$f\" ] && {{ tr -d '\\n' < \"$f\"; echo; }}; done; "
+                f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* {q(self.dir)}/[0-9]*/files "
+                f"{q(self.dir)}/[0-9]*/profile.json 2>/dev/null; true"), dropped
+
+    def _prune_from(self, out: str, dropped: list[int]) -> None:
+        """Remove what the listing OUT shows no kept release uses, in one command (none if nothing goes)."""
+        q = shlex.quote
         docs, _, listing = out.partition("---\n")
         ours = f"{self.dir}/"
         on_disk = [p for p in listing.split() if not p.startswith(ours)]
@@ -177,16 +220,18 @@ class ReleaseStore:
     # --- the deploy lock ----------------------------------------------------------------------
 
     def take_lock(self, label: str, *, break_lock=False, state=None) -> None:
-        """Take the deploy lock in one command, or refuse with the holder's PID and start (a lock
-        whose holder is gone from this controller, or any with BREAK_LOCK, is taken over). With
-        a pyinfra STATE, the lock is given back when its run ends (LockCallback)."""
+        """Take the deploy lock, or refuse with the holder's PID and start (a lock whose holder is
+        gone from this controller, or any with BREAK_LOCK, is taken over). With a pyinfra STATE,
+        the lock is given back when its run ends (LockCallback). One command, which also reads
+        the records once the lock is held: from then on this run's copy is the store's."""
         me = {"controller": socket.gethostname(), "pid": os.getpid(), "started": releases.now(), "what": label}
         owner = json.dumps(me, sort_keys=True)
         for attempt in range(2):
-            ok, _ = sh(self.h, f"mkdir -p {self.lock.rsplit('/', 1)[0]} && mkdir {self.lock} 2>/dev/null && "
-                               f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json")
+            ok, out = sh(self.h, f"mkdir -p {self.lock.rsplit('/', 1)[0]} && mkdir {self.lock} 2>/dev/null && "
+                                 f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json && "
+                                 f"{{ {Releases().command(releases_dir=self.dir)}; }}")
             if ok:
-                _HELD[self._key()] = None          # read on first use, then kept current
+                _HELD[self._key()] = Releases().process(out.splitlines())   # kept current from here on
                 if state is not None:
                     state.add_callback_handler(LockCallback(self, label))
                 return

@@ -22,7 +22,7 @@ from ..host.state import HostState
 from ..health import HealthError
 from ..host.release_store import ReleaseStore
 from ..rollout import Rollout
-from ..host.gate import gate_record, run_release_gate, warm_plotting
+from ..host.gate import carry_reports, gate_record, keep_reports, run_release_gate, warm_plotting
 from .rollback import after_failure
 from .venv import launch_check_key
 from ..host.checks import confirm, journal_tail, observer
@@ -129,18 +129,21 @@ def verify_and_record(r: Rollout) -> None:
             outcome = after_failure(host, rel, r.target, str(exc), poll_s=poll)
             raise DeployError(f"{name} ({r.profile.name}) failed: {exc}\n--- last journal lines of "
                               f"{r.target.unit} ---\n{tail}\n{outcome}") from None
+        reports: list[tuple] = []         # kept on the host with the record that follows the gate
         gate = run_release_gate(host, r.target, rel.number if rel else None,
-                                previous["release"] if previous else None, r.profile.name)
+                                previous["release"] if previous else None, r.profile.name,
+                                keep=lambda *where: reports.append(where))
         if rel:
             rel = r.run.release = rel.with_gate(gate_record(gate))
         if not gate.passed:
+            for where in reports:
+                keep_reports(host, *where)
             outcome = after_failure(host, rel, r.target, f"smoke gate failed: {gate.verdict.message}", poll_s=poll)
             raise DeployError(f"{name} ({r.profile.name}) failed the smoke gate: {gate.verdict.message}\n{outcome}")
         if rel:
-            store.mark_deployed(rel)
+            store.go_live(rel, also=carry_reports(host, reports))
             print(f"[{host.name}] {rel.name} deployed: {r.profile.name} is serving on "
                   f"{r.target.base_url} ({gate.summary})")
-            store.prune()
 
     python.call(name="health, identity, smoke gate, record", function=reported(verify))
 

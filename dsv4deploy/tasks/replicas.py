@@ -204,7 +204,6 @@ class Switch:
         replica's own, weakest first, after a rolling update)."""
         if not self.release:
             return
-        rel = self.store.mark_deployed(self.release.with_gate(summary).with_replicas(self._summary(steps)))
+        rel = self.store.go_live(self.release.with_gate(summary).with_replicas(self._summary(steps)))
         self.log(f"{rel.name} deployed: {self.r.profile.name} serves from {len(steps)} replicas "
                  f"through {self.t.unit} on {self.t.base_url}")
-        self.store.prune()

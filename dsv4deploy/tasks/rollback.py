@@ -42,17 +42,15 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int]
     except RollbackError as exc:
         store.mark_failed(new, f"rollback failed: {exc}")
         raise
-    store.save(new.record)
-    store.keep_copy(rec["release"], new.number)   # the rollback can be restored in turn
     try:
         if t.is_set:
-            ok, out = store.copy_back(rec["release"], then="systemctl daemon-reload")
+            ok, out = store.put_back(rec["release"], new, then="systemctl daemon-reload")
             if not ok:
                 raise HealthError(f"could not restore the files: {out.strip()[-300:]}")
             restore_set(h, t, indices, poll_s)
         else:
-            ok, out = store.copy_back(rec["release"], then=f"systemctl daemon-reload && {stop_set_units(t)}"
-                                                           f"systemctl reset-failed {t.unit}; systemctl restart {t.unit} 2>&1")
+            ok, out = store.put_back(rec["release"], new, then=f"systemctl daemon-reload && {stop_set_units(t)}"
+                                                               f"systemctl reset-failed {t.unit}; systemctl restart {t.unit} 2>&1")
             if not ok:
                 raise HealthError(f"could not restore the files or restart {t.unit}: {out.strip()[-300:]}")
             confirm(h, t, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)

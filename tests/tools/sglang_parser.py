@@ -255,8 +255,11 @@ def ensure(version: str, log=None) -> Path:
             return venv_python(version)
         started = time.monotonic()
         final = venv_dir(version)
+        # a builder that died (a pytest run that ended mid-build) left its folder: under the lock
+        # no other builder is at work, so every one there is stale
+        for stale in CACHE_ROOT.glob(f".{version}.building-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = CACHE_ROOT / f".{version}.building-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         try:
             _run([_base_python(), "-m", "venv", str(tmp)], log)
             py = str(tmp / "bin" / "python")
