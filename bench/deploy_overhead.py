@@ -8,7 +8,9 @@
    gate is one short level (the profile's full gate adds 74 s of load and nothing to the
    overhead: its own duration is subtracted), so it runs CHANGES times (the median counts);
 3. an automatic rollback (a release whose server crashes at start): wall time minus the restored
-   server's own start and the crashing server's start, CHANGES times.
+   server's own start and the crashing server's start, CHANGES times; from its `--debug` trace,
+   how that splits into before the switch (the old release still serves: the launch check runs
+   here), the time nothing serves, and after the restored server is healthy.
 
     make sim-up && make deploy PROFILE=nvfp4-ctx8k
     .venv/bin/python bench/deploy_overhead.py [--profile nvfp4-ctx8k] [--runs 5] [--changes 3]
@@ -32,7 +34,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dsv4deploy.sim.host import SimHost  # noqa: E402
-from dsv4deploy.twin.faults import Faults  # noqa: E402
 
 PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
 FAULTS = "/etc/dsv4deploy-twin/faults.json"
@@ -52,6 +53,35 @@ def timed(cmd: list[str], env: dict | None = None, ok: bool = True) -> tuple[flo
     return took, out.stdout + out.stderr
 
 
+def timed_lines(cmd: list[str], env: dict | None = None) -> tuple[float, list[tuple[float, str]]]:
+    """Run CMD, stamping each output line with its time since the start: (wall, [(t, line)])."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+    lines = [(time.monotonic() - start, line) for line in proc.stdout]
+    proc.wait()
+    return time.monotonic() - start, lines
+
+
+def first(lines: list[tuple[float, str]], *parts: str, after: float = 0.0) -> float | None:
+    """When the first command holding every one of PARTS was sent (pyinfra --debug), after AFTER."""
+    return next((t for t, line in lines if t >= after and "Running command on" in line
+                 and all(p in line for p in parts)), None)
+
+
+def rollback_phases(lines: list[tuple[float, str]]) -> dict[str, float | None]:
+    """From a --debug trace of a deploy that rolled back: the launch check's run, the switch (the
+    new release's restart), the restore (its files put back) and the restored server seen
+    healthy (its identity check, which follows the health poll that saw 200 at once)."""
+    check = first(lines, "from sglang.srt.server_args import")
+    check_end = next((t for t, line in lines if check is not None and t > check and "Command exit status" in line), None)
+    switch = first(lines, "systemctl restart")
+    restore = first(lines, "/files/. / &&", after=switch or 0.0)
+    served = first(lines, "ss -Htlnp", after=restore or 0.0)
+    return {"launch_check_s": (check_end - check) if check is not None and check_end else None,
+            "switch_at": switch, "served_at": served}
+
+
 def commands_in(log: str) -> int:
     return sum("Running command on" in line for line in log.splitlines())
 
@@ -69,6 +99,22 @@ def own_start_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3) -> f
               "until [ \"$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 http://127.0.0.1:30000/health)\" = 200 ]; "
               "do i=$((i+1)); [ $i -gt 1200 ] && exit 1; sleep 0.05; done; echo $(( ($(date +%s%N) - s) / 1000000 ))")
     return statistics.median(int(twin.run(script).stdout.strip()) / 1000 for _ in range(runs))
+
+
+def own_crash_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3) -> float:
+    """How long a server that crashes at start (the twin's crash_on_start) runs before systemd
+    sees it exit, measured on the twin: restart, then the unit's state polled every 50 ms. The
+    median of RUNS; the serving release is started again afterwards."""
+    script = (f"systemctl reset-failed {unit}; systemctl restart {unit}; s=$(date +%s%N); i=0; "
+              f"until systemctl show -p ActiveState -p SubState {unit} | grep -qE '=(failed|auto-restart|inactive)$'; "
+              "do i=$((i+1)); [ $i -gt 1200 ] && exit 1; sleep 0.05; done; echo $(( ($(date +%s%N) - s) / 1000000 ))")
+    twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error"}))
+    try:
+        took = statistics.median(int(twin.run(script).stdout.strip()) / 1000 for _ in range(runs))
+    finally:
+        twin.run(f"rm -f {FAULTS}")
+    own_start_s(twin, unit, runs=1)
+    return took
 
 
 def main() -> int:
@@ -104,13 +150,14 @@ def main() -> int:
 
     # 2. only the unit changes: a profile that differs from the deployed one in the unit alone
     start_s = own_start_s(twin)
-    crash_s = start_s - Faults().warmup_seconds          # crash_on_start exits after the load
-    print(f"the twin server's own start (restart -> /health 200, measured on the twin): {start_s:.2f} s")
+    crash_s = own_crash_s(twin)                          # crash_on_start exits after the load
+    print(f"the twin server's own start (restart -> /health 200, measured on the twin): {start_s:.2f} s; "
+          f"a crashing one's (restart -> exit seen by systemd): {crash_s:.2f} s")
     with tempfile.TemporaryDirectory() as tmp:
         env = {"DSV4_PROFILES_DIR": tmp}
         for name in os.listdir(REPO / "profiles"):
             (Path(tmp) / name).write_text((REPO / "profiles" / name).read_text())
-        overheads, rollbacks = [], []
+        overheads, rollbacks, downtimes = [], [], []
         for i in range(args.changes):
             (Path(tmp) / "unit-only.yaml").write_text(
                 f"extends: {args.profile}\ndescription: unit-only change for bench/deploy_overhead.py\n"
@@ -127,18 +174,30 @@ def main() -> int:
             twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error",
                                                 "match_argv": "--context-length 20480"}))
             try:
-                took, out = timed([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=crashes"],
-                                  env, ok=False)
+                took, lines = timed_lines([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data",
+                                           "profile=crashes", "--debug"], env)
             finally:
                 twin.run(f"rm -f {FAULTS}")
+            out = "".join(line for _, line in lines)
             restored = "rolled back" in out or "restored" in out
             rollbacks.append(took - crash_s - start_s)
             print(f"automatic rollback ({'restored' if restored else 'NOT restored'}): {took:.2f} s = "
                   f"crashing start {crash_s:.1f} s + restored start {start_s:.1f} s + overhead {rollbacks[-1]:.2f} s")
+            ph = rollback_phases(lines)
+            if ph["switch_at"] is not None and ph["served_at"] is not None:
+                down = ph["served_at"] - ph["switch_at"]
+                downtimes.append(down - crash_s - start_s)
+                check = f"{ph['launch_check_s']:.2f} s" if ph["launch_check_s"] is not None else "not run"
+                print(f"  of it: before the switch {ph['switch_at']:.2f} s (the launch check {check}; the old "
+                      f"release serves), nothing serving {down:.2f} s (overhead {downtimes[-1]:.2f} s), after "
+                      f"{took - ph['served_at']:.2f} s (identity, probe, records; the restored release serves)")
     print(f"unit-only change overhead: median {statistics.median(overheads):.2f} s "
           f"({', '.join(f'{t:.2f}' for t in overheads)}; a bare pyinfra run: {base:.2f} s)")
     print(f"automatic rollback overhead: median {statistics.median(rollbacks):.2f} s "
           f"({', '.join(f'{t:.2f}' for t in rollbacks)}; a bare pyinfra run: {base:.2f} s)")
+    if downtimes:
+        print(f"automatic rollback, time nothing serves beyond the two starts: median "
+              f"{statistics.median(downtimes):.2f} s ({', '.join(f'{t:.2f}' for t in downtimes)})")
     timed(deploy)   # leave the profile deployed
     print(f"no-op: ratio={noop / base:.2f} commands={commands}")
     return 0
