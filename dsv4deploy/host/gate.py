@@ -57,13 +57,31 @@ def warm_plotting() -> None:
         _warming[0].start()
 
 
+def previous_report(h, target, previous: int | None, part: str | None = None) -> dict | None:
+    """Release PREVIOUS's gate report (its gate.json on the host), which a new gate is compared
+    with; None: no previous release, or it kept none. One command (none without PREVIOUS)."""
+    if not previous:
+        return None
+    store = ReleaseStore(h, target.layout.releases_dir)
+    return store.read(previous, f"{_gate_dir(part)}/gate.json")
+
+
+def _gate_dir(part: str | None) -> str:
+    return f"gate-{part}" if part else "gate"
+
+
+_READ = object()
+
+
 def run_release_gate(h, target, release: int | None, previous: int | None, profile_name: str,
-                     part: str | None = None, keep=None):
+                     part: str | None = None, keep=None, previous_doc=_READ):
     """Run the profile's gate against release RELEASE's server (or one PART of a replica set,
     e.g. `replica-0`, on its own port); write and fetch its reports, compared with release
     PREVIOUS's (None: an ad-hoc run, kept nowhere on the host, or nothing to compare with).
     The reports go next to the release on the host by KEEP(remote_dir, paths): default
-    keep_reports, now; a caller may carry them in its next command instead (reports_command)."""
+    keep_reports, now; a caller may carry them in its next command instead (reports_command).
+    PREVIOUS_DOC: PREVIOUS's report when the caller has read it already (previous_report: a
+    deploy reads it while the server starts), else it is read after the gate."""
     warm_plotting()
     spec = GateSpec.from_profile(target.data)
     # through a replica set's gateway: which replica served the gate, by the replicas' own counters
@@ -76,9 +94,9 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
         outcome.result.replicas = split.split(urls, before, replica_requests(h, urls))
     store = ReleaseStore(h, target.layout.releases_dir)
     number = f"{release:04d}" if release else "adhoc"
-    gate_dir = f"gate-{part}" if part else "gate"
+    gate_dir = _gate_dir(part)
     local = REPO_ROOT / "reports" / h.name / (f"{number}-{profile_name}" + (f"-{part}" if part else ""))
-    prev_doc = store.read(previous, f"{gate_dir}/gate.json") if previous else None
+    prev_doc = previous_report(h, target, previous, part) if previous_doc is _READ else previous_doc
     title = f"{profile_name} release {number}" + (f" ({part})" if part else "") + f" on {h.name}"
     files = write_report(outcome, local, previous=prev_doc, title=title)
     if release:

@@ -22,7 +22,7 @@ from ..host.state import HostState
 from ..health import HealthError
 from ..host.release_store import ReleaseStore
 from ..rollout import Rollout
-from ..host.gate import carry_reports, gate_record, keep_reports, run_release_gate, warm_plotting
+from ..host.gate import carry_reports, gate_record, keep_reports, previous_report, run_release_gate, warm_plotting
 from .rollback import after_failure
 from .venv import launch_check_key
 from ..host.checks import confirm, journal_tail, observer
@@ -121,7 +121,8 @@ def verify_and_record(r: Rollout) -> None:
         poll = float(host.data.get("health_poll_s", 2.0))
         name = rel.name if rel else "the running release"
         previous = store.current()
-        warm_plotting()                   # while the server starts
+        warm_plotting()                   # while the server starts, and the report to compare with
+        before = previous_report(host, r.target, previous["release"] if previous else None)
         try:
             confirm(host, r.target, budget_s=r.data["service"]["health_timeout_s"], poll_s=poll)
         except HealthError as exc:
@@ -132,7 +133,7 @@ def verify_and_record(r: Rollout) -> None:
         reports: list[tuple] = []         # kept on the host with the record that follows the gate
         gate = run_release_gate(host, r.target, rel.number if rel else None,
                                 previous["release"] if previous else None, r.profile.name,
-                                keep=lambda *where: reports.append(where))
+                                keep=lambda *where: reports.append(where), previous_doc=before)
         if rel:
             rel = r.run.release = rel.with_gate(gate_record(gate))
         if not gate.passed:
