@@ -48,3 +48,31 @@ def test_reports_too_big_for_a_command_line_are_uploaded(tmp_path, monkeypatch):
     for p in paths:
         assert (tmp_path / "host" / "gate" / p.name).read_bytes() == p.read_bytes()
     assert sorted(x.name for x in (tmp_path / "host").iterdir()) == ["gate"]     # the archive is gone
+
+
+def test_carried_reports_stay_inside_one_command_line_and_the_rest_are_kept_at_once(tmp_path, monkeypatch):
+    """Reports carried by the release record's command: as many as fit one argv word; any more
+    are kept now, on their own, so the carrying command never grows past what Linux takes."""
+    h = UploadingHost()
+    paths = _reports(tmp_path)
+    one = len(gate.reports_command(str(tmp_path / "a"), paths))
+    monkeypatch.setattr(gate, "INLINE_REPORTS_MAX", one)
+    command = gate.carry_reports(h, [(str(tmp_path / "host" / "a"), paths), (str(tmp_path / "host" / "b"), paths)])
+    assert command.count("base64 -d") == 1 and str(tmp_path / "host" / "a") in command
+    assert len(h.commands) == 1 and str(tmp_path / "host" / "b") in h.commands[0]   # the second: kept now
+    for p in paths:
+        assert (tmp_path / "host" / "b" / p.name).read_bytes() == p.read_bytes()
+
+
+def test_the_previous_report_is_read_from_that_release_and_part(tmp_path):
+    from types import SimpleNamespace
+    h = FakeHost()
+    target = SimpleNamespace(layout=SimpleNamespace(releases_dir=str(tmp_path / "releases")))
+    for gate_dir, doc in (("gate", '{"passed": true}'), ("gate-replica-1", '{"passed": false}')):
+        (tmp_path / "releases" / "0007" / gate_dir).mkdir(parents=True)
+        (tmp_path / "releases" / "0007" / gate_dir / "gate.json").write_text(doc)
+    assert gate.previous_report(h, target, 7) == {"passed": True}
+    assert gate.previous_report(h, target, 7, part="replica-1") == {"passed": False}
+    assert gate.previous_report(h, target, 8) is None                     # it kept none
+    h.commands.clear()
+    assert gate.previous_report(h, target, None) is None and h.commands == []   # nothing to compare with

@@ -145,12 +145,12 @@ def carry_reports(h, reports: list[tuple[str, list[Path]]]) -> str:
     """The command that keeps REPORTS ((remote dir, paths) as run_release_gate's KEEP got them)
     when another command carries it (the release record's): the small ones inline, any too
     large for that uploaded now, on their own."""
-    inline = []
+    inline: list[str] = []
     for remote, paths in reports:
         command = reports_command(remote, paths)
-        if command:
+        if command and sum(map(len, inline)) + len(command) <= INLINE_REPORTS_MAX + (8 << 10):
             inline.append(command)
-        else:
+        else:                 # too large alone, or with those before it, for the carrying command
             keep_reports(h, remote, paths)
     return " && ".join(inline)
 
