@@ -420,3 +420,39 @@ def test_a_restore_whose_files_are_gone_is_a_failed_entry_naming_them(h, tmp_pat
         rollback.restore(h, first, cause="manual rollback to release 0001")
     assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["kind"] == "rollback"
     assert on_disk(store, 2)["reason"].startswith("rollback failed: release 0001 cannot be restored")
+
+
+def test_a_rollback_prepared_while_the_server_started_sends_two_commands_less(h, tmp_path, monkeypatch):
+    """ready_to_restore reads and checks the previous release ahead of need (a deploy does it
+    while its new server starts); the rollback after a failure then goes straight to the files."""
+    store = ReleaseStore(h, str(tmp_path / "releases"))
+    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
+    monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: None)
+    monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
+    good = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
+    h.answer("test -x", "")                                          # its venv, weights and files are there
+    h.answer("/files/. / &&", not_into_this_machines_root(store))   # never copy into this machine's /
+    ready = rollback.ready_to_restore(h, good)
+    assert ready[0] == good and ready[1].unit == "sglang.service"
+    store.take_lock("deploy nvfp4-ctx8k")
+    try:
+        bad = begin(store, tmp_path, manifest="m2")
+        h.commands.clear()
+        out = rollback.after_failure(h, bad, store.target(bad.record), "not healthy after 10 s", ready=ready)
+        h.commands.remove(h.commands[0])                             # the test's own store.target(bad)
+        # the failed record, then the entry + its copy + the files back + restart, then the records
+        assert len(h.commands) == 3 and not any(c.startswith(("cat ", "test -x")) for c in h.commands)
+        assert out.startswith("rolled back: release 0003 (restores 0001")
+    finally:
+        store.give_back_lock()
+
+
+def test_a_previous_release_that_is_not_restorable_is_not_ready_and_the_rollback_says_why(h, tmp_path, monkeypatch):
+    store = ReleaseStore(h, str(tmp_path / "releases"))
+    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
+    good = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
+    h.answer("test -x", "its venv (/opt/dsv4deploy/venvs/x)\n")
+    assert rollback.ready_to_restore(h, good) is None and rollback.ready_to_restore(h, None) is None
+    bad = begin(store, tmp_path, manifest="m2")
+    out = rollback.after_failure(h, bad, store.target(bad.record), "not healthy after 10 s", ready=None)
+    assert "cannot be restored: gone from the host: its venv" in out and "NOTHING IS SERVING" in out

@@ -23,7 +23,7 @@ from ..health import HealthError
 from ..host.release_store import ReleaseStore
 from ..rollout import Rollout
 from ..host.gate import carry_reports, gate_record, keep_reports, previous_report, run_release_gate, warm_plotting
-from .rollback import after_failure
+from .rollback import after_failure, ready_to_restore
 from .venv import launch_check_key
 from ..host.checks import confirm, journal_tail, observer
 
@@ -121,13 +121,16 @@ def verify_and_record(r: Rollout) -> None:
         poll = float(host.data.get("health_poll_s", 2.0))
         name = rel.name if rel else "the running release"
         previous = store.current()
-        warm_plotting()                   # while the server starts, and the report to compare with
+        # while the server starts: plotting imported, the report to compare with read, and the
+        # release a failure would roll back to read and checked (no round trip of it while nothing serves)
+        warm_plotting()
         before = previous_report(host, r.target, previous["release"] if previous else None)
+        ready = ready_to_restore(host, previous)
         try:
             confirm(host, r.target, budget_s=r.data["service"]["health_timeout_s"], poll_s=poll)
         except HealthError as exc:
             tail = journal_tail(host, r.target)
-            outcome = after_failure(host, rel, r.target, str(exc), poll_s=poll)
+            outcome = after_failure(host, rel, r.target, str(exc), poll_s=poll, ready=ready)
             raise DeployError(f"{name} ({r.profile.name}) failed: {exc}\n--- last journal lines of "
                               f"{r.target.unit} ---\n{tail}\n{outcome}") from None
         reports: list[tuple] = []         # kept on the host with the record that follows the gate
@@ -139,7 +142,8 @@ def verify_and_record(r: Rollout) -> None:
         if not gate.passed:
             for where in reports:
                 keep_reports(host, *where)
-            outcome = after_failure(host, rel, r.target, f"smoke gate failed: {gate.verdict.message}", poll_s=poll)
+            outcome = after_failure(host, rel, r.target, f"smoke gate failed: {gate.verdict.message}", poll_s=poll,
+                                    ready=ready)
             raise DeployError(f"{name} ({r.profile.name}) failed the smoke gate: {gate.verdict.message}\n{outcome}")
         if rel:
             store.go_live(rel, also=carry_reports(host, reports))

@@ -28,17 +28,19 @@ CHECKPOINT_MARKERS = (".dsv4deploy-complete.json", ".dsv4deploy-verified.json")
 
 
 def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int] | None = None,
-            target: Target | None = None) -> Release:
+            target: Target | None = None, checked: bool = False) -> Release:
     """Bring release `rec` back: its files, daemon-reload, restart, health, identity, probe. The
     attempt is a history entry whatever happens: a release that cannot be restored leaves a
     `failed` rollback entry saying why. A replica set is restored one replica at a time behind
     its gateway (only INDICES, the replicas a failed rolling update touched, when given). TARGET:
-    the service REC ran, when the caller has read it already (store.target)."""
+    the service REC ran, when the caller has read it already (store.target); CHECKED: and found
+    what it needs on the host (ready_to_restore)."""
     store = ReleaseStore(h)
     new = Release(releases.rollback_record(store.records(), rec, cause))
     try:
         t = target or store.target(rec)
-        missing_for_restore(h, store, rec, t)
+        if not checked:
+            missing_for_restore(h, store, rec, t)
     except RollbackError as exc:
         store.mark_failed(new, f"rollback failed: {exc}")
         raise
@@ -60,6 +62,22 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int]
         raise RollbackError(f"rollback to release {rec['release']:04d} failed: {exc}\n--- last journal lines of "
                             f"{t.unit} ---\n{journal_tail(h, t)}") from None
     return store.mark_deployed(new)
+
+
+def ready_to_restore(h, rec: dict | None) -> tuple[dict, Target] | None:
+    """Release REC and its Target, read and found restorable ahead of need: a deploy asks while
+    its new server starts (the lock keeps anything from removing them meanwhile), so a rollback
+    costs two round trips less while nothing serves. None when REC is None or not restorable
+    (restore then finds why and records it). Two commands."""
+    if rec is None:
+        return None
+    store = ReleaseStore(h)
+    try:
+        t = store.target(rec)
+        missing_for_restore(h, store, rec, t)
+    except RollbackError:
+        return None
+    return rec, t
 
 
 def missing_for_restore(h, store: ReleaseStore, rec: dict, t: Target) -> None:
@@ -97,8 +115,9 @@ def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
 
 
 def after_failure(h, failed: Release | None, failed_target: Target, reason: str, poll_s: float = 2.0,
-                  indices: list[int] | None = None) -> str:
-    """A release failed (health or gate): record it, restore the last good one, say what serves now."""
+                  indices: list[int] | None = None, ready: tuple[dict, Target] | None = None) -> str:
+    """A release failed (health or gate): record it, restore the last good one, say what serves
+    now. READY: what ready_to_restore found before the failure (used when it names that one)."""
     store = ReleaseStore(h)
     if failed:
         store.mark_failed(failed, reason)
@@ -108,13 +127,14 @@ def after_failure(h, failed: Release | None, failed_target: Target, reason: str,
         return (f"no earlier release passed, so nothing to roll back to: {', '.join(failed_target.units)} "
                 f"{'is' if len(failed_target.units) == 1 else 'are'} stopped and left stopped")
     what = failed.name if failed else "the new release"
+    checked = ready is not None and ready[0]["release"] == previous["release"]
     try:
-        prev_target = store.target(previous)
+        prev_target = ready[1] if checked else store.target(previous)
         if prev_target.is_set != failed_target.is_set:
             indices = None      # a switch of shape: the whole previous release comes back
             sh(h, f"systemctl disable --now {' '.join(failed_target.units)}")
         new = restore(h, previous, cause=f"automatic rollback: {what} failed: {reason}", poll_s=poll_s,
-                      indices=indices, target=prev_target)
+                      indices=indices, target=prev_target, checked=checked)
     except RollbackError as exc:
         return (f"{exc}\nNOTHING IS SERVING; the history records the failed rollback. Fix what is named above, "
                 f"then deploy a profile again (make deploy PROFILE={previous['profile']}: it rebuilds what is "
