@@ -147,13 +147,13 @@ def test_under_the_lock_a_run_reads_the_records_once_and_keeps_its_copy_current(
         rel = begin(store, tmp_path, manifest="m2")                  # writes 0002, reads nothing
         assert store.current()["release"] == 1 and store.records()[-1]["status"] == releases.PENDING
         live = store.mark_deployed(rel.with_gate({"passed": True, "summary": "ok"}))
-        assert len(h.commands) == 2 and not any(c.startswith("for f in") for c in h.commands)   # begin, save
+        assert len(h.commands) == 2 and not any(c.startswith("set -- ") for c in h.commands)   # begin, save
         assert store.records() == [on_disk(store, 1), on_disk(store, 2)] and store.current() == live.record
         assert ReleaseStore(h, store.dir).current() == live.record   # another handle on the same store agrees
     finally:
         store.give_back_lock()
     h.commands.clear()
-    assert store.current()["release"] == 2 and h.commands[0].startswith("for f in")   # no lock: read afresh
+    assert store.current()["release"] == 2 and h.commands[0].startswith("set -- ")   # no lock: read afresh
 
 
 def test_a_failed_release_keeps_what_the_run_learnt(h, store, tmp_path):
@@ -456,3 +456,17 @@ def test_a_previous_release_that_is_not_restorable_is_not_ready_and_the_rollback
     bad = begin(store, tmp_path, manifest="m2")
     out = rollback.after_failure(h, bad, store.target(bad.record), "not healthy after 10 s", ready=None)
     assert "cannot be restored: gone from the host: its venv" in out and "NOTHING IS SERVING" in out
+
+
+def test_the_records_fact_reads_every_record_as_written_by_any_version(tmp_path):
+    """The Releases fact's one command (one awk for all, each record on its own line) against
+    records written before the store existed, a release folder without a record, and none."""
+    from dsv4deploy.host.facts import Releases
+    store = tmp_path / "releases"
+    shutil.copytree(FIXTURES, store)
+    (store / "0099").mkdir()                                          # a folder whose record is gone
+    expected = sorted((json.loads(p.read_text()) for p in store.glob("[0-9]*/status.json")), key=lambda d: d["release"])
+    assert len(expected) >= 2
+    fact = Releases()
+    assert fact.process(sh_here(fact.command(releases_dir=str(store))).splitlines()) == expected
+    assert sh_here(fact.command(releases_dir=str(tmp_path / "none"))) == ""

@@ -90,8 +90,9 @@ class Releases(FactBase):
     default = list
 
     def command(self, releases_dir: str):
-        return (f"for f in {releases_dir}/[0-9]*/status.json; do "
-                f"[ -f \"$f\" ] && {{ tr -d '\\n' < \"$f\"; echo; }}; done; true")
+        # one awk for every record, each on one line (a process per record cost 1.5 ms each on the twin)
+        return (f"set -- {releases_dir}/[0-9]*/status.json; [ -f \"$1\" ] && "
+                "awk 'FNR == 1 && NR > 1 { print \"\" } { printf \"%s\", $0 } END { if (NR) print \"\" }' \"$@\"; true")
 
     def process(self, output):
         docs = [json.loads(line) for line in output if line.strip()]

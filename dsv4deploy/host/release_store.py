@@ -229,7 +229,7 @@ class ReleaseStore:
         for attempt in range(2):
             ok, out = sh(self.h, f"mkdir -p {self.lock.rsplit('/', 1)[0]} && mkdir {self.lock} 2>/dev/null && "
                                  f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json && "
-                                 f"{{ {Releases().command(releases_dir=self.dir)}; }}")
+                                 f"( {Releases().command(releases_dir=self.dir)} )")
             if ok:
                 _HELD[self._key()] = Releases().process(out.splitlines())   # kept current from here on
                 if state is not None:
