@@ -118,12 +118,12 @@ class ReleaseStore:
     def go_live(self, release: Release, also: str = "") -> Release:
         """mark_deployed, then prune: one command runs ALSO (keeping the gate's reports: a failure
         there is a warning, not a failed deploy), writes the records and reads what pruning needs;
-        one more removes, only when something goes. The records cost one more unless this run
-        holds the lock."""
-        docs = self._deployed_docs(release)
-        recs = {r["release"]: r for r in self.records()}
-        recs.update({d["release"]: d for d in docs})
-        listing, dropped = self._prune_listing(sorted(recs.values(), key=lambda d: d["release"]))
+        one more removes, only when something goes. The records cost one more (read once) unless
+        this run holds the lock."""
+        recs = self.records()
+        docs = self._deployed_docs(release, recs)
+        after = {r["release"]: r for r in recs} | {d["release"]: d for d in docs}
+        listing, dropped = self._prune_listing(sorted(after.values(), key=lambda d: d["release"]))
         first = f"{{ {also}; }} >/dev/null 2>&1 || echo {ALSO_FAILED}; " if also else ""
         ok, out = sh(self.h, f"{first}{self._save_command(docs)} && echo {PRUNE_MARK} && {{ {listing}; }}")
         self._saved(ok, docs)
@@ -133,8 +133,9 @@ class ReleaseStore:
         self._prune_from(listed, dropped)
         return self._live(docs, release)
 
-    def _deployed_docs(self, release: Release) -> list[dict]:
-        recs = [release.record if r["release"] == release.number else r for r in self.records()]
+    def _deployed_docs(self, release: Release, recs: list[dict] | None = None) -> list[dict]:
+        recs = self.records() if recs is None else recs
+        recs = [release.record if r["release"] == release.number else r for r in recs]
         return releases.mark_deployed(recs, release.number)
 
     @staticmethod
