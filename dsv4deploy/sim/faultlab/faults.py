@@ -311,7 +311,7 @@ def _fault_10b(lab, row):
 
 def fault_11(lab) -> Row:
     """The disk fills while the weights are written (a 64 KiB tmpfs over the new model folder, mounted
-    when the weights step starts): the deploy stops before any restart with the error; once space
+    when the weights step starts, before its push): the deploy stops before any restart with the error; once space
     is freed the same deploy converges. Bounded: nothing on this machine's disk is filled."""
     row = Row("11", "disk fills during the weights step", strikes="weights")
     folder = _model_dir(lab, "f11disk")
@@ -319,10 +319,17 @@ def fault_11(lab) -> Row:
     lab.twin.run(f"umount {folder} 2>/dev/null; rm -rf {folder}", check=False)
     pid = main_pid(lab.twin)
 
-    def fill(_p, _step):
-        lab.twin.run(f"mkdir -p {folder} && mount -t tmpfs -o size=64k,mode=0755 dsv4deploy-fault-11 {folder}")
+    def fill(p, _step):
+        # the deploy waits while the folder fills: at the step before the push, so no byte of the
+        # push can land under the mount (a mount racing the push hid what it had written so far,
+        # and the run then failed on a missing file, not on the full disk)
+        os.killpg(p.pid, signal.SIGSTOP)
+        try:
+            lab.twin.run(f"mkdir -p {folder} && mount -t tmpfs -o size=64k,mode=0755 dsv4deploy-fault-11 {folder}")
+        finally:
+            os.killpg(p.pid, signal.SIGCONT)
 
-    first = deploy_and_strike("f11disk", lambda s, _i: s.startswith("Weights | push"), fill, **lab.where)
+    first = deploy_and_strike("f11disk", lambda s, _i: s == "Weights | model dir", fill, **lab.where)
     state = lab.after(first)
     if first.struck is None:
         row.why_not.append("the run never reached the weights push")
