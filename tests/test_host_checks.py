@@ -1,5 +1,6 @@
-"""host/checks.py: the rollback's generation probe, as one command run here with `sh -c` against a
-loopback HTTP server standing in for SGLang's /generate, and its answers judged without a host."""
+"""host/checks.py: the rollback's generation probe and the health wait with its identity check,
+as the commands they send, run here with `sh -c` against a loopback HTTP server standing in for
+SGLang (`systemctl` and `ss` answered by small scripts on PATH), and their answers judged."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dsv4deploy import layout
+from dsv4deploy.health import HealthError
+from dsv4deploy.host import checks
 from dsv4deploy.host.checks import PROBE_MARK, probe_command, probe_problems
 from dsv4deploy.profiles import load_profile
 from dsv4deploy.rollout import Target
@@ -24,6 +27,20 @@ class Generate(BaseHTTPRequestHandler):
     most = 0
     auth: list[str] = []
     lock = threading.Lock()
+    server_info: dict = {}
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path == "/health":
+            body = b""
+        elif self.path == "/server_info" and self.headers.get("Authorization") == f"Bearer {KEY}":
+            body = json.dumps(type(self).server_info).encode()
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_POST(self):  # noqa: N802 - http.server's name
         cls = type(self)
@@ -77,6 +94,47 @@ def test_each_bad_answer_is_named():
         "probe request 2/4 returned 3 tokens, expected 8",
         "probe request 3/4 failed: Internal Server Error",
         "probe request 4/4 failed: no answer"]
+
+
+SHIMS = {
+    # the unit's state (observe_command) and its MainPID alone (identity_command)
+    "systemctl": 'case "$*" in *--value*) echo "$MAIN_PID";; '
+                 '*) printf "ActiveState=active\\nSubState=running\\nMainPID=%s\\nNRestarts=0\\n" "$MAIN_PID";; esac',
+    "ss": 'echo "LISTEN 0 128 127.0.0.1:30000 0.0.0.0:* users:((\\"python\\",pid=$PORT_PID,fd=7))"',
+}
+
+
+@pytest.fixture()
+def on_host(tmp_path, monkeypatch):
+    """checks.sh running each command here with the shims first on PATH; the commands it got."""
+    for name, body in SHIMS.items():
+        (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    sent: list[str] = []
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "MAIN_PID": "4242", "PORT_PID": "4242"}
+
+    def sh(h, command, timeout=None):
+        sent.append(command)
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30, env=env)
+        return out.returncode == 0, out.stdout
+    monkeypatch.setattr(checks, "sh", sh)
+    return env, sent
+
+
+def test_the_poll_that_sees_health_proves_the_server_is_this_releases_in_the_same_command(target, on_host):
+    env, sent = on_host
+    Generate.server_info = dict(target.expected_server_info)
+    checks.confirm(None, target, budget_s=10, poll_s=0.5)
+    assert len(sent) == 1                                            # health and identity: one round trip
+    assert KEY not in sent[0]
+
+    env["PORT_PID"] = "999"                                          # a stale server holds the port
+    with pytest.raises(HealthError, match="held by PID 999, not by the unit's MainPID 4242"):
+        checks.confirm(None, target, budget_s=10, poll_s=0.5)
+    env["PORT_PID"] = "4242"
+    Generate.server_info = {**target.expected_server_info, "tp_size": 1}    # another release's args
+    with pytest.raises(HealthError, match="/server_info tp_size is 1, expected 4"):
+        checks.confirm(None, target, budget_s=10, poll_s=0.5)
 
 
 def test_a_journal_line_of_16_kb_is_cut_so_the_reason_above_it_stays_readable(monkeypatch):

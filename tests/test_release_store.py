@@ -280,6 +280,37 @@ def test_going_live_writes_the_records_and_reads_for_pruning_in_one_command(h, s
         store.give_back_lock()
 
 
+def test_with_the_prune_read_ahead_the_last_step_goes_live_and_gives_the_lock_back_in_one_command(h, store, tmp_path):
+    """A deploy reads the prune's listing while its server starts (prune_survey): after its gate,
+    the records, the reports, the removal and the lock's release are one command, and the lock
+    is not given back a second time when the run ends."""
+    for n in range(1, 12):
+        store.mark_deployed(begin(store, tmp_path, manifest=f"m{n}"))
+    layout = Layout.of(load_profile("nvfp4-ctx8k").data)
+    old_venv = "/opt/dsv4deploy/venvs/sglang-0.5.13-aaaaaaaaaaaa"
+    st = FakeState()
+    store.take_lock("deploy nvfp4-ctx8k", state=st)
+    (cb,) = st.handlers
+    rel = begin(store, tmp_path, manifest="m12").with_gate({"passed": True, "summary": "ok"})
+    listing = "\n".join([layout.venv, old_venv, layout.model_dir, f"{store.folder(1)}/files",
+                         f"{store.folder(1)}/profile.json", f"{store.folder(2)}/files"])
+    h.answer("echo ---;", lambda cmd: sh_here(cmd.split("echo ---;")[0] + "echo ---") + listing + "\n")
+    survey = store.prune_survey()
+    assert f"{store.folder(12)}/profile.json\t" in survey           # each kept profile named by its path
+    reports = tmp_path / "reports"
+    h.commands.clear()
+    h.answer(f"rm -rf {store.folder(1)}/files", lambda cmd: sh_here(cmd.replace(old_venv, "")))   # / is not ours
+    live = store.go_live(rel, also=f"mkdir -p {reports} && touch {reports}/gate.json", survey=survey, last=True)
+    assert len(h.commands) == 1
+    assert (f"rm -rf {store.folder(1)}/files {store.folder(1)}/profile.json {store.folder(2)}/files {old_venv}; "
+            f"rm -rf {store.lock}") in h.commands[0]
+    assert live.record["status"] == releases.DEPLOYED and on_disk(store, 12) == live.record
+    assert on_disk(store, 11)["status"] == releases.SUPERSEDED and (reports / "gate.json").exists()
+    assert not Path(store.lock).exists() and not store.holds_lock()
+    cb.operation_end(st, "op2")                                      # the run's last operation ends
+    assert len(h.commands) == 1 and not cb.held
+
+
 def test_reports_that_cannot_be_kept_are_a_warning_and_the_release_still_goes_live(h, store, tmp_path, capsys):
     rel = begin(store, tmp_path).with_gate({"passed": True, "summary": "ok"})
     h.answer("ls -d", lambda cmd: sh_here(cmd.split("echo ---;")[0] + "echo ---; }"))

@@ -55,9 +55,13 @@ def switch(monkeypatch):
     monkeypatch.setattr(tr, "sh", lambda h, cmd, timeout=None: (True, ""))
     speeds = {0: 420.0, 1: 380.0}
 
-    def gate(h, t, number, previous, profile, part=None):
-        events.append(("gate", t.base_url))
+    def gate(h, t, number, previous, profile, part=None, prepared=None):
+        events.append(("gate", t.base_url) + ((prepared,) if prepared else ()))
         return outcome(speeds[t.index] if t.index is not None else 999.0)
+
+    def prepare(h, t):
+        events.append(("prepare", t.base_url))
+        return "prepared"
 
     def roll(h, t, indices, check, poll_s, log, steps):
         for s in steps:
@@ -72,6 +76,7 @@ def switch(monkeypatch):
         return f"{requests}/{requests} probe requests through {t.base_url} answered {tokens} tokens each"
 
     monkeypatch.setattr(tr, "run_release_gate", gate)
+    monkeypatch.setattr(tr, "prepare_release_gate", prepare)
     monkeypatch.setattr(tr, "roll", roll)
     monkeypatch.setattr(tr, "probe", probe)
     h = SimpleNamespace(name="fake", data={"health_poll_s": 0})
@@ -81,8 +86,9 @@ def switch(monkeypatch):
 
 def test_a_rolling_update_gates_each_replica_alone_then_only_probes_the_gateway(switch, capsys):
     switch.make().run()
-    assert switch.events == [("gate", "http://127.0.0.1:30001"), ("gate", "http://127.0.0.1:30002"),
-                             ("probe", "http://127.0.0.1:30000", 4)]
+    # the gate's runner and client made ready once, before the first replica leaves the gateway
+    assert switch.events == [("prepare", "http://127.0.0.1:30000"), ("gate", "http://127.0.0.1:30001", "prepared"),
+                             ("gate", "http://127.0.0.1:30002", "prepared"), ("probe", "http://127.0.0.1:30000", 4)]
     rec = Store.last.saved[-1]
     assert rec["gate"]["passed"] and rec["gate"]["output_throughput"] == 380.0
     assert rec["gate"]["scope"] == "replica 1, the weakest of 2 gated one at a time"

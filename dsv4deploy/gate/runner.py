@@ -201,11 +201,39 @@ def parse_client_output(rc: int | None, stdout: str, stderr: str, spec: GateSpec
                       started_at=time.time(), budget_s=budget_s, error=err)
 
 
+@dataclass
+class Prepared:
+    """What a gate run needs before its first request, found with the server not up yet (a
+    deploy prepares while its server starts): the runner chosen and why, and for the built-in
+    client, whether it is in place (ERROR: why not; the gate then fails with it)."""
+    runner: str
+    why: str
+    module: str | None = None
+    error: str | None = None
+
+
+def prepare_gate(spec: GateSpec, execute: Execute, *, venv_python: str, upload: Upload | None = None,
+                 runner: str | None = None, client_dir: str = DEFAULT_CLIENT_DIR,
+                 run_as: str | None = None) -> Prepared:
+    """Choose the runner (one probe of the venv) and put the built-in client in place (its
+    0700 directory, uploaded only when its sha256 differs). Neither needs the server."""
+    chosen, why, module = choose_runner(runner or spec.runner, execute, venv_python)
+    if chosen != "builtin":
+        return Prepared(chosen, why, module)
+    if upload is None:
+        raise ValueError("the built-in runner needs upload(local_path, remote_path)")
+    try:
+        install_client(execute, upload, client_dir, as_root=bool(run_as))
+    except Exception as e:  # noqa: BLE001 - upload failed, the SSH call broke: a failed gate
+        return Prepared(chosen, why, error=f"{type(e).__name__}: {e}")
+    return Prepared(chosen, why)
+
+
 def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
              runner: str | None = None, upload: Upload | None = None, host_python: str = "python3",
              client_dir: str = DEFAULT_CLIENT_DIR, api_key_file: str | None = None, run_as: str | None = None,
              order: str = "desc", fail_fast: bool = True, early_stop: bool = True, early_pass: bool = True,
-             log: Callable[[str], None] | None = None) -> GateOutcome:
+             log: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> GateOutcome:
     """Run the gate on the host and judge it.
 
     runner: None = spec.runner; "auto" | "builtin" | "bench_serving".
@@ -214,35 +242,36 @@ def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str
     fail_fast: stop at the first failing level (the rest are reported "not run").
     early_pass: let a level clearly above its floor stop early (spec.early_pass_margin); False runs
     every level to the end (`--full`).
+    prepared: prepare_gate's answer when the caller prepared already (else prepared here).
     """
     t0 = time.monotonic()
     say = log or (lambda _m: None)
-    chosen, why, module = choose_runner(runner or spec.runner, execute, venv_python)
-    say(f"gate: {why}")
+    ready = prepared or prepare_gate(spec, execute, venv_python=venv_python, upload=upload, runner=runner,
+                                     client_dir=client_dir, run_as=run_as)
+    say(f"gate: {ready.why}")
     remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
-    if chosen == "bench_serving":
+    if ready.runner == "bench_serving":
         result = bs.run(spec, execute, base_url=base_url, model_path=model_path, venv_python=venv_python,
                         order=order, fail_fast=fail_fast, api_key_file=api_key_file, run_as=run_as,
-                        budget_s=remaining, module=module or bs.MODULE, log=log)
+                        budget_s=remaining, module=ready.module or bs.MODULE, log=log)
     else:
-        if upload is None:
-            raise ValueError("the built-in runner needs upload(local_path, remote_path)")
         client_path = f"{client_dir}/client.py"
-        try:
-            install_client(execute, upload, client_dir, as_root=bool(run_as))
-            remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
-            cmd = builtin_command(spec, client_path=client_path, base_url=base_url, host_python=host_python,
-                                  api_key_file=api_key_file, run_as=run_as, order=order, fail_fast=fail_fast,
-                                  early_stop=early_stop, early_pass=early_pass, budget_s=remaining)
-            rc, out, err = execute(cmd, remaining + SSH_SLACK_S)
-            err = "\n".join(line for line in (err or "").splitlines() if line.strip())   # heartbeats
-        except Exception as e:  # noqa: BLE001 - upload failed, the SSH call timed out or broke: a failed gate
-            rc, out, err = None, "", f"{type(e).__name__}: {e}"
+        if ready.error:
+            rc, out, err = None, "", ready.error
+        else:
+            try:
+                cmd = builtin_command(spec, client_path=client_path, base_url=base_url, host_python=host_python,
+                                      api_key_file=api_key_file, run_as=run_as, order=order, fail_fast=fail_fast,
+                                      early_stop=early_stop, early_pass=early_pass, budget_s=remaining)
+                rc, out, err = execute(cmd, remaining + SSH_SLACK_S)
+                err = "\n".join(line for line in (err or "").splitlines() if line.strip())   # heartbeats
+            except Exception as e:  # noqa: BLE001 - the SSH call timed out or broke: a failed gate
+                rc, out, err = None, "", f"{type(e).__name__}: {e}"
         result = parse_client_output(rc, out, err, spec, order=order, base_url=base_url, budget_s=remaining)
         if err and log:
             for line in err.strip().splitlines()[-12:]:
                 say(line)
-    result.client["runner_choice"] = why
+    result.client["runner_choice"] = ready.why
     result.client["controller_wall_s"] = round(time.monotonic() - t0, 3)
     verdict = judge(spec, result)
     say(verdict.summary)

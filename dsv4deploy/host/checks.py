@@ -12,18 +12,24 @@ from .io import sh
 from ..rollout import Target
 
 
-def observe_command(t: Target, path: str = "/health", window_s: float = 0.0) -> str:
+def observe_command(t: Target, path: str = "/health", window_s: float = 0.0, then: str = "") -> str:
     """The HTTP status and the unit's state together. With a window, the host itself polls every
     0.1 s and answers as soon as the server is healthy or the unit failed (or the window ends):
-    one round trip per window, and a crash or a healthy server is seen within 0.1 s."""
+    one round trip per window, and a crash or a healthy server is seen within 0.1 s. THEN runs
+    in the same command once the answer is 200, its output after a THEN_MARK line (confirm: the
+    identity check, without a round trip of its own)."""
     probe = (f"c=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 20 {t.base_url}{path}); "
              f"s=$(systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts {t.unit})")
+    after = f"; [ \"$c\" = 200 ] && {{ echo {THEN_MARK}; {then}; }}; true" if then else ""
     if window_s <= 0:
-        return f"{probe}; echo \"$c\"; echo \"$s\""
+        return f"{probe}; echo \"$c\"; echo \"$s\"{after}"
     ms = int(window_s * 1000)
     return (f"end=$(( $(date +%s%3N) + {ms} )); while :; do {probe}; case \"$c $s\" in "
             "200*|*ActiveState=failed*|*ActiveState=inactive*|*SubState=auto-restart*) break;; esac; "
-            "[ \"$(date +%s%3N)\" -ge \"$end\" ] && break; sleep 0.1; done; echo \"$c\"; echo \"$s\"")
+            "[ \"$(date +%s%3N)\" -ge \"$end\" ] && break; sleep 0.1; done; echo \"$c\"; echo \"$s\"" + after)
+
+
+THEN_MARK = "__dsv4deploy_then"
 
 
 def parse_observation(out: str) -> Observation:
@@ -63,25 +69,44 @@ def _authorized_curl(t: Target, path: str, data: str | None = None) -> str:
             f"| curl -s --max-time 60 -H @-{body} {t.base_url}{path}")
 
 
-def identity(h, t: Target) -> list[str]:
-    port = t.port
-    _, out = sh(h, f"ss -Htlnp 'sport = :{port}' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u; echo ---; "
-                   f"systemctl show -p MainPID --value {t.unit}; echo ---; {_authorized_curl(t, '/server_info')}")
+def identity_command(t: Target) -> str:
+    """Who holds the port, the unit's MainPID and /server_info, `---` between them."""
+    return (f"ss -Htlnp 'sport = :{t.port}' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u; echo ---; "
+            f"systemctl show -p MainPID --value {t.unit}; echo ---; {_authorized_curl(t, '/server_info')}")
+
+
+def identity_from(t: Target, out: str) -> list[str]:
+    """Pure: what identity_command's output OUT says is wrong ([]: the unit's own server, serving
+    the rendered model and args)."""
     pids_txt, main_txt, info_txt = (out.split("---\n") + ["", "", ""])[:3]
     try:
         info = json.loads(info_txt) if info_txt.strip() else None
     except json.JSONDecodeError:
         info = None
+    main = main_txt.strip()
     return identity_problems(port_pids=[int(p) for p in pids_txt.split() if p.isdigit()],
-                             main_pid=int(main_txt.strip() or 0), server_info=info,
+                             main_pid=int(main) if main.isdigit() else 0, server_info=info,
                              expected=t.expected_server_info)
 
 
+def identity(h, t: Target) -> list[str]:
+    return identity_from(t, sh(h, identity_command(t))[1])
+
+
 def confirm(h, t: Target, budget_s: float, poll_s: float = 2.0) -> None:
-    """Wait for health, then prove the answering process is this release's. Raises HealthError."""
-    # the host polls within each window: the control node asks again at once
-    wait_healthy(observer(h, t, window_s=poll_s), budget_s=budget_s, poll_s=0.0)
-    problems = identity(h, t)
+    """Wait for health, then prove the answering process is this release's. Raises HealthError.
+    The poll that sees 200 checks the identity in the same command."""
+    seen: dict[str, str] = {}
+
+    def observe() -> Observation:      # the host polls within each window: the control node asks again at once
+        _, out = sh(h, observe_command(t, window_s=poll_s, then=identity_command(t)), timeout=poll_s + 30)
+        head, mark, then = out.partition(THEN_MARK + "\n")
+        if mark:
+            seen["identity"] = then
+        return parse_observation(head)
+
+    wait_healthy(observe, budget_s=budget_s, poll_s=0.0)
+    problems = identity_from(t, seen["identity"]) if "identity" in seen else identity(h, t)
     if problems:
         raise HealthError("the server answering is not the one this release started: " + "; ".join(problems))
 

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from ..gate import GateSpec, run_gate, write_report
+from ..gate.runner import Prepared, prepare_gate
 from ..gate import split
 from .io import put, run, sh
 from ..layout import GATE_USER
@@ -73,15 +74,24 @@ def _gate_dir(part: str | None) -> str:
 _READ = object()
 
 
+def prepare_release_gate(h, target) -> Prepared:
+    """The gate's runner chosen and its client put in place (two commands), before the server
+    is up: a deploy calls this while its server starts, so the gate's first request follows
+    health and identity at once."""
+    return prepare_gate(GateSpec.from_profile(target.data), host_execute(h), venv_python=target.layout.python,
+                        upload=lambda src, dst: put(h, src, dst), run_as=GATE_USER)
+
+
 def run_release_gate(h, target, release: int | None, previous: int | None, profile_name: str,
-                     part: str | None = None, keep=None, previous_doc=_READ):
+                     part: str | None = None, keep=None, previous_doc=_READ, prepared: Prepared | None = None):
     """Run the profile's gate against release RELEASE's server (or one PART of a replica set,
     e.g. `replica-0`, on its own port); write and fetch its reports, compared with release
     PREVIOUS's (None: an ad-hoc run, kept nowhere on the host, or nothing to compare with).
     The reports go next to the release on the host by KEEP(remote_dir, paths): default
     keep_reports, now; a caller may carry them in its next command instead (reports_command).
     PREVIOUS_DOC: PREVIOUS's report when the caller has read it already (previous_report: a
-    deploy reads it while the server starts), else it is read after the gate."""
+    deploy reads it while the server starts), else it is read after the gate; PREPARED likewise
+    (prepare_release_gate), else the gate prepares first."""
     warm_plotting()
     spec = GateSpec.from_profile(target.data)
     # through a replica set's gateway: which replica served the gate, by the replicas' own counters
@@ -89,7 +99,7 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
     before = replica_requests(h, urls) if urls else {}
     outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
                        venv_python=target.layout.python, upload=lambda src, dst: put(h, src, dst),
-                       api_key_file=target.layout.api_key_file, run_as=GATE_USER)
+                       api_key_file=target.layout.api_key_file, run_as=GATE_USER, prepared=prepared)
     if urls:
         outcome.result.replicas = split.split(urls, before, replica_requests(h, urls))
     store = ReleaseStore(h, target.layout.releases_dir)

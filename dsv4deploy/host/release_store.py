@@ -34,6 +34,8 @@ from .state import LOCK, PIP_FREEZE
 # once, with the lock, and each later step costs no round trip for them. Dropped when the lock
 # is given back.
 _HELD: dict[tuple[str, str], list[dict]] = {}
+# (host, lock) given back by this run, in a command of its own or carried by go_live's last one
+_GIVEN_BACK: set[tuple[str, str]] = set()
 
 
 ALSO_FAILED = "__dsv4deploy_also_failed"
@@ -115,22 +117,36 @@ class ReleaseStore:
         self.save(*docs)
         return self._live(docs, release)
 
-    def go_live(self, release: Release, also: str = "") -> Release:
+    def go_live(self, release: Release, also: str = "", survey: str | None = None, last: bool = False) -> Release:
         """mark_deployed, then prune: one command runs ALSO (keeping the gate's reports: a failure
         there is a warning, not a failed deploy), writes the records and reads what pruning needs;
         one more removes, only when something goes. The records cost one more (read once) unless
-        this run holds the lock."""
+        this run holds the lock. With SURVEY (prune_survey's answer, read ahead) the removal goes
+        in the records' command: one command in all; LAST: it also gives the lock back (nothing
+        follows in this run)."""
         recs = self.records()
         docs = self._deployed_docs(release, recs)
         after = {r["release"]: r for r in recs} | {d["release"]: d for d in docs}
-        listing, dropped = self._prune_listing(sorted(after.values(), key=lambda d: d["release"]))
+        ordered = sorted(after.values(), key=lambda d: d["release"])
         first = f"{{ {also}; }} >/dev/null 2>&1 || echo {ALSO_FAILED}; " if also else ""
-        ok, out = sh(self.h, f"{first}{self._save_command(docs)} && echo {PRUNE_MARK} && {{ {listing}; }}")
-        self._saved(ok, docs)
-        said, _, listed = out.partition(PRUNE_MARK + "\n")
+        if survey is None:
+            listing, dropped = self._prune_listing(ordered)
+            ok, out = sh(self.h, f"{first}{self._save_command(docs)} && echo {PRUNE_MARK} && {{ {listing}; }}")
+            self._saved(ok, docs)
+            said, _, listed = out.partition(PRUNE_MARK + "\n")
+            self._prune_from(listed, dropped)
+        else:
+            removal, unused = self._prune_removal(survey, releases.to_prune(ordered))
+            lock = f"; rm -rf {shlex.quote(self.lock)}" if last and self.holds_lock() else ""
+            ok, said = sh(self.h, f"{first}{self._save_command(docs)}{f' && {removal}' if removal else ''}{lock}")
+            try:
+                self._saved(ok, docs)
+            finally:
+                if lock:
+                    self._lock_given_back()
+            self._said_pruned(unused)
         if ALSO_FAILED in said:
             print(f"[{self.h.name}] warning: could not keep the gate's reports with {release.name}")
-        self._prune_from(listed, dropped)
         return self._live(docs, release)
 
     def _deployed_docs(self, release: Release, recs: list[dict] | None = None) -> list[dict]:
@@ -186,35 +202,53 @@ class ReleaseStore:
         _, out = sh(self.h, listing)
         self._prune_from(out, dropped)
 
+    def prune_survey(self) -> str:
+        """What pruning needs once this run's release goes live (go_live's SURVEY), read ahead in
+        one command: a deploy reads it while its server starts, and nothing it lists changes while
+        the run holds the lock. It lists the profiles of the releases kept now, a superset of
+        those kept after (the release serving now may be the one that goes)."""
+        return sh(self.h, self._prune_listing(self.records())[0])[1]
+
     def _prune_listing(self, recs: list[dict]) -> tuple[str, list[int]]:
-        """The command that prints each kept release's profile (one JSON document a line), then
-        `---` and what is on disk; and the releases whose files go."""
+        """The command that prints each kept release's profile (its path, a tab, one JSON document
+        a line), then `---` and what is on disk; and the releases whose files go."""
         dropped = releases.to_prune(recs)
         q = shlex.quote
         kept = " ".join(q(f"{self.folder(rec['release'])}/profile.json")
                         for rec in recs if rec["release"] not in dropped)
-        return (f"for f in {kept}; do [ -f \"$f\" ] && {{ tr -d '\\n' < \"$f\"; echo; }}; done; "
+        return (f"for f in {kept}; do [ -f \"$f\" ] && {{ printf '%s\\t' \"$f\"; tr -d '\\n' < \"$f\"; echo; }}; done; "
                 f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* {q(self.dir)}/[0-9]*/files "
                 f"{q(self.dir)}/[0-9]*/profile.json 2>/dev/null; true"), dropped
 
-    def _prune_from(self, out: str, dropped: list[int]) -> None:
-        """Remove what the listing OUT shows no kept release uses, in one command (none if nothing goes)."""
+    def _prune_removal(self, out: str, dropped: list[int]) -> tuple[str, list[str]]:
+        """Pure: from the listing OUT, the command that removes what no kept release uses ("" when
+        nothing goes) and the venvs and checkpoints among it."""
         q = shlex.quote
         docs, _, listing = out.partition("---\n")
         ours = f"{self.dir}/"
         on_disk = [p for p in listing.split() if not p.startswith(ours)]
         still_there = set(listing.split()) - set(on_disk)     # releases' files not pruned yet
+        going = {f"{self.folder(n)}/profile.json" for n in dropped}
         used: set[str] = set()
-        for line in docs.splitlines():        # one JSON document per line
-            if line.strip():
-                data = json.loads(line)["data"]
+        for line in docs.splitlines():        # one kept release's profile per line
+            path, tab, doc = line.partition("\t")
+            if tab and path not in going:
+                data = json.loads(doc)["data"]
                 layout = Layout.of(data)
                 used |= {layout.venv, layout.model_dir, replicas.gateway_venv(data)} - {None}
         gone = [p for n in dropped for p in (f"{self.folder(n)}/files", f"{self.folder(n)}/profile.json")
                 if p in still_there]
         unused = releases.unused(on_disk, used)
-        if gone or unused:
-            sh(self.h, f"rm -rf {' '.join(gone)} {' '.join(q(p) for p in unused)}")
+        return (f"rm -rf {' '.join(gone)} {' '.join(q(p) for p in unused)}" if gone or unused else ""), unused
+
+    def _prune_from(self, out: str, dropped: list[int]) -> None:
+        """Remove what the listing OUT shows no kept release uses, in one command (none if nothing goes)."""
+        removal, unused = self._prune_removal(out, dropped)
+        if removal:
+            sh(self.h, removal)
+        self._said_pruned(unused)
+
+    def _said_pruned(self, unused: list[str]) -> None:
         for path in unused:
             print(f"[{self.h.name}] pruned {path} (no kept release uses it)")
 
@@ -233,6 +267,7 @@ class ReleaseStore:
                                  f"( {Releases().command(releases_dir=self.dir)} )")
             if ok:
                 _HELD[self._key()] = Releases().process(out.splitlines())   # kept current from here on
+                _GIVEN_BACK.discard((self.h.name, self.lock))
                 if state is not None:
                     state.add_callback_handler(LockCallback(self, label))
                 return
@@ -246,9 +281,17 @@ class ReleaseStore:
                 f"If that run is gone, {rerun_with('break_lock=true', make_target(label))}.")
 
     def give_back_lock(self) -> None:
+        self._lock_given_back()
+        sh(self.h, f"rm -rf {self.lock}")
+
+    def holds_lock(self) -> bool:
+        """Whether this run took the lock and has not given it back (go_live's LAST may have)."""
+        return self._key() in _HELD and (self.h.name, self.lock) not in _GIVEN_BACK
+
+    def _lock_given_back(self) -> None:
         for key in [k for k in _HELD if k[0] == self.h.name]:
             del _HELD[key]
-        sh(self.h, f"rm -rf {self.lock}")
+        _GIVEN_BACK.add((self.h.name, self.lock))
 
 
 def release_write_command(folder: str, venv: str, files: dict[str, str], profile_doc: dict, rec: dict) -> str:
@@ -295,7 +338,8 @@ class LockCallback(BaseStateCallback):
         atexit.register(self._release)  # a run that ends early (declined prompt, ^C) still gives it back
 
     def _release(self):
-        if not self.held:
+        if not self.held or (self.host.name, self.store.lock) in _GIVEN_BACK:
+            self.held = False
             return
         try:
             self.store.give_back_lock()

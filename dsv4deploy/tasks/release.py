@@ -22,7 +22,8 @@ from ..host.state import HostState
 from ..health import HealthError
 from ..host.release_store import ReleaseStore
 from ..rollout import Rollout
-from ..host.gate import carry_reports, gate_record, keep_reports, previous_report, run_release_gate, warm_plotting
+from ..host.gate import (carry_reports, gate_record, keep_reports, prepare_release_gate, previous_report,
+                         run_release_gate, warm_plotting)
 from .rollback import after_failure, ready_to_restore
 from .venv import launch_check_key
 from ..host.checks import confirm, journal_tail, observer
@@ -110,6 +111,12 @@ def begin_release(r: Rollout) -> None:
     python.call(name="record release (pending, before the switch)", function=reported(begin))
 
 
+def last_step(state, h) -> bool:
+    """Whether the operation running now is the run's last: nothing after it needs the lock."""
+    order = state.get_op_order()
+    return bool(order) and order[-1] == h.current_op_hash
+
+
 @deploy("Verify")
 def verify_and_record(r: Rollout) -> None:
     """Health within the profile's budget, identity, the smoke gate; then deployed, or failed
@@ -121,10 +128,13 @@ def verify_and_record(r: Rollout) -> None:
         poll = float(host.data.get("health_poll_s", 2.0))
         name = rel.name if rel else "the running release"
         previous = store.current()
-        # while the server starts: plotting imported, the report to compare with read, and the
-        # release a failure would roll back to read and checked (no round trip of it while nothing serves)
+        # while the server starts: plotting imported, the report to compare with read, the gate's
+        # runner chosen and its client in place, and the release a failure would roll back to
+        # read and checked (no round trip of it while nothing serves)
         warm_plotting()
         before = previous_report(host, r.target, previous["release"] if previous else None)
+        prepared = prepare_release_gate(host, r.target)
+        survey = store.prune_survey() if rel else None
         ready = ready_to_restore(host, previous)
         try:
             confirm(host, r.target, budget_s=r.data["service"]["health_timeout_s"], poll_s=poll)
@@ -136,7 +146,7 @@ def verify_and_record(r: Rollout) -> None:
         reports: list[tuple] = []         # kept on the host with the record that follows the gate
         gate = run_release_gate(host, r.target, rel.number if rel else None,
                                 previous["release"] if previous else None, r.profile.name,
-                                keep=lambda *where: reports.append(where), previous_doc=before)
+                                keep=lambda *where: reports.append(where), previous_doc=before, prepared=prepared)
         if rel:
             rel = r.run.release = rel.with_gate(gate_record(gate))
         if not gate.passed:
@@ -146,7 +156,8 @@ def verify_and_record(r: Rollout) -> None:
                                     ready=ready)
             raise DeployError(f"{name} ({r.profile.name}) failed the smoke gate: {gate.verdict.message}\n{outcome}")
         if rel:
-            store.go_live(rel, also=carry_reports(host, reports))
+            # the records, the reports, the prune's removal and (when nothing follows) the lock: one command
+            store.go_live(rel, also=carry_reports(host, reports), survey=survey, last=last_step(state, host))
             print(f"[{host.name}] {rel.name} deployed: {r.profile.name} is serving on "
                   f"{r.target.base_url} ({gate.summary})")
 

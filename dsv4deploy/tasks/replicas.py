@@ -25,7 +25,7 @@ from .. import gateway
 from ..health import HealthError
 from ..host import ops
 from ..host.checks import probe
-from ..host.gate import gate_record, rolling_gate_record, run_release_gate
+from ..host.gate import gate_record, prepare_release_gate, rolling_gate_record, run_release_gate
 from ..host.io import sh
 from ..host.release_store import ReleaseStore, RollbackError
 from ..host.replicas import ReplicaFailed, Step, roll, start_gateway, start_set, unit_active, wait_load_reports
@@ -87,6 +87,7 @@ class Switch:
         self.release = r.run.release
         self.previous = self.store.current()
         self.gates: dict[int, object] = {}
+        self.prepared = None              # the gate's runner and client, once for every replica
 
     def log(self, message: str) -> None:
         print(f"[{self.h.name}] {message}")
@@ -110,7 +111,7 @@ class Switch:
     def gate_replica(self, rt: Target) -> None:
         """The profile's gate against one replica on its own port, before it rejoins the gateway."""
         outcome = run_release_gate(self.h, rt, self._number, self._previous_number, self.r.profile.name,
-                                   part=f"replica-{rt.index}")
+                                   part=f"replica-{rt.index}", prepared=self.prepared)
         self.gates[rt.index] = outcome
         if not outcome.passed:
             raise HealthError(f"smoke gate failed: {outcome.verdict.message}")
@@ -130,6 +131,7 @@ class Switch:
         try:
             if rolling:
                 self.log(f"rolling update of {len(steps)} replicas behind {t.unit}, one at a time")
+                self.prepared = prepare_release_gate(self.h, t)      # while every replica still serves
                 roll(self.h, t, [s.index for s in steps], self.gate_replica, self.poll, self.log, steps)
                 if self.restart_gateway:
                     start_gateway(self.h, t, restart=True)
