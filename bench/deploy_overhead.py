@@ -72,12 +72,13 @@ def first(lines: list[tuple[float, str]], *parts: str, after: float = 0.0) -> fl
 def rollback_phases(lines: list[tuple[float, str]]) -> dict[str, float | None]:
     """From a --debug trace of a deploy that rolled back: the launch check's run, the switch (the
     new release's restart), the restore (its files put back) and the restored server seen
-    healthy (its identity check, which follows the health poll that saw 200 at once)."""
+    healthy and its own (its probe, sent as soon as the health poll that saw 200, with the
+    identity check in the same command, returns)."""
     check = first(lines, "from sglang.srt.server_args import")
     check_end = next((t for t, line in lines if check is not None and t > check and "Command exit status" in line), None)
     switch = first(lines, "systemctl restart")
     restore = first(lines, "/files/. / &&", after=switch or 0.0)
-    served = first(lines, "ss -Htlnp", after=restore or 0.0)
+    served = first(lines, "mktemp -d", after=restore or 0.0)
     return {"launch_check_s": (check_end - check) if check is not None and check_end else None,
             "switch_at": switch, "served_at": served}
 
@@ -190,7 +191,7 @@ def main() -> int:
                 check = f"{ph['launch_check_s']:.2f} s" if ph["launch_check_s"] is not None else "not run"
                 print(f"  of it: before the switch {ph['switch_at']:.2f} s (the launch check {check}; the old "
                       f"release serves), nothing serving {down:.2f} s (overhead {downtimes[-1]:.2f} s), after "
-                      f"{took - ph['served_at']:.2f} s (identity, probe, records; the restored release serves)")
+                      f"{took - ph['served_at']:.2f} s (the probe, the records; the restored release serves)")
     print(f"unit-only change overhead: median {statistics.median(overheads):.2f} s "
           f"({', '.join(f'{t:.2f}' for t in overheads)}; a bare pyinfra run: {base:.2f} s)")
     print(f"automatic rollback overhead: median {statistics.median(rollbacks):.2f} s "

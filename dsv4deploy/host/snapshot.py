@@ -28,19 +28,22 @@ def _as_shell(command) -> str:
 
 
 def batch_command(queries: dict[str, Query], nonce: str) -> str:
-    """One shell script that runs every fact's command (with its `requires_command` guard), each
-    after a line `<nonce> KEY`, and ends each with a newline and `<nonce>rc KEY STATUS`."""
-    parts = []
-    for key, (fact_cls, kwargs) in queries.items():
+    """One shell script that runs every fact's command (with its `requires_command` guard) at
+    the same time, each into its own file of a private temporary folder (mktemp -d: 0700, gone
+    with the command), then prints each after a line `<nonce> KEY` and ends it with a newline
+    and `<nonce>rc KEY STATUS`: the read takes as long as its slowest fact (nvidia-smi, the
+    checkpoint's listing), not the sum of them all."""
+    runs, prints = [], []
+    for i, (key, (fact_cls, kwargs)) in enumerate(queries.items()):
         fact = fact_cls()
         command = _as_shell(fact.command(**kwargs))
         requires = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
         if requires:
             command = f"if command -v {_as_shell(requires)} >/dev/null 2>&1; then {command}; else false; fi"
+        runs.append(f"{{ ( {command} ) >\"$d/{i}\" 2>/dev/null </dev/null; echo \"$?\" >\"$d/{i}.rc\"; }} &")
         # the status line starts on a line of its own even after output with no final newline
-        parts.append(f"echo '{nonce} {key}'; ( {command} ) 2>/dev/null </dev/null; "
-                     f"printf '\\n{nonce}rc {key} %s\\n' \"$?\"")
-    return "\n".join(parts) + "\ntrue"
+        prints.append(f"echo '{nonce} {key}'; cat \"$d/{i}\"; printf '\\n{nonce}rc {key} %s\\n' \"$(cat \"$d/{i}.rc\")\"")
+    return "\n".join(["d=$(mktemp -d) || exit 1", "trap 'rm -rf \"$d\"' EXIT", *runs, "wait", *prints, "true"])
 
 
 def split_output(lines: list[str], nonce: str) -> dict[str, tuple[list[str], int]]:
