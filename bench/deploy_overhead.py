@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from dsv4deploy.host.checks import PROBE_MARK  # noqa: E402
 from dsv4deploy.sim.host import SimHost  # noqa: E402
 
 PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
@@ -63,9 +64,10 @@ def timed_lines(cmd: list[str], env: dict | None = None) -> tuple[float, list[tu
     return time.monotonic() - start, lines
 
 
-def first(lines: list[tuple[float, str]], *parts: str, after: float = 0.0) -> float | None:
-    """When the first command holding every one of PARTS was sent (pyinfra --debug), after AFTER."""
-    return next((t for t, line in lines if t >= after and "Running command on" in line
+def first(lines: list[tuple[float, str]], *parts: str, after: float = 0.0, within: bool = False) -> float | None:
+    """When the first command holding every one of PARTS was sent (pyinfra --debug), after AFTER.
+    WITHIN: PARTS may be on any line of a command that spans several (a record's JSON)."""
+    return next((t for t, line in lines if t >= after and (within or "Running command on" in line)
                  and all(p in line for p in parts)), None)
 
 
@@ -77,8 +79,8 @@ def rollback_phases(lines: list[tuple[float, str]]) -> dict[str, float | None]:
     check = first(lines, "from sglang.srt.server_args import")
     check_end = next((t for t, line in lines if check is not None and t > check and "Command exit status" in line), None)
     switch = first(lines, "systemctl restart")
-    restore = first(lines, "/files/. / &&", after=switch or 0.0)
-    served = first(lines, "mktemp -d", after=restore or 0.0)
+    restore = first(lines, "/files/. / &&", after=switch or 0.0, within=True)
+    served = first(lines, PROBE_MARK, after=restore or 0.0, within=True) if restore is not None else None
     return {"launch_check_s": (check_end - check) if check is not None and check_end else None,
             "switch_at": switch, "served_at": served}
 
