@@ -419,6 +419,7 @@ def test_a_previous_release_whose_files_were_pruned_cannot_come_back(h, tmp_path
     out = rollback.after_failure(h, rel, store.target(rel.record), "smoke gate failed: C=64")
     assert out.startswith("release 0001 has no profile.json: its files were pruned\nNOTHING IS SERVING")
     assert "make deploy PROFILE=nvfp4-ctx8k" in out
+    assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["reason"] == "smoke gate failed: C=64"
 
 
 def test_a_restore_is_a_new_entry_with_its_own_copy_then_deployed(h, tmp_path, monkeypatch):
@@ -453,9 +454,10 @@ def test_a_restore_whose_files_are_gone_is_a_failed_entry_naming_them(h, tmp_pat
     assert on_disk(store, 2)["reason"].startswith("rollback failed: release 0001 cannot be restored")
 
 
-def test_a_rollback_prepared_while_the_server_started_sends_two_commands_less(h, tmp_path, monkeypatch):
+def test_a_rollback_prepared_while_the_server_started_goes_straight_to_the_files(h, tmp_path, monkeypatch):
     """ready_to_restore reads and checks the previous release ahead of need (a deploy does it
-    while its new server starts); the rollback after a failure then goes straight to the files."""
+    while its new server starts); the rollback after a failure then goes straight to the files,
+    and the failed release's record rides in that same command."""
     store = ReleaseStore(h, str(tmp_path / "releases"))
     monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: None)
@@ -471,11 +473,34 @@ def test_a_rollback_prepared_while_the_server_started_sends_two_commands_less(h,
         h.commands.clear()
         out = rollback.after_failure(h, bad, store.target(bad.record), "not healthy after 10 s", ready=ready)
         h.commands.remove(h.commands[0])                             # the test's own store.target(bad)
-        # the failed record, then the entry + its copy + the files back + restart, then the records
-        assert len(h.commands) == 3 and not any(c.startswith(("cat ", "test -x")) for c in h.commands)
+        # the failed record + the entry + its copy + the files back + restart, then the records
+        assert len(h.commands) == 2 and not any(c.startswith(("cat ", "test -x")) for c in h.commands)
+        assert f"{store.folder(2)}/status.json" in h.commands[0] and "/files/. / &&" in h.commands[0]
         assert out.startswith("rolled back: release 0003 (restores 0001")
+        assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["reason"] == "not healthy after 10 s"
+        assert on_disk(store, 3)["status"] == releases.DEPLOYED and on_disk(store, 3)["restores"] == 1
     finally:
         store.give_back_lock()
+
+
+def test_a_rollback_that_ends_the_run_gives_the_lock_back_with_its_last_record(h, tmp_path, monkeypatch):
+    store = ReleaseStore(h, str(tmp_path / "releases"), lock=str(tmp_path / "state" / "deploy.lock"))
+    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
+    monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: None)
+    monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
+    good = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
+    h.answer("/files/. / &&", not_into_this_machines_root(store))
+    st = FakeState()
+    store.take_lock("deploy nvfp4-ctx8k", state=st)
+    (cb,) = st.handlers
+    bad = begin(store, tmp_path, manifest="m2")
+    ready = (good, store.target(good))
+    h.commands.clear()
+    rollback.after_failure(h, bad, ready[1], "not healthy after 10 s", ready=ready, last=True)
+    assert len(h.commands) == 2 and h.commands[1].endswith(f"; rm -rf {store.lock}")   # the files; the records + the lock
+    assert not Path(store.lock).exists() and on_disk(store, 3)["status"] == releases.DEPLOYED
+    cb.operation_end(st, "op2")
+    assert len(h.commands) == 2 and not cb.held
 
 
 def test_a_previous_release_that_is_not_restorable_is_not_ready_and_the_rollback_says_why(h, tmp_path, monkeypatch):
@@ -487,6 +512,8 @@ def test_a_previous_release_that_is_not_restorable_is_not_ready_and_the_rollback
     bad = begin(store, tmp_path, manifest="m2")
     out = rollback.after_failure(h, bad, store.target(bad.record), "not healthy after 10 s", ready=None)
     assert "cannot be restored: gone from the host: its venv" in out and "NOTHING IS SERVING" in out
+    assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["reason"] == "not healthy after 10 s"
+    assert on_disk(store, 3)["status"] == releases.FAILED and on_disk(store, 3)["kind"] == "rollback"
 
 
 def test_the_records_fact_reads_every_record_as_written_by_any_version(tmp_path):

@@ -83,12 +83,20 @@ class ReleaseStore:
         """The release that passed last and serves (None: none has)."""
         return releases.current(self.records())
 
-    def save(self, *docs: dict) -> None:
-        """Write records, all in one command."""
+    def save(self, *docs: dict, last: bool = False) -> None:
+        """Write records, all in one command; LAST: the run's last write, which gives the lock back
+        in the same command (the lock's callback then sends nothing)."""
         if not docs:
             return
-        ok, _ = sh(self.h, self._save_command(docs))
-        self._saved(ok, docs)
+        ok, _ = sh(self.h, self._save_command(docs) + self._lock_tail(last))
+        try:
+            self._saved(ok, docs)
+        finally:
+            if last:
+                self._lock_given_back()
+
+    def _lock_tail(self, last: bool) -> str:
+        return f"; rm -rf {shlex.quote(self.lock)}" if last and self.holds_lock() else ""
 
     def _save_command(self, docs) -> str:
         return " && ".join(json_write_command(f"{self.folder(d['release'])}/status.json", d) for d in docs)
@@ -110,11 +118,12 @@ class ReleaseStore:
         self._remember([rec])
         return Release(rec)
 
-    def mark_deployed(self, release: Release) -> Release:
+    def mark_deployed(self, release: Release, last: bool = False) -> Release:
         """RELEASE goes live as the handle holds it (its gate, its replicas' parts) and the one that
-        served before is superseded: the records, then one write of every changed record."""
+        served before is superseded: the records, then one write of every changed record (LAST:
+        which gives the lock back too, see save)."""
         docs = self._deployed_docs(release)
-        self.save(*docs)
+        self.save(*docs, last=last)
         return self._live(docs, release)
 
     def go_live(self, release: Release, also: str = "", survey: str | None = None, last: bool = False) -> Release:
@@ -137,12 +146,12 @@ class ReleaseStore:
             self._prune_from(listed, dropped)
         else:
             removal, unused = self._prune_removal(survey, releases.to_prune(ordered))
-            lock = f"; rm -rf {shlex.quote(self.lock)}" if last and self.holds_lock() else ""
-            ok, said = sh(self.h, f"{first}{self._save_command(docs)}{f' && {removal}' if removal else ''}{lock}")
+            ok, said = sh(self.h, f"{first}{self._save_command(docs)}{f' && {removal}' if removal else ''}"
+                                  f"{self._lock_tail(last)}")
             try:
                 self._saved(ok, docs)
             finally:
-                if lock:
+                if last:
                     self._lock_given_back()
             self._said_pruned(unused)
         if ALSO_FAILED in said:
@@ -183,15 +192,16 @@ class ReleaseStore:
             raise RollbackError(f"release {rec['release']:04d} has no profile.json: its files were pruned")
         return Target.of(doc["data"])
 
-    def put_back(self, source: int, into: Release, then: str) -> tuple[bool, str]:
-        """A restore's files, in one command: write INTO's record (the rollback entry), give it its
-        own copy of release SOURCE's files and profile (so it can be restored in turn), put those
-        files back in place (`cp -a files/. /`), then run THEN (daemon-reload, a restart):
-        (ok, output)."""
+    def put_back(self, source: int, into: Release, then: str, also: tuple[dict, ...] = ()) -> tuple[bool, str]:
+        """A restore's files, in one command: write INTO's record (the rollback entry) and ALSO's
+        (the release that failed), give INTO its own copy of release SOURCE's files and profile
+        (so it can be restored in turn), put those files back in place (`cp -a files/. /`), then
+        run THEN (daemon-reload, a restart): (ok, output)."""
         src, dst = self.folder(source), self.folder(into.number)
-        ok, out = sh(self.h, f"{self._save_command([into.record])} && "
+        docs = [*also, into.record]
+        ok, out = sh(self.h, f"{self._save_command(docs)} && "
                              f"cp -a {src}/files {src}/profile.json {dst}/ && cp -a {src}/files/. / && {then}")
-        self._remember([into.record])     # written, or about to be marked failed by the caller
+        self._remember(docs)              # written, or about to be marked failed by the caller
         return ok, out
 
     def prune(self) -> None:
@@ -324,6 +334,13 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def last_step(state, h) -> bool:
+    """Whether the operation running now on H is the run's last: nothing after it needs the lock
+    (its last record may give it back: save, go_live)."""
+    order = state.get_op_order()
+    return bool(order) and order[-1] == h.current_op_hash
 
 
 class LockCallback(BaseStateCallback):

@@ -20,7 +20,7 @@ from pyinfra.operations import python
 from .. import releases
 from ..host.state import HostState
 from ..health import HealthError
-from ..host.release_store import ReleaseStore
+from ..host.release_store import ReleaseStore, last_step
 from ..rollout import Rollout
 from ..host.gate import (carry_reports, gate_record, keep_reports, prepare_release_gate, previous_report,
                          run_release_gate, warm_plotting)
@@ -111,12 +111,6 @@ def begin_release(r: Rollout) -> None:
     python.call(name="record release (pending, before the switch)", function=reported(begin))
 
 
-def last_step(state, h) -> bool:
-    """Whether the operation running now is the run's last: nothing after it needs the lock."""
-    order = state.get_op_order()
-    return bool(order) and order[-1] == h.current_op_hash
-
-
 @deploy("Verify")
 def verify_and_record(r: Rollout) -> None:
     """Health within the profile's budget, identity, the smoke gate; then deployed, or failed
@@ -140,7 +134,7 @@ def verify_and_record(r: Rollout) -> None:
             confirm(host, r.target, budget_s=r.data["service"]["health_timeout_s"], poll_s=poll)
         except HealthError as exc:
             tail = journal_tail(host, r.target)
-            outcome = after_failure(host, rel, r.target, str(exc), poll_s=poll, ready=ready)
+            outcome = after_failure(host, rel, r.target, str(exc), poll_s=poll, ready=ready, last=last_step(state, host))
             raise DeployError(f"{name} ({r.profile.name}) failed: {exc}\n--- last journal lines of "
                               f"{r.target.unit} ---\n{tail}\n{outcome}") from None
         reports: list[tuple] = []         # kept on the host with the record that follows the gate
@@ -153,7 +147,7 @@ def verify_and_record(r: Rollout) -> None:
             for where in reports:
                 keep_reports(host, *where)
             outcome = after_failure(host, rel, r.target, f"smoke gate failed: {gate.verdict.message}", poll_s=poll,
-                                    ready=ready)
+                                    ready=ready, last=last_step(state, host))
             raise DeployError(f"{name} ({r.profile.name}) failed the smoke gate: {gate.verdict.message}\n{outcome}")
         if rel:
             # the records, the reports, the prune's removal and (when nothing follows) the lock: one command

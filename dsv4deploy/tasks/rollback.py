@@ -14,7 +14,7 @@ from pyinfra.operations import python
 from .. import releases
 from ..health import HealthError
 from ..host.io import sh
-from ..host.release_store import ReleaseStore, RollbackError
+from ..host.release_store import ReleaseStore, RollbackError, last_step
 from ..releases import Release
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, probe
@@ -28,40 +28,45 @@ CHECKPOINT_MARKERS = (".dsv4deploy-complete.json", ".dsv4deploy-verified.json")
 
 
 def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int] | None = None,
-            target: Target | None = None, checked: bool = False) -> Release:
+            target: Target | None = None, checked: bool = False, failed: Release | None = None,
+            last: bool = False) -> Release:
     """Bring release `rec` back: its files, daemon-reload, restart, health, identity, probe. The
     attempt is a history entry whatever happens: a release that cannot be restored leaves a
     `failed` rollback entry saying why. A replica set is restored one replica at a time behind
     its gateway (only INDICES, the replicas a failed rolling update touched, when given). TARGET:
     the service REC ran, when the caller has read it already (store.target); CHECKED: and found
-    what it needs on the host (ready_to_restore)."""
+    what it needs on the host (ready_to_restore). FAILED: the release that failed, its record
+    written in the command that puts the files back (one round trip less while nothing serves);
+    LAST: the run ends with this restore, and its record gives the lock back."""
     store = ReleaseStore(h)
+    first = (failed.record,) if failed else ()
     new = Release(releases.rollback_record(store.records(), rec, cause))
     try:
         t = target or store.target(rec)
         if not checked:
             missing_for_restore(h, store, rec, t)
     except RollbackError as exc:
-        store.mark_failed(new, f"rollback failed: {exc}")
+        store.save(*first, new.with_status(releases.FAILED, f"rollback failed: {exc}").record)
         raise
     try:
         if t.is_set:
-            ok, out = store.put_back(rec["release"], new, then="systemctl daemon-reload")
+            ok, out = store.put_back(rec["release"], new, then="systemctl daemon-reload", also=first)
             if not ok:
                 raise HealthError(f"could not restore the files: {out.strip()[-300:]}")
             restore_set(h, t, indices, poll_s)
         else:
             ok, out = store.put_back(rec["release"], new, then=f"systemctl daemon-reload && {stop_set_units(t)}"
-                                                               f"systemctl reset-failed {t.unit}; systemctl restart {t.unit} 2>&1")
+                                                               f"systemctl reset-failed {t.unit}; systemctl restart {t.unit} 2>&1",
+                                     also=first)
             if not ok:
                 raise HealthError(f"could not restore the files or restart {t.unit}: {out.strip()[-300:]}")
             confirm(h, t, budget_s=t.data["service"]["health_timeout_s"], poll_s=poll_s)
             probe(h, t)
     except (HealthError, ReplicaFailed) as exc:
-        store.mark_failed(new, f"rollback failed: {exc}")
+        store.save(*first, new.with_status(releases.FAILED, f"rollback failed: {exc}").record)
         raise RollbackError(f"rollback to release {rec['release']:04d} failed: {exc}\n--- last journal lines of "
                             f"{t.unit} ---\n{journal_tail(h, t)}") from None
-    return store.mark_deployed(new)
+    return store.mark_deployed(new, last=last)
 
 
 def ready_to_restore(h, rec: dict | None) -> tuple[dict, Target] | None:
@@ -115,14 +120,18 @@ def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
 
 
 def after_failure(h, failed: Release | None, failed_target: Target, reason: str, poll_s: float = 2.0,
-                  indices: list[int] | None = None, ready: tuple[dict, Target] | None = None) -> str:
+                  indices: list[int] | None = None, ready: tuple[dict, Target] | None = None,
+                  last: bool = False) -> str:
     """A release failed (health or gate): record it, restore the last good one, say what serves
-    now. READY: what ready_to_restore found before the failure (used when it names that one)."""
+    now. READY: what ready_to_restore found before the failure (used when it names that one);
+    LAST: nothing follows in this run (restore)."""
     store = ReleaseStore(h)
-    if failed:
-        store.mark_failed(failed, reason)
+    if failed:            # recorded with the restore's first write (restore), else on its own below
+        failed = failed.with_status(releases.FAILED, reason)
     previous = store.current()
     if previous is None:
+        if failed:
+            store.save(failed.record)
         sh(h, f"systemctl stop {' '.join(failed_target.units)}")
         return (f"no earlier release passed, so nothing to roll back to: {', '.join(failed_target.units)} "
                 f"{'is' if len(failed_target.units) == 1 else 'are'} stopped and left stopped")
@@ -134,8 +143,10 @@ def after_failure(h, failed: Release | None, failed_target: Target, reason: str,
             indices = None      # a switch of shape: the whole previous release comes back
             sh(h, f"systemctl disable --now {' '.join(failed_target.units)}")
         new = restore(h, previous, cause=f"automatic rollback: {what} failed: {reason}", poll_s=poll_s,
-                      indices=indices, target=prev_target, checked=checked)
+                      indices=indices, target=prev_target, checked=checked, failed=failed, last=last)
     except RollbackError as exc:
+        if failed:        # when the restore could not start, it wrote nothing yet (again: the same record)
+            store.save(failed.record)
         return (f"{exc}\nNOTHING IS SERVING; the history records the failed rollback. Fix what is named above, "
                 f"then deploy a profile again (make deploy PROFILE={previous['profile']}: it rebuilds what is "
                 f"missing and gates it)")
@@ -168,7 +179,7 @@ def manual_rollback(to: int | None) -> None:
     def run(state, host):  # noqa: pyinfra passes (state, host) by these names
         try:
             new = restore(host, rec, cause=f"manual rollback to release {rec['release']:04d}",
-                          poll_s=float(host.data.get("health_poll_s", 2.0)))
+                          poll_s=float(host.data.get("health_poll_s", 2.0)), last=last_step(state, host))
         except RollbackError as exc:
             for line in str(exc).splitlines():
                 logger.error(f"    [{host.name}] {line}")
