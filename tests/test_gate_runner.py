@@ -12,7 +12,8 @@ import pytest
 
 from dsv4deploy.gate.result import FAILED, GateResult, LevelResult
 from dsv4deploy.gate.runner import (CLIENT_PATH, PROBE_DEPENDENCIES, PROBE_TIMEOUT_S, builtin_command, choose_runner,
-                                    local_execute, parse_client_output, prepare_command, probe_command, run_gate)
+                                    local_execute, parse_client_output, prepare_command, prepare_gate, probe_command,
+                                    run_gate)
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
 
 SPEC = GateSpec(levels=(LevelSpec(1, 8, min_output_throughput=10), LevelSpec(64, 128, min_output_throughput=400)),
@@ -184,3 +185,32 @@ def test_run_gate_ssh_timeout_is_a_failure(tmp_path):
     assert 600 < calls[0] <= 600 + 30                                  # just above the budget
     with pytest.raises(ValueError):
         run_gate(SPEC, execute, base_url="http://x:1", model_path="/m", venv_python="/v", runner="builtin")
+
+
+def test_a_gate_prepared_ahead_runs_with_one_command_and_a_failed_preparation_fails_it():
+    """prepare_gate chooses the runner and puts the client in place before the server is up (a
+    deploy does it while its server starts); the gate then sends its run alone. A client that
+    could not be put in place is a failed gate naming why, and nothing is run."""
+    sent = []
+
+    def execute(cmd, timeout_s):
+        sent.append(cmd.split()[0])
+        if cmd.startswith("mkdir -p"):
+            return 0, "", ""                                        # the 0700 folder, no client in it yet
+        return 0, GateResult("builtin", [LevelResult(64, 128, output_throughput=500.0, completed=128),
+                                         LevelResult(1, 8, output_throughput=20.0, completed=8)]).to_json(indent=None), ""
+
+    uploads = []
+    ready = prepare_gate(SPEC, execute, venv_python="/v", runner="builtin", upload=lambda a, b: uploads.append(b))
+    assert (ready.runner, ready.error) == ("builtin", None) and uploads == ["/opt/dsv4deploy/gate/client.py"]
+    sent.clear()
+    out = run_gate(SPEC, execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python="/v",
+                   runner="builtin", upload=lambda a, b: uploads.append(b), prepared=ready)
+    assert len(sent) == 1 and len(uploads) == 1 and out.result.error is None   # the run alone
+
+    broken = prepare_gate(SPEC, execute, venv_python="/v", runner="builtin", upload=lambda a, b: False)
+    assert broken.error.startswith("ClientInstallError: uploading the gate client")
+    sent.clear()
+    out = run_gate(SPEC, execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python="/v",
+                   runner="builtin", upload=lambda a, b: None, prepared=broken)
+    assert not out.passed and sent == [] and "uploading the gate client" in out.result.error

@@ -51,6 +51,27 @@ def test_a_failing_fact_gets_its_default_and_the_others_still_answer(tmp_path):
     assert values["files"][str(tmp_path)]["type"] == "dir"
 
 
+def test_facts_run_at_the_same_time_and_each_keeps_its_own_lines_and_status(tmp_path):
+    """The batch starts every fact at once: a slow first fact finishing last, a fact that prints no
+    final newline, one that fails; each gets exactly its own output and exit status, in order,
+    and the batch leaves no temporary file behind."""
+    class Shell(JsonFile):
+        def command(self, path):
+            return path
+
+    queries = {"slow": (Shell, {"path": f"sleep 0.3; echo slow; date +%s%N > {tmp_path}/slow"}),
+               "quick": (Shell, {"path": f"printf 'a\\nb'; date +%s%N > {tmp_path}/quick"}),
+               "failing": (Shell, {"path": "echo partial; exit 4"})}
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = subprocess.run(["sh", "-c", snapshot.batch_command(queries, "__dsv4_t")], capture_output=True, text=True,
+                         env={**os.environ, "TMPDIR": str(temp)})             # where mktemp -d makes its folder
+    parts = snapshot.split_output(out.stdout.splitlines(), "__dsv4_t")
+    assert parts == {"slow": (["slow"], 0), "quick": (["a", "b"], 0), "failing": (["partial"], 4)}
+    assert int((tmp_path / "quick").read_text()) < int((tmp_path / "slow").read_text())   # not one after the other
+    assert list(temp.iterdir()) == []
+
+
 def test_output_that_looks_like_a_marker_without_the_nonce_stays_data():
     lines = ["__dsv4_abc k1", "__dsv4_other k2", "line", "", "__dsv4_abcrc k1 0"]
     assert snapshot.split_output(lines, "__dsv4_abc") == {"k1": (["__dsv4_other k2", "line"], 0)}
