@@ -202,6 +202,27 @@ def test_generate_stream_cumulative(twin):
 
 
 @pytest.mark.slow
+def test_a_client_gone_mid_stream_is_one_log_line_and_its_request_is_aborted(twin):
+    """A gate that stops a level early closes its streams: SGLang logs one line per request and
+    aborts it; no aiohttp traceback buries the journal's last lines (which a failed deploy prints)."""
+    for path, body in (("/generate", {"input_ids": [7] * 64, "stream": True,
+                                      "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}),
+                       ("/v1/completions", {"model": "deepseek-v4-flash", "prompt": "hi", "max_tokens": 2000,
+                                            "stream": True})):
+        before = len(twin.output())
+        with requests.post(twin.url + path, json=body, headers=auth(), stream=True, timeout=30) as r:
+            next(r.iter_lines())                                     # a first chunk, then hang up
+        for _ in range(50):
+            log = twin.output()[before:]
+            if "disconnected from the client side" in log:
+                break
+            time.sleep(0.1)
+        assert log.count("Request is disconnected from the client side (type 3). Abort request") == 1, log[-2000:]
+        assert "Traceback" not in log and "ClientConnectionResetError" not in log
+        assert get(twin, "/health").status_code == 200              # and it serves on
+
+
+@pytest.mark.slow
 def test_openai_client(twin):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=twin.url + "/v1", api_key=KEY)

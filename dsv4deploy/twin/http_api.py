@@ -417,10 +417,21 @@ class TwinServer:
                     if r.finished:
                         done[i] = True
             await resp.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:    # the client went away mid-stream (a gate's early stop, a cut)
+            return self._client_gone(group, resp)
         finally:                        # a client gone mid-stream (reset, cancelled) too
             group.abort_unfinished()
         self._user_done(len(group.reqs))
         await resp.write_eof()
+        return resp
+
+    def _client_gone(self, group: ReqGroup, resp: web.StreamResponse) -> web.StreamResponse:
+        """A streaming client that disconnected: its requests are aborted (by the caller's finally)
+        and SGLang's http_server logs one error line for it, not aiohttp's traceback."""
+        for r in group.reqs:
+            if not r.finished:
+                self.log.error("[http_server] Error: Request is disconnected from the client side (type 3). "
+                               f"Abort request obj.rid='{r.rid}'")
         return resp
 
     def _gen_output(self, group: ReqGroup, i: int, delta: str | None = None) -> dict:
@@ -553,6 +564,8 @@ class TwinServer:
                      "usage": self._usage(group)}
                 await resp.write(b"data: " + json.dumps(d).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:    # the client went away mid-stream
+            return self._client_gone(group, resp)
         finally:                        # a client gone mid-stream (reset, cancelled) too
             group.abort_unfinished()
         self._user_done(len(group.reqs))
