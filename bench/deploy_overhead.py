@@ -7,7 +7,8 @@
    simulated load + warm-up) and minus the gate's own duration (from the release record). Its
    gate is one short level (the profile's full gate adds 74 s of load and nothing to the
    overhead: its own duration is subtracted), so it runs CHANGES times (the median counts);
-3. an automatic rollback (a release whose server crashes at start): wall time minus the restored
+3. an automatic rollback (a release whose server crashes at start, a new argv each time, so that
+   each pays the launch check): wall time minus the restored
    server's own start and the crashing server's start, CHANGES times; from its `--debug` trace,
    how that splits into before the switch (the old release still serves: the launch check runs
    here), the time nothing serves, and after the restored server is healthy.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -161,6 +163,7 @@ def main() -> int:
         for name in os.listdir(REPO / "profiles"):
             (Path(tmp) / name).write_text((REPO / "profiles" / name).read_text())
         overheads, rollbacks, downtimes = [], [], []
+        contexts = random.Random().sample(range(16384, 32768, 64), args.changes)
         for i in range(args.changes):
             (Path(tmp) / "unit-only.yaml").write_text(
                 f"extends: {args.profile}\ndescription: unit-only change for bench/deploy_overhead.py\n"
@@ -171,11 +174,15 @@ def main() -> int:
             print(f"unit-only change: {took:.2f} s = server start {start_s:.1f} s + gate {gate_s:.1f} s + "
                   f"overhead {overheads[-1]:.2f} s")
 
-            # 3. automatic rollback: the next release crashes at start; the tool restores unit-only
+            # 3. automatic rollback: the next release crashes at start; the tool restores unit-only.
+            # A new argv each time (an argv a release on this venv passed is not parsed again), so
+            # that every rollback pays the launch check, as a first deploy of a new argv does (a
+            # context this twin saw in an earlier run shows as "the launch check not run")
+            context = contexts[i]
             (Path(tmp) / "crashes.yaml").write_text(
-                f"extends: unit-only\ndescription: crashes at start (bench)\nserver:\n  context_length: 20480\n")
+                f"extends: unit-only\ndescription: crashes at start (bench)\nserver:\n  context_length: {context}\n")
             twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error",
-                                                "match_argv": "--context-length 20480"}))
+                                                "match_argv": f"--context-length {context}"}))
             try:
                 took, lines = timed_lines([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data",
                                            "profile=crashes", "--debug"], env)

@@ -80,6 +80,24 @@ def test_the_plan_skips_the_launch_check_the_serving_release_passed_with_the_sam
     assert plan_lines(r, state, ["unit files: unit sglang.service"])[1].startswith("launch check before the switch")
 
 
+def test_an_argv_an_earlier_release_passed_on_this_venv_is_not_parsed_again():
+    """A release that crashed at start or failed its gate had passed the launch check first (its
+    record is written after it): deploying its argv again skips the import of SGLang."""
+    from dsv4deploy.tasks.venv import launch_check_key
+    r = _rollout()
+    state = _deployed_state(r)
+    live = state.values["releases"][0]
+    live["launch_check"] = "0" * 16                               # the serving release: another argv
+    state.values["releases"].append({**live, "release": live["release"] + 1, "status": "failed",
+                                     "launch_check": launch_check_key(r)})
+    state.values["files"][r.layout.unit]["sha256"] = "0" * 64
+    lines = plan_lines(r, state, ["unit files: unit sglang.service"])
+    assert lines[1] == (f"launch check: release {live['release'] + 1:04d} (failed) passed it with this argv and venv "
+                        "(SGLang 0.5.23's own parser); not run again")
+    assert plan_lines(r, state, ["venv changed", "unit files: unit sglang.service"])[1].startswith(
+        "launch check before the switch")                        # a venv this run redoes is checked again
+
+
 def test_the_plan_says_who_held_the_deploy_lock_when_the_host_was_read():
     r = _rollout()
     held = {"controller": "ops-laptop", "pid": 4242, "started": "2026-12-01T04:00:00+00:00", "what": "deploy nvfp4-ctx8k"}

@@ -199,15 +199,23 @@ VENV_CHANGED = "venv changed"      # the reason deploy/serve.py's collector give
 
 
 def launch_check_plan(r: Rollout, state: HostState, reasons: list[str]) -> tuple[bool, str]:
-    """Pure: (run it?, what the plan says). Not again when the last release deployed passed this
-    very check (same argv, same venv) and this run does not touch the venv (REASONS: a refill, a
-    repair, a patch or the stand-in may change what the key cannot see): importing SGLang costs
-    seconds."""
-    live = releases.current(state["releases"] or [])
+    """Pure: (run it?, what the plan says). Not again when a release on this host passed this
+    very check (same argv, same venv: the key every record keeps; a record exists only for an argv
+    that passed, and a rollback's carries the key of what it restores) and this run does not
+    touch the venv (REASONS: a refill, a repair, a patch or the stand-in may change what the key
+    cannot see): importing SGLang costs seconds. The release that serves is named first."""
+    recs = state["releases"] or []
+    live = releases.current(recs)
     what = launch_parser(r)[1]
-    if live and live.get("launch_check") == launch_check_key(r) and VENV_CHANGED not in reasons:
-        return False, (f"launch check: release {live['release']:04d}, the last deployed, passed it with this argv "
-                       f"and venv ({what}); not run again")
+    key = launch_check_key(r)
+    if VENV_CHANGED not in reasons:
+        if live and live.get("launch_check") == key:
+            return False, (f"launch check: release {live['release']:04d}, the last deployed, passed it with this argv "
+                           f"and venv ({what}); not run again")
+        passed = [rec for rec in recs if rec.get("launch_check") == key]
+        if passed:
+            return False, (f"launch check: release {passed[-1]['release']:04d} ({passed[-1]['status']}) passed it with "
+                           f"this argv and venv ({what}); not run again")
     return True, f"launch check before the switch: {what} parses the rendered argv"
 
 
