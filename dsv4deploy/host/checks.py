@@ -41,12 +41,17 @@ def parse_observation(out: str) -> Observation:
                        main_pid=int(info.get("MainPID", 0) or 0), n_restarts=int(info.get("NRestarts", 0) or 0))
 
 
-def observer(h, t: Target, path: str = "/health", window_s: float = 0.0):
-    """One poll = one SSH command (observe_command)."""
+def observer(h, t: Target, path: str = "/health", window_s: float = 0.0, then: str = "",
+             seen: dict | None = None):
+    """One poll = one SSH command (observe_command); THEN's output, when it ran, goes to
+    SEEN["then"]."""
 
     def observe() -> Observation:
-        _, out = sh(h, observe_command(t, path, window_s), timeout=window_s + 30 if window_s else None)
-        return parse_observation(out)
+        _, out = sh(h, observe_command(t, path, window_s, then), timeout=window_s + 30 if window_s else None)
+        head, mark, after = out.partition(THEN_MARK + "\n")
+        if mark and seen is not None:
+            seen["then"] = after
+        return parse_observation(head)
     return observe
 
 
@@ -97,16 +102,9 @@ def confirm(h, t: Target, budget_s: float, poll_s: float = 2.0) -> None:
     """Wait for health, then prove the answering process is this release's. Raises HealthError.
     The poll that sees 200 checks the identity in the same command."""
     seen: dict[str, str] = {}
-
-    def observe() -> Observation:      # the host polls within each window: the control node asks again at once
-        _, out = sh(h, observe_command(t, window_s=poll_s, then=identity_command(t)), timeout=poll_s + 30)
-        head, mark, then = out.partition(THEN_MARK + "\n")
-        if mark:
-            seen["identity"] = then
-        return parse_observation(head)
-
-    wait_healthy(observe, budget_s=budget_s, poll_s=0.0)
-    problems = identity_from(t, seen["identity"]) if "identity" in seen else identity(h, t)
+    # the host polls within each window: the control node asks again at once
+    wait_healthy(observer(h, t, window_s=poll_s, then=identity_command(t), seen=seen), budget_s=budget_s, poll_s=0.0)
+    problems = identity_from(t, seen["then"]) if "then" in seen else identity(h, t)
     if problems:
         raise HealthError("the server answering is not the one this release started: " + "; ".join(problems))
 

@@ -34,8 +34,6 @@ from .state import LOCK, PIP_FREEZE
 # once, with the lock, and each later step costs no round trip for them. Dropped when the lock
 # is given back.
 _HELD: dict[tuple[str, str], list[dict]] = {}
-# (host, lock) given back by this run, in a command of its own or carried by go_live's last one
-_GIVEN_BACK: set[tuple[str, str]] = set()
 
 
 ALSO_FAILED = "__dsv4deploy_also_failed"
@@ -86,17 +84,20 @@ class ReleaseStore:
     def save(self, *docs: dict, last: bool = False) -> None:
         """Write records, all in one command; LAST: the run's last write, which gives the lock back
         in the same command (the lock's callback then sends nothing)."""
-        if not docs:
-            return
-        ok, _ = sh(self.h, self._save_command(docs) + self._lock_tail(last))
+        if docs:
+            self._write(self._save_command(docs), docs, last)
+
+    def _write(self, command: str, docs, last: bool) -> str:
+        """Run COMMAND, which writes DOCS; with LAST (and the lock held) it gives the lock back
+        too. Its output."""
+        tail = f"; rm -rf {shlex.quote(self.lock)}" if last and self.holds_lock() else ""
+        ok, out = sh(self.h, command + tail)
         try:
             self._saved(ok, docs)
         finally:
-            if last:
+            if tail:
                 self._lock_given_back()
-
-    def _lock_tail(self, last: bool) -> str:
-        return f"; rm -rf {shlex.quote(self.lock)}" if last and self.holds_lock() else ""
+        return out
 
     def _save_command(self, docs) -> str:
         return " && ".join(json_write_command(f"{self.folder(d['release'])}/status.json", d) for d in docs)
@@ -146,13 +147,7 @@ class ReleaseStore:
             self._prune_from(listed, dropped)
         else:
             removal, unused = self._prune_removal(survey, releases.to_prune(ordered))
-            ok, said = sh(self.h, f"{first}{self._save_command(docs)}{f' && {removal}' if removal else ''}"
-                                  f"{self._lock_tail(last)}")
-            try:
-                self._saved(ok, docs)
-            finally:
-                if last:
-                    self._lock_given_back()
+            said = self._write(f"{first}{self._save_command(docs)}{f' && {removal}' if removal else ''}", docs, last)
             self._said_pruned(unused)
         if ALSO_FAILED in said:
             print(f"[{self.h.name}] warning: could not keep the gate's reports with {release.name}")
@@ -277,7 +272,6 @@ class ReleaseStore:
                                  f"( {Releases().command(releases_dir=self.dir)} )")
             if ok:
                 _HELD[self._key()] = Releases().process(out.splitlines())   # kept current from here on
-                _GIVEN_BACK.discard((self.h.name, self.lock))
                 if state is not None:
                     state.add_callback_handler(LockCallback(self, label))
                 return
@@ -295,13 +289,13 @@ class ReleaseStore:
         sh(self.h, f"rm -rf {self.lock}")
 
     def holds_lock(self) -> bool:
-        """Whether this run took the lock and has not given it back (go_live's LAST may have)."""
-        return self._key() in _HELD and (self.h.name, self.lock) not in _GIVEN_BACK
+        """Whether this run took the lock and has not given it back (a LAST write may have): its
+        copy of the records lives exactly as long as the lock."""
+        return self._key() in _HELD
 
     def _lock_given_back(self) -> None:
         for key in [k for k in _HELD if k[0] == self.h.name]:
             del _HELD[key]
-        _GIVEN_BACK.add((self.h.name, self.lock))
 
 
 def release_write_command(folder: str, venv: str, files: dict[str, str], profile_doc: dict, rec: dict) -> str:
@@ -355,7 +349,7 @@ class LockCallback(BaseStateCallback):
         atexit.register(self._release)  # a run that ends early (declined prompt, ^C) still gives it back
 
     def _release(self):
-        if not self.held or (self.host.name, self.store.lock) in _GIVEN_BACK:
+        if not self.held or not self.store.holds_lock():    # given back already (a LAST write)
             self.held = False
             return
         try:
