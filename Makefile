@@ -170,22 +170,22 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 # The twin's Debian root starts building (bare python3, in the background) before the venv installs;
 # then four pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
 # it), the two groups on isolated twins (own network namespaces, so they collide with nothing: the
-# fleet of three, and the lab twin that the fault matrix and the replica sets share) and all the
-# others (they mostly compute). The twins' logs, with each group's slowest tests, are printed when
-# all are done.
-ISOLATED_THREE := tests/test_fleet_twin.py
+# fleet of three followed by the rollbacks on a twin of their own, and the lab twin that the fault
+# matrix and the replica sets share) and all the others (they mostly compute). The twins' logs,
+# with each group's slowest tests, are printed when all are done.
+ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py
 test: twin-debs
 	@mkdir -p .cache; python3 -c 'from dsv4deploy.sim.host import prebuild_root; prebuild_root()' \
 	  > .cache/rootfs-build.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
 	@$(BIN)/pytest -m twin -p no:cacheprovider --durations=8 $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
-	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 --ignore=$(ISOLATED_THREE) $(PYTEST_ARGS) \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE)) $(PYTEST_ARGS) \
 	  > .cache/test-lab.log 2>&1 & lab=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(ISOLATED_THREE) $(PYTEST_ARGS) \
 	  > .cache/test-fleet.log 2>&1 & fleet=$$!; \
 	$(BIN)/pytest -m "not twin and not fleet" --durations=8 $(PYTEST_ARGS); rest=$$?; \
 	wait $$twin; twin_rc=$$?; wait $$lab; lab_rc=$$?; wait $$fleet; fleet_rc=$$?; \
-	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins"; do \
+	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins, then the rollbacks' twin"; do \
 	  echo; echo "=============== tests on $${log#*:} (.cache/test-$${log%%:*}.log) ==============="; \
 	  cat .cache/test-$${log%%:*}.log; done; \
 	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done

@@ -55,17 +55,36 @@ LAB_FLEET = os.environ.get("DSV4_SIM_LAB_FLEET", "lab")    # another name: a lab
 LAB_ENV = {"DSV4_SIM_FLEET": LAB_FLEET, "DSV4_SIM_LAUNCH_CHECK": "twin"}
 
 
-@pytest.fixture(scope="session")
-def lab_twin():
-    """An isolated twin (`sim up --fleet lab`: its own network namespace, docs/fleet.md) for the
-    fault matrix and the replica sets: they run in one of `make test`'s isolated-twin processes (marker
-    `fleet`), beside the default twin's tests, and share this one twin (one venv install)."""
+def _isolated_twin(fleet: str):
+    """Twin 1 of FLEET (`sim up --fleet FLEET`: its own network namespace, docs/fleet.md), reset to
+    CT200's GPUs; stopped at the end unless it ran before (or DSV4_SIM_KEEP=1)."""
     if NOT_ROOT:
         pytest.skip(NOT_ROOT_REASON)
-    was_running = simhost.SimHost(1, LAB_FLEET).running()
-    twin = simhost.up(1, fleet=LAB_FLEET)[0]
+    was_running = simhost.SimHost(1, fleet).running()
+    twin = simhost.up(1, fleet=fleet)[0]
     twin.set_gpus(reset=True)
     yield twin
     twin.set_gpus(reset=True)
     if not was_running and os.environ.get("DSV4_SIM_KEEP") != "1":
-        simhost.down(fleet=LAB_FLEET)
+        simhost.down(fleet=fleet)
+
+
+@pytest.fixture(scope="session")
+def lab_twin():
+    """An isolated twin for the fault matrix and the replica sets: they run in one of `make test`'s
+    isolated-twin processes (marker `fleet`), beside the default twin's tests, and share this one
+    twin (one venv install)."""
+    yield from _isolated_twin(LAB_FLEET)
+
+
+ROLLBACK_FLEET = os.environ.get("DSV4_SIM_ROLLBACK_FLEET", "rollbacks")
+# The rollbacks' deploys test what a failed release leaves serving, not the launch check: the twin's
+# own parser, as in the lab (LAB_ENV).
+ROLLBACK_ENV = {"DSV4_SIM_FLEET": ROLLBACK_FLEET, "DSV4_SIM_LAUNCH_CHECK": "twin"}
+
+
+@pytest.fixture(scope="session")
+def rollback_twin():
+    """An isolated twin of its own for tests/test_rollbacks_twin.py, which runs in `make test`'s
+    process of the fleet of three after it (so the default twin's process is not the longest)."""
+    yield from _isolated_twin(ROLLBACK_FLEET)
