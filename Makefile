@@ -175,14 +175,10 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 # matrix and the replica sets share) and all the others (they mostly compute). The twins' logs,
 # with each group's slowest tests, are printed when all are done.
 ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py
-# SGLang's own parser venvs (CPU torch) that the other tests need: built from the start too, beside the
-# venv's install (tests/conftest.py builds the same under the same lock, and waits for these)
-PARSER_VERSIONS := 0.5.23 0.5.13.post1
 test: twin-debs
 	@mkdir -p .cache; python3 -c 'from dsv4deploy.sim.host import prebuild_root; prebuild_root()' \
 	  > .cache/rootfs-build.log 2>&1 &
-	@for v in $(PARSER_VERSIONS); do python3 tests/tools/sglang_parser.py ensure $$v || exit; done \
-	  > .cache/parser-build.log 2>&1 &
+	@python3 tests/tools/sglang_parser.py prebuild > .cache/parser-build.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
 	@$(BIN)/pytest -m twin -p no:cacheprovider --durations=8 $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE)) $(PYTEST_ARGS) \

@@ -37,7 +37,6 @@ def profile_dir(tmp_path, monkeypatch):
 # Tests that use the twin are also marked `twin`: `make test` runs them in a second pytest process
 # beside the rest (they mostly wait on the twin; the rest mostly computes).
 
-PREBUILD_PARSER_VERSIONS = ("0.5.23", "0.5.13.post1")   # test_sglang_parser, test_pr25820_patch
 _prebuild: list = []
 _threads: list = []
 
@@ -84,7 +83,7 @@ def pytest_collection_finish(session):
         import sys
         sys.path.insert(0, str(REPO / "tests" / "tools"))
         import sglang_parser
-        for version in PREBUILD_PARSER_VERSIONS:
+        for version in sglang_parser.PREBUILT:
             sglang_parser.ensure(version)
 
     jobs = [build_parser] if parser else []

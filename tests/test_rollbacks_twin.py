@@ -24,7 +24,6 @@ from sim_fixtures import ROLLBACK_ENV, rollback_twin  # noqa: F401
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 
 INVENTORY = "inventory/fleet-sim.py"
-ENV = ROLLBACK_ENV
 # quick16k serves first (release 0001); each fault variant has its own context length, which the
 # twin's fault file matches (match_argv), so the fault hits that release and not the one the
 # rollback restores.
@@ -32,8 +31,8 @@ VARIANTS = {"quick16k": 16384, "crash20k": 20480, "never12k": 12288, "errors24k"
 PATCH_SHA = "0ff2621cdc51dbe59a0cc7e2a882616a1bd07451ba23dff8e6148e85966c90f9"
 
 
-def deploy(profile: str, profiles_dir, env=None):
-    return faultlab.deploy(profile, profiles_dir=profiles_dir, env={**ENV, **(env or {})}, inventory=INVENTORY)
+def deploy(profile: str, profiles_dir):
+    return faultlab.deploy(profile, profiles_dir=profiles_dir, env=ROLLBACK_ENV, inventory=INVENTORY)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +119,7 @@ def test_patched_venv_and_api_key_end_to_end(twin, profiles):
         "extends: quick16k\nserver:\n  api_key: true\nsglang:\n  patches:\n"
         f"    - {{name: twin-marker, file: tests/fixtures/patches/twin-marker.patch, sha256: {PATCH_SHA}}}\n"
         f"    - {{name: {MASK['name']}, file: {MASK['file']}, sha256: {MASK['sha256']}}}\n")
-    out = deploy("secured", profiles_dir=profiles, env=ENV)
+    out = deploy("secured", profiles_dir=profiles)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert "Launch check | the twin's parser (stand-in" in (out.stdout + out.stderr)
     venv = json.loads(twin.run("cat /etc/dsv4deploy/sglang/manifest.json").stdout)["venv"]
@@ -136,11 +135,11 @@ def test_patched_venv_and_api_key_end_to_end(twin, profiles):
                   "cat /etc/dsv4deploy/sglang/manifest.json", "cat /var/lib/dsv4deploy/releases/*/status.json"):
         assert key not in twin.run(where).stdout, where
     assert key not in out.stdout + out.stderr
-    again = deploy("secured", profiles_dir=profiles, env=ENV)
+    again = deploy("secured", profiles_dir=profiles)
     assert again.returncode == 0 and changed_ops(again.stdout + again.stderr) == []
     # the unit alone changes: the serving release passed this launch check (same argv, same venv)
     (profiles / "secured-stop.yaml").write_text("extends: secured\nservice:\n  timeout_stop_s: 117\n")
-    unit_only = deploy("secured-stop", profiles_dir=profiles, env=ENV)
+    unit_only = deploy("secured-stop", profiles_dir=profiles)
     text = unit_only.stdout + unit_only.stderr
     assert unit_only.returncode == 0, text[-3000:]
     assert "Restart | restart sglang.service (" in " ".join(changed_ops(text))

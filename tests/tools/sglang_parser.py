@@ -10,6 +10,7 @@ sglang.srt.server_args`` needs (CPU torch, triton, numpy and a dozen small packa
 Command line::
 
     python tests/tools/sglang_parser.py ensure VERSION
+    python tests/tools/sglang_parser.py prebuild                 # ensure each of PREBUILT (make test)
     python tests/tools/sglang_parser.py parse VERSION [--prepare] -- ARGV...
     python tests/tools/sglang_parser.py dump-flags VERSION [-o FILE]
     python tests/tools/sglang_parser.py dump-arity VERSION [-o FILE]   # FLAG 0|1|?|*|+
@@ -53,6 +54,9 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE_ROOT = Path(os.environ.get("SGLANG_PARSER_CACHE", REPO / ".cache" / "sglang-parser"))
 PIP_CACHE = REPO / ".cache" / "pip"
 MARKER = ".complete.json"
+# The versions `make test` builds ahead, in the background (test_sglang_parser, test_pr25820_patch):
+# from the Makefile before the control venv installs, and again by tests/conftest.py (the same lock)
+PREBUILT = ("0.5.23", "0.5.13.post1")
 RECIPE_VERSION = 1
 
 # torch: the CPU wheel. "+cpu" is never on PyPI, so a machine without a local CPU wheel
@@ -494,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="sglang_parser", description=__doc__.split("\n\n")[0])
     sub = cli.add_subparsers(dest="cmd", required=True)
     sub.add_parser("ensure", help="build the venv for VERSION if missing").add_argument("version")
+    sub.add_parser("prebuild", help=f"ensure each of {', '.join(PREBUILT)} (what make test needs)")
     p_parse = sub.add_parser("parse", help="parse ARGV (after --) with VERSION's parser")
     p_parse.add_argument("version")
     p_parse.add_argument("--prepare", action="store_true",
@@ -508,10 +513,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("write-lock", help="pin the built venv into data/sglang/VERSION.parser.lock").add_argument("version")
     args = cli.parse_args(argv)
     try:
-        if args.cmd == "ensure":
-            started = time.monotonic()
-            print(ensure(args.version))
-            print(f"ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        if args.cmd in ("ensure", "prebuild"):
+            for version in [args.version] if args.cmd == "ensure" else PREBUILT:
+                started = time.monotonic()
+                print(ensure(version))
+                print(f"ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
         elif args.cmd == "parse":
             result = parse(args.version, rest, prepare=args.prepare)
             if not result["ok"]:
