@@ -1,0 +1,51 @@
+"""The control node's installer (dsv4deploy/uvpip.py): pip's configuration, as `pip config list`
+prints it, carried to uv, so that a machine set up for pip (a mirror, a wheel folder, a
+corporate CA) installs the control venv from the same places."""
+
+import subprocess
+import sys
+
+from dsv4deploy import uvpip
+
+LISTING = """:env:.cert='/etc/ssl/certs/ca-certificates.crt'
+:env:.default-timeout='180'
+:env:.find-links='/opt/wheels'
+global.cert='/etc/ssl/certs/other.crt'
+global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'
+global.find-links='/srv/old-wheels'
+global.index-url='https://mirror.example/simple'
+install.index-url='https://install-mirror.example/simple'
+"""
+
+
+def test_the_highest_precedence_section_wins_and_values_split():
+    got = uvpip.pip_settings(LISTING)
+    assert got["find-links"] == ["/opt/wheels"]                 # PIP_FIND_LINKS over global
+    assert got["cert"] == ["/etc/ssl/certs/ca-certificates.crt"]
+    assert got["index-url"] == ["https://install-mirror.example/simple"]   # install.* over global.*
+    assert got["extra-index-url"] == ["file:///opt/pypi/simple", "file:///opt/pypi-more/simple"]
+    assert "default-timeout" not in got
+
+
+def test_uv_gets_the_same_indexes_best_match_and_the_cert_by_environment():
+    args, env = uvpip.uv_arguments(uvpip.pip_settings(LISTING))
+    assert args == ["--index-url", "https://install-mirror.example/simple",
+                    "--extra-index-url", "file:///opt/pypi/simple", "--extra-index-url", "file:///opt/pypi-more/simple",
+                    "--find-links", "/opt/wheels", "--index-strategy", "unsafe-best-match"]
+    assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
+
+
+def test_no_pip_configuration_is_uv_defaults():
+    assert uvpip.uv_arguments(uvpip.pip_settings("")) == ([], {})
+    # a line pip never prints (no quotes, a stray value) is ignored, not guessed at
+    assert uvpip.pip_settings("global.index-url=https://x\nnonsense\n") == {}
+
+
+def test_a_proxy_in_pip_conf_reaches_uv_as_https_proxy():
+    _, env = uvpip.uv_arguments(uvpip.pip_settings("global.proxy='http://proxy.local:3128'\n"))
+    assert env == {"HTTPS_PROXY": "http://proxy.local:3128"}
+
+
+def test_the_command_line_refuses_what_it_does_not_know():
+    out = subprocess.run([sys.executable, "-m", "dsv4deploy.uvpip", "instal"], capture_output=True, text=True)
+    assert out.returncode == 2 and "usage:" in out.stderr and "Traceback" not in out.stderr
