@@ -188,16 +188,35 @@ def _boot(host: SimHost) -> int:
     return proc.pid
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:8]
+    except OSError as exc:
+        return [str(exc)]
+
+
 class _NotYet(Exception):
     pass
 
 
 def _wait_ssh(host: SimHost, timeout: float) -> None:
+    warned: list[int] = []
+
     def attempt() -> None:
         if not host.running():
-            raise SimError(f"{host.name}: systemd-nspawn exited during boot"
-                           f"{_nspawn_exit(host.pid) if host.pid else ''}; see {host.console_log}:\n"
-                           f"{_tail(host.console_log)}")
+            pid = host.pid
+            child = _CHILDREN.get(pid) if pid else None
+            if child is not None and child.poll() is None:
+                # our nspawn has not exited: the check read it mid-change (seen once on a loaded
+                # machine, 2026-12-02: the retry below then found the live container on the address)
+                if not warned:
+                    warned.append(pid)
+                    log.warning("%s: nspawn pid %s is alive but did not read as this twin's (%s, %s)",
+                                host.name, pid, _proc_stat(pid), _cmdline(pid))
+            else:
+                raise SimError(f"{host.name}: systemd-nspawn exited during boot"
+                               f"{_nspawn_exit(host.pid) if host.pid else ''}; see {host.console_log}:\n"
+                               f"{_tail(host.console_log)}")
         if not host.ssh_ok(timeout=6):
             raise _NotYet()
 
