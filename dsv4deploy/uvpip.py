@@ -95,13 +95,18 @@ def install_command(python: str, args: list[str]) -> tuple[list[str], dict[str, 
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["path"]:
-        print(uv())
-        return 0
-    if argv[:2] != ["install", "--python"] or len(argv) < 3:
+    if argv[:1] != ["path"] and (argv[:2] != ["install", "--python"] or len(argv) < 3):
         print("usage: python3 -m dsv4deploy.uvpip install --python PYTHON ARGS... | path", file=sys.stderr)
         return 2
-    cmd, env = install_command(argv[2], argv[3:])
+    try:
+        if argv[:1] == ["path"]:
+            print(uv())
+            return 0
+        cmd, env = install_command(argv[2], argv[3:])
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"dsv4deploy: could not bootstrap uv {UV_VERSION} under {TOOLS} with {sys.executable} -m pip "
+              f"({exc}); pip's own output is above. Is PyPI (or pip's configured index) reachable?", file=sys.stderr)
+        return 1
     return subprocess.run(cmd, env=env).returncode
 
 
