@@ -84,7 +84,7 @@ twin-debs: .cache/twin-debs.stamp
 # The control node's Python dependencies, exactly as locked (a fresh clone gets the same versions),
 # installed by uv (pinned, bootstrapped with pip under .cache; pip's own indexes, find-links, cert
 # and proxy carried over: dsv4deploy/uvpip.py), 17 s where pip takes 80. Byte-compiled at install,
-# as pip does: with PYTHONDONTWRITEBYTECODE=1 (CI's machines set it) an uncompiled venv compiles
+# as pip does: with PYTHONDONTWRITEBYTECODE=1 (these machines set it) an uncompiled venv compiles
 # pyinfra on every run (its import: 2.4 s instead of 1.3 s on a slow machine).
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(LOCK)

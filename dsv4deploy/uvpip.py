@@ -2,12 +2,12 @@
 configuration says (indexes, find-links, certificate, proxy) so that a machine set up for pip
 needs nothing more.
 
-Why not pip: a fresh venv of this project's lock takes pip 82 s of CPU on a 2-core machine and
-uv 13 s; SGLang's parser venvs for the tests (2 GB each, CPU torch) 113 s against 11 s. Both
-install the same pinned wheels. Stdlib only: the Makefile runs it with bare python3, before any
+Why not pip: a fresh venv of this project's lock takes pip 82 s on an idle 2-core machine and
+uv 17 s (byte-compiled); a parser venv for the tests (2.2 GB, CPU torch) 113 s against 40 s,
+11 s of it the install. Both install the same pinned wheels. Stdlib only: the Makefile runs it with bare python3, before any
 venv exists::
 
-    python3 -m dsv4deploy.uvpip install --python .venv/bin/python -c requirements.lock -e '.[test,twin]'
+    python3 -m dsv4deploy.uvpip install --python .venv/bin/python --compile-bytecode -c requirements.lock -e '.[test,twin]'
     python3 -m dsv4deploy.uvpip path          # the uv it runs (bootstrapped if missing)
 
 As a module: ``uv()`` (its path), ``install_command(python, args)``, ``pip_settings()``.

@@ -32,7 +32,7 @@ from .files import _safe_rmtree, _tail, _write
 from .host_env import bind_mounts
 from .layout import (DEFAULT_FLEET, REPO_ROOT, _locked, check_fleet, client_key, fleet_tag, hosts_dir, known_hosts_file,
                      sim_dir, twin_address)
-from .processes import _CHILDREN, _container_inits, _is_nspawn_of, _nspawn_exit, _port_in_use, _proc_stat
+from .processes import _CHILDREN, _cmdline, _container_inits, _is_nspawn_of, _nspawn_exit, _port_in_use, _proc_stat
 from .rootfs import ensure_rootfs, prebuild_root, rootfs_dir, rootfs_ready
 from .twin_host import SimHost, existing_hosts, running_hosts
 from .twin_setup import _configure_twin, _create_twin, ensure_client_key
@@ -188,13 +188,6 @@ def _boot(host: SimHost) -> int:
     return proc.pid
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:8]
-    except OSError as exc:
-        return [str(exc)]
-
-
 class _NotYet(Exception):
     pass
 
@@ -212,7 +205,7 @@ def _wait_ssh(host: SimHost, timeout: float) -> None:
                 if not warned:
                     warned.append(pid)
                     log.warning("%s: nspawn pid %s is alive but did not read as this twin's (%s, %s)",
-                                host.name, pid, _proc_stat(pid), _cmdline(pid))
+                                host.name, pid, _proc_stat(pid), (_cmdline(pid) or [])[:8])
             else:
                 raise SimError(f"{host.name}: systemd-nspawn exited during boot"
                                f"{_nspawn_exit(host.pid) if host.pid else ''}; see {host.console_log}:\n"

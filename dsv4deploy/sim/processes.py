@@ -24,6 +24,14 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def _cmdline(pid: int) -> list[bytes] | None:
+    """PID's argv from /proc, None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+
+
 def _reap(pid: int) -> None:
     """Collect PID's exit if it is an nspawn this process started (so it reads as gone, not as a
     zombie). Never waits on any other PID: the scans below pass every PID in /proc, and a
@@ -42,10 +50,7 @@ def _is_nspawn_of(pid: int, name: str, starttime: int | None = None) -> bool:
         return False
     if starttime is not None and st[1] != starttime:
         return False
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
+    argv = _cmdline(pid)
     if not argv or not argv[0].endswith(b"systemd-nspawn"):
         return False
     return any(a == b"-M" and b == name.encode() for a, b in zip(argv, argv[1:]))
