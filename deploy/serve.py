@@ -22,7 +22,7 @@ tasks.deploy_lock(f"deploy {rollout.profile.name}")  # one deploy at a time on t
 tasks.settle_interrupted(rollout, state)              # settle what a cut-off run left pending
 
 changes = Changes()                                   # why the server restarts, if it does
-tasks.host_packages(rollout, state)                   # python3-venv, curl, patch: what a fresh server lacks
+tasks.host_packages(rollout, state)                   # python3-venv, curl, patch, pinned uv: what a fresh server lacks
 tasks.driver(rollout, needed=found["driver_needed"])  # nvidia-open at the profile's branch; no surprise reboot
 tasks.service_user(rollout, state)                    # service user and directories
 changes.notify("venv", tasks.sglang_venv(rollout, state))   # pinned SGLang + patches, in a venv named by both

@@ -1,3 +1,4 @@
+# dsv4deploy host program: runs on the GPU host with its own python3; standard library only.
 """The control node's installer: uv, pinned, bootstrapped with pip, installing with what pip's own
 configuration says (indexes, find-links, certificate, proxy) so that a machine set up for pip
 needs nothing more.
@@ -11,6 +12,7 @@ venv exists::
     python3 -m dsv4deploy.uvpip path          # the uv it runs (bootstrapped if missing)
 
 As a module: ``uv()`` (its path), ``install_command(python, args)``, ``pip_settings()``.
+It also runs on the GPU host (host/installer.py: the host's uv, pinned, fills the venvs there).
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def install_command(python: str, args: list[str]) -> tuple[list[str], dict[str, 
     """(argv, environment) of `uv pip install ARGS` into the venv of PYTHON, with pip's settings."""
     listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
     extra, env = uv_arguments(pip_settings(listing))
+    for option in ("--index-url", "--index-strategy"):      # ARGS' own (a profile's index) win, as in pip
+        if option in args and option in extra:
+            i = extra.index(option)
+            del extra[i:i + 2]
     return ([str(uv()), "pip", "install", "--quiet", "--python", python, "--cache-dir", str(CACHE), *extra, *args],
             {**os.environ, **env})
 

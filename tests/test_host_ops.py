@@ -156,7 +156,24 @@ def test_venv_is_left_alone_when_its_marker_says_the_same_installs(fake, tmp_pat
     assert cmds[0] == "rm -f /v/m.json" and cmds[1] == marker["installs"][0]
     assert json.loads(cmds[-1].split("'")[3]) == marker            # the marker is written last
     fresh = _cmds(ops.venv, path="/v", marker=marker, marker_file="/v/m.json", marker_state=None, exists=False)
-    assert fresh[0] == "python3 -m venv /v"
+    assert fresh[0] == "/opt/dsv4deploy/tools/uv-0.13.9/venv/bin/uv venv -q --allow-existing --no-python-downloads --python python3 /v"
+
+
+def test_uv_is_installed_once_by_pip_with_its_hashes_and_kept_while_the_pins_hold(fake):
+    from dsv4deploy.host import installer
+    req, prog = installer.requirements(), installer.program()
+    assert b"--hash=sha256:" in req and prog.startswith(b"# dsv4deploy host program")
+    fresh = _cmds(ops.uv_tool, requirements=req, program=prog, requirements_state=None, program_state=None,
+                  installed_state=None)
+    assert len(fresh) == 3 and installer.REQUIREMENTS in fresh[0] and installer.PROGRAM in fresh[1]
+    assert "--no-deps --require-hashes -r /opt/dsv4deploy/tools/uv-0.13.9/uv.requirements" in fresh[2]
+    assert fresh[2].endswith(f"cp {installer.REQUIREMENTS} {installer.INSTALLED}")      # the mark comes last
+    same = dict(requirements_state=_state(req), program_state=_state(prog), installed_state=_state(req))
+    assert _cmds(ops.uv_tool, requirements=req, program=prog, **same) == []
+    newer = _cmds(ops.uv_tool, requirements=req, program=prog + b"\n", **same)      # uvpip.py only: no reinstall
+    assert len(newer) == 1 and installer.PROGRAM in newer[0] and "--require-hashes" not in newer[0]
+    repin = _cmds(ops.uv_tool, requirements=req + b"# x\n", program=prog, **same)
+    assert any("--require-hashes" in c for c in repin)
 
 
 def test_unit_running_and_restart(fake):

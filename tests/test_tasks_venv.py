@@ -1,4 +1,4 @@
-"""The SGLang venv's pure parts (dsv4deploy/tasks/venv.py): what pip installs on a real host and on
+"""The SGLang venv's pure parts (dsv4deploy/tasks/venv.py): what the host's uv installs on a real host and on
 the twin, which parser the launch check runs, and what a passed check is remembered by."""
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def rollout(host_data: dict, profile: str = "nvfp4-ctx8k"):
 def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
     r = rollout(REAL)
     (cmd,) = installs(r)
+    assert cmd.startswith("DSV4_UV_HOME=/opt/dsv4deploy/tools/uv-0.13.9/venv ")        # the host's pinned uv
+    assert f"install --python {r.layout.venv}/bin/python --compile-bytecode " in cmd     # the service user runs it
     assert cmd.endswith("-c /opt/dsv4deploy/venvs/" + r.layout.venv.rsplit("/", 1)[-1] + "/dsv4deploy.lock sglang==0.5.23")
     parse, what = launch_parser(r)
     assert what == "SGLang 0.5.23's own parser" and SGLANG_PARSE.split(";")[0] in parse
@@ -39,10 +41,10 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
 def test_the_twin_installs_the_real_wheel_and_what_its_parser_imports():
     r = rollout(twin())
     server, parser, wheel = installs(r)
-    assert "huggingface_hub==2.4.0" in server and "--no-compile" not in server   # the server imports these
-    assert f"-c {r.layout.venv}/{PARSER_LOCK} " in server                         # under the lock's pins
-    assert parser.endswith(f"--no-compile -r {r.layout.venv}/{PARSER_LOCK}")
-    assert wheel.endswith("--no-compile --no-deps sglang==0.5.23")
+    assert "huggingface_hub==2.4.0" in server and "--compile-bytecode" in server   # the server imports these
+    assert f"-c {r.layout.venv}/{PARSER_LOCK} " in server                           # under the lock's pins
+    assert parser.endswith(f"--python {r.layout.venv}/bin/python -r {r.layout.venv}/{PARSER_LOCK}")  # not compiled
+    assert wheel.endswith(f"--python {r.layout.venv}/bin/python --no-deps sglang==0.5.23")
     assert launch_parser(r)[1] == "SGLang 0.5.23's own parser"
     lock = parser_lock_file("0.5.23").read_text().splitlines()
     assert "torch==2.13.0+cpu" in lock and not any(line.startswith("sglang==") for line in lock)
@@ -105,3 +107,9 @@ def test_an_unknown_launch_check_choice_is_refused(value, monkeypatch):
     if before is not None:                             # leave the module as this process's environment says
         monkeypatch.setenv("DSV4_SIM_LAUNCH_CHECK", before)
         importlib.reload(stand_ins)
+
+
+def test_extra_indexes_are_searched_for_the_best_match_as_pip_does(profile_dir):
+    profile_dir.write("idx", "extends: nvfp4-ctx8k\nsglang:\n  extra_index_urls: [https://download.pytorch.org/whl/cu130]\n")
+    (cmd,) = installs(rollout(REAL, "idx"))
+    assert "--extra-index-url https://download.pytorch.org/whl/cu130 --index-strategy unsafe-best-match " in cmd

@@ -18,6 +18,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 
 from .. import patching
+from . import installer
 
 q = shlex.quote
 
@@ -201,19 +202,35 @@ def restart(unit: str, reasons: list[str], first: str = ""):
 
 
 @operation()
+def uv_tool(requirements: bytes, program: bytes, requirements_state: dict | None, program_state: dict | None,
+            installed_state: dict | None):
+    """The host's installer (host/installer.py): its pinned requirements and uvpip.py as files, and
+    uv itself installed by the host's pip with --require-hashes when what is installed is not what
+    the requirements pin."""
+    commands = _file_commands(installer.REQUIREMENTS, requirements, requirements_state, "root", "root", "644")
+    commands += _file_commands(installer.PROGRAM, program, program_state, "root", "root", "644")
+    if not (installed_state and installed_state.get("sha256") == hashlib.sha256(requirements).hexdigest()):
+        commands += installer.bootstrap_commands()
+    if not commands:
+        host.noop(f"uv in {installer.TOOL}")
+        return
+    yield from _yield(commands)
+
+
+@operation()
 def venv(path: str, marker: dict, marker_file: str, marker_state: dict | None, exists: bool,
          freeze_file: str | None = None):
-    """A venv that holds exactly MARKER's installs: made and filled by pip when its marker file
+    """A venv that holds exactly MARKER's installs: made and filled by uv when its marker file
     says otherwise; then its `pip freeze` (each release keeps a copy) and, last, the marker, so
     an interrupted install is redone."""
     if exists and marker_state == marker:
         host.noop(f"{path} holds what the profile pins")
         return
     if not exists:
-        yield StringCommand(f"python3 -m venv {q(path)}")
+        yield StringCommand(installer.venv_command(path))
     yield StringCommand(f"rm -f {q(marker_file)}" + (f" {q(freeze_file)}" if freeze_file else ""))
     for command in marker["installs"]:
         yield StringCommand(command)
     if freeze_file:
-        yield StringCommand(f"{q(path)}/bin/python -m pip freeze --all --disable-pip-version-check > {q(freeze_file)}")
+        yield StringCommand(f"{installer.freeze_command(path)} > {q(freeze_file)}")
     yield StringCommand(f"printf '%s\\n' {q(json.dumps(marker, sort_keys=True))} > {q(marker_file)}")

@@ -25,6 +25,7 @@ from ..layout import MODELS, OPT, RELEASES, Layout
 from ..releases import Release
 from ..rollout import Target
 from .facts import Releases
+from . import installer
 from .io import json_write_command, read_json, sh
 from .state import LOCK, PIP_FREEZE
 
@@ -306,8 +307,7 @@ def release_write_command(folder: str, venv: str, files: dict[str, str], profile
     freeze = f"{venv}/{PIP_FREEZE}"
     parts = [f"mkdir -p {' '.join(q(f'{folder}/files{os.path.dirname(p)}') for p in files)}",
              # what the venv really holds (torch, sgl-kernel, flashinfer, ...), kept with the release
-             f"{{ [ -s {q(freeze)} ] || {q(venv)}/bin/python -m pip freeze --all --disable-pip-version-check "
-             f"> {q(freeze)} 2>&1; }}", f"cp {q(freeze)} {q(folder)}/pip-freeze.txt"]
+             f"{{ [ -s {q(freeze)} ] || {installer.freeze_command(venv)} > {q(freeze)} 2>&1; }}", f"cp {q(freeze)} {q(folder)}/pip-freeze.txt"]
     parts += [f"printf '%s' {q(text)} > {q(f'{folder}/files{path}')}" for path, text in files.items()]
     parts += [json_write_command(f"{folder}/profile.json", profile_doc),
               json_write_command(f"{folder}/status.json", rec)]

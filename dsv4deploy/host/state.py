@@ -15,13 +15,13 @@ from typing import Any
 from ..weights_source import hub_expectation, local_expectation, rsync_folder
 from ..layout import ETC, GATE_USER, MODELS, OPT, STATE
 from ..rollout import Rollout
-from . import snapshot
+from . import installer, snapshot
 from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib, HostBasics, JsonFile,
                     NvidiaSmi, PatchesApplied, PortOwners, Releases, UnitInfo, VerifiedCheckpoint)
 
 # What the deploy runs on the host beyond a fresh server install (systemd, sshd, python3, sudo,
 # iproute2, procps): the venv (python3-venv: not in a default Ubuntu server), health and identity
-# checks (curl), patches (patch), pip over TLS (ca-certificates). Same names on Debian and Ubuntu.
+# checks (curl), patches (patch), pip and uv over TLS (ca-certificates). Same names on Debian and Ubuntu.
 HOST_PACKAGES = ["python3-venv", "curl", "patch", "ca-certificates"]
 LOCK = f"{STATE}/deploy.lock"
 VENV_MARKER = ".dsv4deploy-venv.json"
@@ -53,6 +53,7 @@ def managed_paths(r: Rollout) -> list[str]:
               f"{L.venv}/lib/python3*/site-packages/{STAND_IN_PTH}",
               f"{L.model_dir}"]
     paths += [f for f, _ in patch_files(r)]
+    paths += installer.paths()
     paths += list(r.rendered.files)             # replicas: the template unit, each replica's files, the gateway's
     if r.rendered.gateway is not None:
         paths += [f"{r.rendered.gateway.venv}/bin/python", f"{r.rendered.gateway.venv}/dsv4deploy.lock"]

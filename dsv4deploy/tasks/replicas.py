@@ -23,7 +23,7 @@ from pyinfra.operations import python
 
 from .. import gateway
 from ..health import HealthError
-from ..host import ops
+from ..host import installer, ops
 from ..host.checks import probe
 from ..host.gate import gate_record, prepare_release_gate, rolling_gate_record, run_release_gate
 from ..host.io import sh
@@ -33,13 +33,12 @@ from ..host.state import VENV_MARKER, HostState
 from ..rollout import Rollout, Target
 from .release import reported
 from .rollback import after_failure
-from .venv import PIP
 
 
 def gateway_venv_marker(r: Rollout) -> dict:
     inst = gateway.venv_install(r.rendered.gateway.version)
-    pip = f"{inst.venv}/bin/pip install {PIP} -c {inst.lock_dest} {inst.spec}"
-    return {"installs": [pip], "lock_sha256": hashlib.sha256(inst.lock_src.read_bytes()).hexdigest()}
+    install = installer.install_command(inst.venv, ["--compile-bytecode", "-c", inst.lock_dest, inst.spec])
+    return {"installs": [install], "lock_sha256": hashlib.sha256(inst.lock_src.read_bytes()).hexdigest()}
 
 
 @deploy("Gateway venv")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from ..host import ops
+from .. import uvpip
+from ..host import installer, ops
 from ..host.state import HOST_PACKAGES, HostState, directories
 from ..layout import GATE_USER
 from ..rollout import Rollout
@@ -15,6 +16,10 @@ from ..rollout import Rollout
 def host_packages(r: Rollout, state: HostState) -> None:
     ops.packages(name=f"packages the deploy uses ({', '.join(HOST_PACKAGES)})", names=HOST_PACKAGES,
                  installed=state["packages"] or {})
+    ops.uv_tool(name=f"uv {uvpip.UV_VERSION}, sha256-pinned, to fill the venvs ({installer.TOOL})",
+                requirements=installer.requirements(), program=installer.program(),
+                requirements_state=state.file(installer.REQUIREMENTS), program_state=state.file(installer.PROGRAM),
+                installed_state=state.file(installer.INSTALLED))
 
 
 @deploy("Service user and directories")

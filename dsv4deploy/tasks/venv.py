@@ -24,7 +24,7 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, server
 
-from ..host import ops
+from ..host import installer, ops
 from .. import releases
 from ..host.state import PARSER_LOCK, PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from ..profiles import REPO_ROOT
@@ -37,7 +37,6 @@ from ..rollout import Rollout
 SGLANG_PARSE = ("import argparse, sys; from sglang.srt.server_args import ServerArgs; "
                 "p = argparse.ArgumentParser(prog='sglang serve'); ServerArgs.add_cli_args(p); "
                 "p.print_usage = lambda file=None: None; p.parse_args(sys.argv[1:])")
-PIP = "--disable-pip-version-check -q"
 
 
 def stand_in_archive() -> bytes:
@@ -69,8 +68,9 @@ def twin_parser_lock(r: Rollout) -> Path | None:
 
 
 def installs(r: Rollout) -> list[str]:
-    """The pip commands that fill the venv, in order (they are also the venv marker's content)."""
-    data, pip = r.data, f"{r.layout.venv}/bin/pip install {PIP}"
+    """The installs that fill the venv, in order, as commands of the host's uv (host/installer.py;
+    they are also the venv marker's content)."""
+    data, venv = r.data, r.layout.venv
     version = data["sglang"]["version"]
     stand_in = r.stand_ins.get("sglang")
     if stand_in:
@@ -79,28 +79,31 @@ def installs(r: Rollout) -> list[str]:
         # dependencies (its files are what the profile's patches apply to) and, pinned by the
         # parser lock, what SGLang's own parser imports (CPU torch), for the launch check.
         # The server's own imports are byte-compiled (it runs as the service user, who cannot
-        # write __pycache__ in the venv); the rest is not (`--no-compile`: SGLang's and torch's
-        # thousands of modules, most of the twin's pip CPU time, which only the launch check
-        # imports, as root, writing the caches of what it imports once). The server's packages
-        # are installed under the lock's pins (-c), so the lock's install keeps them.
-        reqs = " ".join(shlex.quote(x) for x in stand_in["requirements"])
-        wheel = f"{pip} --no-compile --no-deps {shlex.quote(f'sglang=={version}')}"
+        # write __pycache__ in the venv); the rest is not (SGLang's and torch's thousands of
+        # modules, which only the launch check imports, as root, writing the caches of what it
+        # imports once). The server's packages are installed under the lock's pins (-c), so the
+        # lock's install keeps them.
+        reqs = list(stand_in["requirements"])
+        wheel = installer.install_command(venv, ["--no-deps", f"sglang=={version}"])
         if not twin_parser_lock(r):
-            return [f"{pip} {reqs}", wheel]
-        lock = shlex.quote(f"{r.layout.venv}/{PARSER_LOCK}")
-        return [f"{pip} -c {lock} {reqs}", f"{pip} --no-compile -r {lock}", wheel]
+            return [installer.install_command(venv, ["--compile-bytecode", *reqs]), wheel]
+        lock = f"{venv}/{PARSER_LOCK}"
+        return [installer.install_command(venv, ["--compile-bytecode", "-c", lock, *reqs]),
+                installer.install_command(venv, ["-r", lock]), wheel]
     extras = data["sglang"].get("extras") or []
     spec = f"sglang[{','.join(extras)}]=={version}" if extras else f"sglang=={version}"
-    args = []
+    args = ["--compile-bytecode"]         # the service user cannot write __pycache__: compiled at install
     if lock_file(version):
         # every package the venv holds, pinned for this release (torch for CUDA 13, sgl-kernel,
         # flashinfer, ...): the venv's name hashes it, so a new lock is a new venv
-        args += ["-c", f"{r.layout.venv}/dsv4deploy.lock"]
+        args += ["-c", f"{venv}/dsv4deploy.lock"]
     if data["sglang"].get("index_url"):
         args += ["--index-url", data["sglang"]["index_url"]]
     for url in data["sglang"].get("extra_index_urls") or []:
         args += ["--extra-index-url", url]
-    return [f"{pip} {' '.join(shlex.quote(a) for a in [*args, spec])}"]
+    if data["sglang"].get("extra_index_urls"):
+        args += ["--index-strategy", "unsafe-best-match"]     # the best match over all indexes, as pip
+    return [installer.install_command(venv, [*args, spec])]
 
 
 def venv_marker(r: Rollout) -> dict:
@@ -128,7 +131,7 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
         changed.append(ops.file(name=f"stand-in: what SGLang's own parser imports ({parser_lock.name})",
                                 dest=f"{venv}/{PARSER_LOCK}", content=parser_lock.read_bytes(),
                                 state=state.file(f"{venv}/{PARSER_LOCK}")))
-    holds = [c.rsplit(" ", 1)[-1] for c in marker["installs"]] + ([parser_lock.name] if parser_lock else [])
+    holds = [shlex.split(c)[-1] for c in marker["installs"]] + ([parser_lock.name] if parser_lock else [])
     changed.append(ops.venv(name=f"venv {venv}: {', '.join(holds)}",
                             path=venv, marker=marker, marker_file=f"{venv}/{VENV_MARKER}",
                             marker_state=state["venv"], exists=bool(state.file(f"{venv}/bin/python")),
