@@ -82,7 +82,7 @@ def lock_sha256(version: str) -> str | None:
 @dataclass(frozen=True)
 class VenvInstall:
     """How the host's smg venv is made, as tasks/venv.py makes SGLang's: the lock file put into
-    the venv, then `pip install <spec> -c <lock_dest>`; the venv's name hashes the lock."""
+    the venv, then `uv pip install <spec> -c <lock_dest>` (host/installer.py); the venv's name hashes the lock."""
 
     venv: str
     spec: str

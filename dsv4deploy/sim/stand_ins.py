@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# The launch check: SGLang's own parser, in the venv with CPU torch (2.3 GB, about 50 s of pip per
+# The launch check: SGLang's own parser, in the venv with CPU torch (2.3 GB, seconds of uv per
 # venv, uncompiled: tasks/venv.py installs). DSV4_SIM_LAUNCH_CHECK=twin keeps the twin's own parser
 # instead (SGLang's flags and their arity, no value checks: a stand-in), e.g. for the isolated twins
 # that test the rollout's order (the fleet's three, the lab's: tests/sim_fixtures.py LAB_ENV).

@@ -108,7 +108,7 @@ def installs(r: Rollout) -> list[str]:
 
 def venv_marker(r: Rollout) -> dict:
     """What the venv holds, as its marker file says it (ops.venv refills it when the host's differs):
-    the pip commands and the content of the lock files they install from."""
+    the installs (the host's uv) and the content of the lock files they install from."""
     marker = {"installs": installs(r), "lock_sha256": lock_sha256(r.data["sglang"]["version"])}
     parser_lock = twin_parser_lock(r)
     if parser_lock:
