@@ -53,15 +53,18 @@ def pip_settings(listing: str) -> dict[str, list[str]]:
     return {key: values for key, (_, values) in best.items()}
 
 
-def uv_arguments(settings: dict[str, list[str]]) -> tuple[list[str], dict[str, str]]:
+def uv_arguments(settings: dict[str, list[str]], given: list[str] = ()) -> tuple[list[str], dict[str, str]]:
     """(uv pip install options, environment) that say what SETTINGS say to pip. pip takes the
     best match across every index it is given; so does uv with unsafe-best-match (its default
-    stops at the first index that has the name)."""
+    stops at the first index that has the name). An --index-url or --index-strategy the command
+    itself GIVEN (a profile's index) wins over the configuration's, as on pip's command line."""
     args: list[str] = []
     for key, option in _INDEX_KEYS.items():
+        if option == "--index-url" and option in given:
+            continue
         for value in settings.get(key, []):
             args += [option, value]
-    if settings.get("extra-index-url"):
+    if settings.get("extra-index-url") and "--index-strategy" not in given:
         args += ["--index-strategy", "unsafe-best-match"]
     env = {var: settings[key][0] for key, var in _ENV_KEYS.items() if settings.get(key)}
     return args, env
@@ -91,11 +94,7 @@ def uv() -> Path:
 def install_command(python: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of `uv pip install ARGS` into the venv of PYTHON, with pip's settings."""
     listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-    extra, env = uv_arguments(pip_settings(listing))
-    for option in ("--index-url", "--index-strategy"):      # ARGS' own (a profile's index) win, as in pip
-        if option in args and option in extra:
-            i = extra.index(option)
-            del extra[i:i + 2]
+    extra, env = uv_arguments(pip_settings(listing), args)
     return ([str(uv()), "pip", "install", "--quiet", "--python", python, "--cache-dir", str(CACHE), *extra, *args],
             {**os.environ, **env})
 

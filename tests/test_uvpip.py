@@ -35,6 +35,12 @@ def test_uv_gets_the_same_indexes_best_match_and_the_cert_by_environment():
     assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
 
 
+def test_an_index_the_command_gives_wins_over_the_configurations():
+    args, _ = uvpip.uv_arguments(uvpip.pip_settings(LISTING), ["--index-url", "https://profile.example/simple",
+                                                                "--index-strategy", "first-index"])
+    assert "--index-url" not in args and "--index-strategy" not in args and "--extra-index-url" in args
+
+
 def test_no_pip_configuration_is_uv_defaults():
     assert uvpip.uv_arguments(uvpip.pip_settings("")) == ([], {})
     # a line pip never prints (no quotes, a stray value) is ignored, not guessed at

@@ -8,7 +8,6 @@ find-links, certificate, proxy), as on the control node.
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 from importlib.resources import files as package_files
 from pathlib import Path
@@ -33,10 +32,6 @@ def requirements() -> bytes:
 
 def program() -> bytes:
     return Path(uvpip.__file__).read_bytes()
-
-
-def requirements_sha256() -> str:
-    return hashlib.sha256(requirements()).hexdigest()
 
 
 def paths() -> list[str]:

@@ -24,8 +24,8 @@ from ..errors import make_target, rerun_with
 from ..layout import MODELS, OPT, RELEASES, Layout
 from ..releases import Release
 from ..rollout import Target
-from .facts import Releases
 from . import installer
+from .facts import Releases
 from .io import json_write_command, read_json, sh
 from .state import LOCK, PIP_FREEZE
 
