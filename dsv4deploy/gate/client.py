@@ -21,6 +21,11 @@ Early stop (per level, when it has a floor on output tok/s):
       best rate seen over any >= 2 s window.
   (b) running: after a warm-up share of the level (>= MIN_SHARE of its requests done or
       >= MIN_SECONDS), tokens streamed / t < MARGIN x floor.
+  The running rate counts from the moment all of the first C requests stream, and only once
+  every slot has streamed STEADY_ROUNDS more tokens on average (or nothing came for STALL_S):
+  a decode step of a slow server at high concurrency (the 1M-context baseline at C=64: ~2.1 s)
+  is longer than any fixed window, and a rate read between two steps would be near zero. It
+  ends at the last token that arrived, not at the tick that reads it, for the same reason.
   Failed requests beyond --max-failed stop the level too; --budget-s bounds the whole run
   (in-flight requests are cancelled and their sockets closed; SIGALRM is a last resort).
 
@@ -68,6 +73,8 @@ MIN_SHARE = 0.2         # (b) warm-up share: this fraction of the level's reques
 MIN_SECONDS = 10.0      # ... or this many seconds into the level
 MARGIN = 0.5            # (b) running throughput below MARGIN x floor stops the level
 HEADROOM = 1.5          # (a) after the warm-up share, remaining tokens at HEADROOM x best rate
+STEADY_ROUNDS = 2       # the running rate is read once each slot streamed this many more tokens ...
+STALL_S = 10.0          # ... or when no token came for this long (a stalled server)
 CT_KEY = b'"completion_tokens":'
 ROUTED_HEADER = b"x-smg-routed-worker-id"   # smg names the worker that served each request
 STAT_KEYS = ("mean", "median", "std", "p90", "p95", "p99", "max")
@@ -268,6 +275,7 @@ class Level:
         self.first_tokens = 0
         self.t_steady = None   # s into the level when all of the first C requests stream
         self.g_steady = 0
+        self.t_last = None     # s into the level when the last timed token arrived
         self.started_at = None
         self.best_rate = 0.0
         self.warmup_failed = 0
@@ -424,6 +432,8 @@ class Level:
                         last_ts = now
                         if timed:
                             self.streamed += ct - last_ct
+                            if self.t0 is not None:
+                                self.t_last = now - self.t0
                         last_ct = ct
                     last_payload = data
         if not keep:
@@ -499,9 +509,9 @@ class Level:
                 continue
             # warm-up share: MIN_SHARE of the requests done, or MIN_SECONDS in and the level fully
             # loaded (all of the first C requests streaming) for at least one rate window
+            running, settled = steady_rate(t, g, ts, self.g_steady, self.t_last, self.first_wave)
             share = (self.completed + self.failed) >= need or (
-                ts is not None and t >= MIN_SECONDS and t - ts >= RATE_WINDOW_S)
-            running = (g - self.g_steady) / (t - ts) if (ts is not None and t > ts) else g / t
+                settled and t >= MIN_SECONDS and t - ts >= RATE_WINDOW_S)
             remaining = max(0, total - g)
             rate = HEADROOM * max(self.best_rate, running) if share else 0.0
             bound = total / (t + (remaining / rate if rate > 0 else 0.0))
@@ -617,10 +627,10 @@ class Level:
 
     def running_rate(self, dur: float) -> float:
         """Output tok/s streamed (in-flight requests included) since all of the first C requests
-        were streaming, or since the start when that never happened."""
-        ts = self.t_steady
-        if ts is not None and dur - ts >= 1.0:
-            return (self.streamed - self.g_steady) / (dur - ts)
+        were streaming (see steady_rate), or since the start when that never settled."""
+        rate, settled = steady_rate(dur, self.streamed, self.t_steady, self.g_steady, self.t_last, self.first_wave)
+        if settled:
+            return rate
         return self.streamed / dur if dur > 0 else 0.0
 
     def result(self) -> dict:
@@ -655,6 +665,26 @@ class Level:
             "errors": [{"message": m, "count": c} for m, c in self.errors.most_common(MAX_ERRORS)],
             "extra": {}, "routed": routing(self.recs),
         }
+
+
+def steady_rate(t: float, streamed: int, t_steady: float | None, g_steady: int, t_last: float | None,
+                wave: int) -> tuple[float, bool]:
+    """(output tok/s since the level became steady, whether that rate can be trusted yet).
+
+    Steady = all of the first `wave` requests stream (t_steady, with g_steady tokens by then).
+    The rate is trusted once each slot streamed STEADY_ROUNDS more tokens on average, and then
+    ends at the last token that arrived (t_last): tokens come a decode step at a time, and a
+    step can be longer than any fixed window. With no token for STALL_S it ends now instead,
+    so a stalled server reads as slow. Before that: the rate since the start, not trusted."""
+    if t_steady is None or t <= t_steady:
+        return (streamed / t if t > 0 else 0.0), False
+    more = streamed - g_steady
+    stalled = t - (t_last if t_last is not None else t_steady) >= STALL_S
+    if stalled:
+        return more / (t - t_steady), True
+    if more < STEADY_ROUNDS * max(1, wave) or t_last is None or t_last <= t_steady:
+        return more / (t - t_steady), False
+    return more / (t_last - t_steady), True
 
 
 def _skipped(spec: dict, reason: str, warmup: int) -> dict:
