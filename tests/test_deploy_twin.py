@@ -188,7 +188,8 @@ def test_bad_profile_changes_nothing(twin, profile_dir):
 def test_sglangs_own_parser_refuses_an_argv_the_twins_parser_would_pass(twin, profiles):
     """The launch check on the twin is SGLang 0.5.23's own parser: it knows each flag's choices,
     which the twin's parser (flags and arity only) does not. Refused before anything changes,
-    with argparse's message alone (not the 500-line usage above it)."""
+    with argparse's message alone (not the 500-line usage above it), from the parser's captured
+    table and from SGLang imported alike."""
     (profiles / "badchoice.yaml").write_text("extends: quick16k\nserver:\n  extra_args: [--attention-backend, bogus]\n")
     count, pid = len(releases(twin)), main_pid(twin)
     out = deploy("badchoice", profiles_dir=profiles)
@@ -200,6 +201,15 @@ def test_sglangs_own_parser_refuses_an_argv_the_twins_parser_would_pass(twin, pr
     venv = live_venv(twin)
     passes = twin.run(f"{venv}/bin/python -m dsv4deploy.twin.args --model-path m --attention-backend bogus", check=False)
     assert passes.returncode == 0, "the twin's parser has no choices: only SGLang's own catches this"
+    # that verdict came from the parser table an earlier check captured in the venv; without the
+    # table SGLang is imported, says the same, and captures it again
+    table = f"{venv}/dsv4deploy.parser.json"
+    assert twin.run(f"stat -c %U:%a {table}").stdout.strip() == "root:644"
+    twin.run(f"rm {table}")
+    again = deploy("badchoice", profiles_dir=profiles)
+    assert again.returncode != 0 and main_pid(twin) == pid
+    assert "sglang serve: error: argument --attention-backend: invalid choice: 'bogus'" in again.stdout + again.stderr
+    assert twin.run(f"test -s {table}", check=False).returncode == 0
 
 
 def test_too_few_gpus_refuses_before_changing_anything(twin):

@@ -59,7 +59,8 @@ def test_an_edited_unit_plans_the_restart_with_its_reason_the_release_the_gate_a
     assert changes.reasons == ["unit files: unit sglang.service"]
     lines = plan_lines(r, state, changes.reasons)
     assert lines[0] == "restart sglang.service because: unit files: unit sglang.service"
-    assert lines[1] == "launch check before the switch: SGLang 0.5.23's own parser parses the rendered argv"
+    assert lines[1] == ("launch check before the switch: SGLang 0.5.23's own parser parses the rendered argv "
+                        "(from the table it captured in this venv, when it has one)")
     assert "record release 0004 (nvfp4-ctx8k) as pending" in lines[2]
     assert "C=64 >= 400 tok/s, C=16 >= 120 tok/s, C=1 >= 10 tok/s" in lines[3]
     assert "roll back to release 0003 (nvfp4-ctx8k)" in lines[4]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shlex
 
 import pytest
 
@@ -13,7 +14,7 @@ from dsv4deploy.host.state import PARSER_LOCK
 from dsv4deploy.rollout import rollout_for
 from dsv4deploy.sglang_versions import parser_lock_file
 from dsv4deploy.sim.stand_ins import STAND_INS
-from dsv4deploy.tasks.venv import SGLANG_PARSE, installs, launch_check_key, launch_parser
+from dsv4deploy.tasks.venv import LAUNCH_PARSER, PARSER_TABLE, installs, launch_check_key, launch_parser, parser_key
 
 REAL = {"weights_source": {"type": "hf"}}
 
@@ -35,7 +36,9 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
     assert f"install --python {r.layout.venv}/bin/python --compile-bytecode " in cmd     # the service user runs it
     assert cmd.endswith("-c /opt/dsv4deploy/venvs/" + r.layout.venv.rsplit("/", 1)[-1] + "/dsv4deploy.lock sglang==0.5.23")
     parse, what = launch_parser(r)
-    assert what == "SGLang 0.5.23's own parser" and SGLANG_PARSE.split(";")[0] in parse
+    assert what == "SGLang 0.5.23's own parser"
+    assert parse == (f"{r.layout.venv}/bin/python -c {shlex.quote(LAUNCH_PARSER)} check "
+                     f"{r.layout.venv}/{PARSER_TABLE} {parser_key(r)}")
 
 
 def test_the_twin_installs_the_real_wheel_and_what_its_parser_imports():
@@ -75,6 +78,17 @@ def test_the_launch_checks_key_changes_with_the_argv_and_the_parser_not_with_the
     assert launch_check_key(rollout(twin(), "ctx")) != base
     assert launch_check_key(rollout(twin(own_parser=False))) != base
     assert launch_check_key(rollout(REAL)) != base
+
+
+def test_the_captured_parser_table_is_keyed_by_the_venv_and_its_patches_not_by_the_argv(profile_dir):
+    """A table captured in a venv that then changed (other installs, another patch) is not used."""
+    profile_dir.write("ctx", "extends: nvfp4-ctx8k\nserver:\n  context_length: 16384\n")
+    base = parser_key(rollout(twin()))
+    assert parser_key(rollout(twin(), "ctx")) == base
+    other = rollout(twin())
+    other.data["sglang"]["patches"] = [{**other.data["sglang"]["patches"][0], "sha256": "0" * 64}]
+    assert parser_key(other) != base
+    assert parser_key(rollout(REAL)) != base
 
 
 def test_a_refreshed_parser_lock_is_a_new_launch_check(monkeypatch, tmp_path):
