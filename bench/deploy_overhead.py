@@ -78,7 +78,7 @@ def rollback_phases(lines: list[tuple[float, str]]) -> dict[str, float | None]:
     new release's restart), the restore (its files put back) and the restored server seen
     healthy and its own (its probe, sent as soon as the health poll that saw 200, with the
     identity check in the same command, returns)."""
-    check = first(lines, "from sglang.srt.server_args import")
+    check = first(lines, "def sglang_parser()", within=True)     # launch_parser.py's source, in the command
     check_end = next((t for t, line in lines if check is not None and t > check and "Command exit status" in line), None)
     switch = first(lines, "systemctl restart")
     restore = first(lines, "/files/. / &&", after=switch or 0.0, within=True)
