@@ -11,11 +11,12 @@ choices. Those are captured, and so is a type function of SGLang's own (`human_r
 reads `--context-length 128k`) whose code needs nothing beyond the standard library: its source
 text and the standard-library names it uses, compiled again from the same text. An action that
 is neither (a custom Action class, a type that needs a third-party module, `--help`) is captured
-as *opaque*: its arity only. An argv that uses
-no opaque flag gets argparse's own verdict, the same message included, from the rebuilt parser
-in about 0.1 s; an argv that uses one, or a venv without a captured table (or one captured for
-a different venv state: KEY), is parsed by SGLang's own parser, which captures the table for
-the next time.
+as *opaque*: its arity only. An argv that uses no opaque flag gets argparse's own verdict, the
+same message included, from the rebuilt parser in about 0.1 s; an argv that uses one, or a venv
+without a captured table (or one captured for a different venv state: KEY), is parsed by
+SGLang's own parser, which captures the table for the next time. The table is the venv's own
+(written by root into the root-owned venv): a type's source in it is SGLang's code from that
+venv, as trusted as importing it.
 
     python launch_parser.py check TABLE KEY ARGV...     # tasks/venv.py runs it as python -c SOURCE
 
