@@ -14,7 +14,11 @@
    here), the time nothing serves, and after the restored server is healthy.
 
     make sim-up && make deploy PROFILE=nvfp4-ctx8k
-    .venv/bin/python bench/deploy_overhead.py [--profile nvfp4-ctx8k] [--runs 5] [--changes 3]
+    .venv/bin/python bench/deploy_overhead.py [--profile nvfp4-ctx8k] [--runs 5] [--changes 3] [--rtt-ms 30]
+
+`--rtt-ms N`: every run reaches the twin through a relay on loopback that delays each byte by
+N/2 ms each way (`dsv4deploy/sim/link.py`), so each round trip costs what it would on a link to
+a real host N ms away (the bare run pays it too).
 
 Prints figures; asserts nothing. The last line: `no-op: ratio=R commands=N`.
 """
@@ -22,6 +26,7 @@ Prints figures; asserts nothing. The last line: `no-op: ratio=R commands=N`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -36,10 +41,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dsv4deploy.host.checks import PROBE_MARK  # noqa: E402
+from dsv4deploy.sim.faultlab import FAULTS  # noqa: E402
 from dsv4deploy.sim.host import SimHost  # noqa: E402
+from dsv4deploy.sim.layout import known_hosts_file  # noqa: E402
+from dsv4deploy.sim.link import DelayRelay  # noqa: E402
 
 PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
-FAULTS = "/etc/dsv4deploy-twin/faults.json"
 SHORT_GATE = """gate:
   warmup_requests: 1
   levels:
@@ -122,24 +129,54 @@ def own_crash_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3) -> f
     return took
 
 
+def slow_link(stack: contextlib.ExitStack, twin: SimHost, rtt_ms: float) -> str:
+    """An inventory of TWIN reached through a DelayRelay that adds RTT_MS to every round trip
+    (its host key pinned for the relay's port: checking stays on). Lives as long as STACK."""
+    relay = stack.enter_context(DelayRelay((twin.address, 0), (twin.address, 22), rtt_s=rtt_ms / 1000))
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="slow-link-")))
+    keys = [line.split(None, 1)[1] for line in known_hosts_file().read_text().splitlines()
+            if line.split(None, 1)[0] == twin.address]
+    (tmp / "known_hosts").write_text("".join(f"[{twin.address}]:{relay.port} {key}\n" for key in keys))
+    (tmp / "slow_link.py").write_text(
+        "import runpy\n"
+        f"_sim = runpy.run_path({str(REPO / 'inventory' / 'sim.py')!r})\n"
+        f"twins = [(name, {{**data, 'ssh_port': {relay.port}, 'ssh_known_hosts_file': {str(tmp / 'known_hosts')!r}}})\n"
+        "         for name, data in _sim['twins']]\n")
+    return str(tmp / "slow_link.py")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="nvfp4-ctx8k")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--changes", type=int, default=3, help="unit-only changes and rollbacks measured (median)")
+    ap.add_argument("--rtt-ms", type=float, default=0.0,
+                    help="reach the twin through a relay adding this round-trip time (a link to a real host)")
     args = ap.parse_args()
     twin = SimHost(1)
     if not twin.running():
         sys.exit("twin-1 is not running: make sim-up && make deploy PROFILE=" + args.profile)
+    if twin.run(f"test -e {FAULTS} && cat {FAULTS}", check=False).stdout.strip():
+        # a fault file left behind (an interrupted faults.py or rolling.py) would change the server's
+        # start this bench subtracts: its fast start read 2.5 s instead of 6.2 s
+        print(f"removed {FAULTS} left on the twin: {twin.run(f'cat {FAULTS}').stdout.strip()}")
+        twin.run(f"rm -f {FAULTS}")
+    with contextlib.ExitStack() as stack:
+        inventory = slow_link(stack, twin, args.rtt_ms) if args.rtt_ms else "inventory/sim.py"
+        if args.rtt_ms:
+            print(f"every run through a relay adding {args.rtt_ms:g} ms to each round trip (dsv4deploy/sim/link.py)")
+        return measure(args, twin, inventory)
 
-    deploy = [PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", f"profile={args.profile}"]
+
+def measure(args, twin: SimHost, inventory: str) -> int:
+    deploy = [PYINFRA, "-y", inventory, "deploy/serve.py", "--data", f"profile={args.profile}"]
     timed(deploy)  # settle: the profile is deployed, so the runs below are no-ops
     with tempfile.TemporaryDirectory() as tmp:
         bare_file = Path(tmp) / "bare.py"
         bare_file.write_text("from pyinfra.operations import files\n"
                              "files.directory(name='one', path='/var/lib/dsv4deploy')\n"
                              "files.directory(name='two', path='/etc/dsv4deploy')\n")
-        bare = [PYINFRA, "-y", "inventory/sim.py", str(bare_file)]
+        bare = [PYINFRA, "-y", inventory, str(bare_file)]
         noop_times, bare_times = [], []
         for _ in range(args.runs):                       # paired: alternate, same conditions
             noop_times.append(timed(deploy)[0])
@@ -168,7 +205,7 @@ def main() -> int:
             (Path(tmp) / "unit-only.yaml").write_text(
                 f"extends: {args.profile}\ndescription: unit-only change for bench/deploy_overhead.py\n"
                 f"service:\n  timeout_stop_s: {119 - i % 2}\n{SHORT_GATE}")
-            took, _ = timed([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=unit-only"], env)
+            took, _ = timed([PYINFRA, "-y", inventory, "deploy/serve.py", "--data", "profile=unit-only"], env)
             gate_s = last_gate_wall_s(twin)
             overheads.append(took - start_s - gate_s)
             print(f"unit-only change: {took:.2f} s = server start {start_s:.1f} s + gate {gate_s:.1f} s + "
@@ -184,7 +221,7 @@ def main() -> int:
             twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error",
                                                 "match_argv": f"--context-length {context}"}))
             try:
-                took, lines = timed_lines([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data",
+                took, lines = timed_lines([PYINFRA, "-y", inventory, "deploy/serve.py", "--data",
                                            "profile=crashes", "--debug"], env)
             finally:
                 twin.run(f"rm -f {FAULTS}")

@@ -64,6 +64,13 @@ def main(argv=None) -> int:
     if not twin.running():
         print("faults: no twin is running: start it with `make sim-up`", file=sys.stderr)
         return 1
+    try:
+        return strike(args, twin, only)
+    finally:        # the lab's fast start and faults stay on no twin after it: other benches time the start
+        twin.run(f"rm -f {faultlab.FAULTS}", check=False)
+
+
+def strike(args, twin, only: set[int] | None) -> int:
     profiles = faultlab.write_profiles(Path(tempfile.mkdtemp(prefix="faults-profiles-")), faultlab.VARIANTS)
     lab = faultlab.Lab(twin, profiles, baseline="nvfp4-ctx8k")
     if not args.keep:

@@ -34,6 +34,23 @@ def longest_gap(times: list[float], since: float, until: float) -> tuple[float, 
     return max((b - a, a) for a, b in zip(points, points[1:]))
 
 
+def windows_over(times: list[float], since: float, until: float, window_s: float, bound_s: float,
+                 step_s: float = 1.0) -> tuple[int, int, float]:
+    """How a steady run's completions look through every window of WINDOW_S that fits in
+    [since, until], started STEP_S apart: (windows, windows whose longest gap exceeds BOUND_S, the
+    median longest gap). What any rollout that keeps the load on that capacity for WINDOW_S
+    would show at best (bench/rolling.py's floor row)."""
+    longest = []
+    start = since
+    while start + window_s <= until:
+        longest.append(longest_gap(times, start, start + window_s)[0])
+        start += step_s
+    if not longest:
+        raise ValueError(f"no window of {window_s:g} s fits in a run of {until - since:g} s")
+    longest.sort()
+    return len(longest), sum(g > bound_s for g in longest), longest[len(longest) // 2]
+
+
 @dataclass
 class LoadResult:
     sent: int = 0
