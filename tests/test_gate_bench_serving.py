@@ -4,9 +4,13 @@ the floor time limit; end to end through run_gate with a stand-in `python -m sgl
 (or the older `sglang.bench_serving` where the new module is absent)."""
 
 import json
+import os
 import re
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -98,12 +102,16 @@ def test_command_shape_and_secret_handling():
                            run_as="dsv4deploy-gate")
     assert cmd.startswith("if [ -s /etc/dsv4deploy/secrets/sglang-api-key ]; then OPENAI_API_KEY=$(cat "
                           "/etc/dsv4deploy/secrets/sglang-api-key); export OPENAI_API_KEY; fi; export HF_HUB_OFFLINE=1;")
-    assert 'chown dsv4deploy-gate "$d"; ' in cmd
+    # the gate's user writes only in its own $d/out; stdout and stderr are root's files in root's $d
+    assert 'chmod 711 "$d" && chown dsv4deploy-gate "$d/out" && ' in cmd
+    assert 'chown dsv4deploy-gate "$d" ' not in cmd and 'chown dsv4deploy-gate "$d";' not in cmd
+    assert ("setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
+            'tail -n 1 "$d/out/bench.jsonl"') in cmd
     assert ("timeout -k 10 300 setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
             "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -m sglang.benchmark.serving --backend sglang "
             "--host 127.0.0.1 --port 30000 --model /srv/models/DeepSeek-V4-Flash --tokenizer /srv/models/DeepSeek-V4-Flash "
             "--dataset-name random-ids --random-input-len 256 --random-output-len 256 --random-range-ratio 1.0 "
-            "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/bench.jsonl\" --disable-tqdm") in cmd
+            "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/out/bench.jsonl\" --disable-tqdm") in cmd
     assert "mktemp -d" in cmd       # a fresh output file every run
     assert "sglang.bench_serving" not in cmd   # the deprecated shim only where the module is absent
     legacy = bs.build_command(lv, venv_python="/v/bin/python", base_url="http://127.0.0.1:30000", model_path="/m",
@@ -237,3 +245,49 @@ def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
     (failure,) = out.verdict.failures          # the stop lands on the limit, give or take the machine's load
     assert re.fullmatch(r"C=4 stopped early after 2\.\d s: cannot reach the floor: 32 tokens at 32 tok/s take 1 s; "
                         r"bench_serving still running after 2 s \(incl\. 1 s start-up\)", failure), failure
+
+
+HOSTILE = r'''#!/usr/bin/python3
+# bench_serving's stand-in as a compromised model repository's tokenizer code would act, run as the
+# gate's user: it tries to make root read a root-only file back into the gate's output
+import os, sys
+a = sys.argv
+out = a[a.index("--output-file") + 1]
+d = os.path.dirname(os.path.dirname(out))               # root's private folder around out/
+for name in ("stderr", "stdout"):
+    try:
+        os.replace(os.path.join(d, name), os.path.join(d, name + ".old"))
+        os.symlink({secret!r}, os.path.join(d, name))
+        print("replaced", name, file=sys.__stdout__)
+    except OSError as exc:
+        print("cannot replace", name, type(exc).__name__, file=sys.__stderr__)
+os.symlink({secret!r}, out)                               # its own file: a link to the secret
+sys.exit(0)
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops privileges to the system user daemon: needs root")
+def test_tokenizer_code_run_as_the_gate_user_cannot_make_root_read_a_secret_back():
+    """bench_serving loads the repository's tokenizer code (trust_remote_code): as the gate's user it
+    can write in its own output folder only, and what root prints back from there is read as that
+    user, so a link to a root-only file yields nothing."""
+    work = Path(tempfile.mkdtemp(prefix="gate-hostile-"))
+    try:
+        work.chmod(0o755)
+        secret = work / "root-only-secret"
+        secret.write_text("TOPSECRET-hf-token\n")
+        secret.chmod(0o600)
+        py = work / "python"
+        py.write_text(HOSTILE.format(secret=str(secret)))
+        py.chmod(0o755)
+        cmd = bs.build_command(LevelSpec(1, 1, 8, 8), venv_python=str(py), base_url="http://127.0.0.1:30000",
+                               model_path="/m", warmup_requests=0, limit_s=30, run_as="daemon")
+        rc, out, err = local_execute(f"TMPDIR={work}; export TMPDIR; {cmd}", 60)
+        assert rc == 0 and f"{bs.MARK} rc=0" in out, (out, err)
+        assert "TOPSECRET" not in out + err
+        sec = bs.split_output(out)
+        assert sec["jsonl"] == "" and "cannot replace stderr PermissionError" in sec["stderr"]
+        assert "replaced" not in out
+        assert not list(work.glob("dsv4deploy-gate.*"))            # root's folder removed after the run
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

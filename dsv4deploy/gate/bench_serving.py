@@ -81,20 +81,27 @@ def drop_privileges(user: str | None) -> list[str]:
 def build_command(level: LevelSpec, *, venv_python: str, base_url: str, model_path: str,
                   warmup_requests: int, limit_s: float, api_key_file: str | None = None,
                   run_as: str | None = None, module: str = MODULE) -> str:
-    """The remote shell command (POSIX sh) for one level; prints marked sections on stdout."""
+    """The remote shell command (POSIX sh) for one level; prints marked sections on stdout.
+
+    bench_serving runs the model repository's tokenizer code (trust_remote_code), so with RUN_AS
+    it may write only in a folder of its own ($d/out) inside root's private $d: stdout and stderr
+    are files root's shell opens in $d, where RUN_AS can neither create nor replace a name, and
+    the JSONL is read back as RUN_AS, so a link planted there reads nothing RUN_AS could not."""
     q = shlex.quote
-    argv = drop_privileges(run_as) + bench_argv(level, venv_python=venv_python, base_url=base_url,
-                                                model_path=model_path, warmup_requests=warmup_requests,
-                                                output_file="@OUT@", module=module)
-    cmd = " ".join('"$d/bench.jsonl"' if a == "@OUT@" else q(a) for a in argv)
+    as_user = drop_privileges(run_as)
+    argv = as_user + bench_argv(level, venv_python=venv_python, base_url=base_url,
+                                model_path=model_path, warmup_requests=warmup_requests,
+                                output_file="@OUT@", module=module)
+    cmd = " ".join('"$d/out/bench.jsonl"' if a == "@OUT@" else q(a) for a in argv)
     key = (f"if [ -s {q(api_key_file)} ]; then OPENAI_API_KEY=$(cat {q(api_key_file)}); export OPENAI_API_KEY; fi; "
            if api_key_file else "")
-    owner = f'chown {q(run_as)} "$d"; ' if run_as else ""
+    owner = f'chmod 711 "$d" && chown {q(run_as)} "$d/out" && ' if run_as else ""
+    read_jsonl = " ".join(q(a) for a in as_user) + (" " if as_user else "")
     return (key + "export HF_HUB_OFFLINE=1; "
-            f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/dsv4deploy-gate.XXXXXX") || {{ echo "{MARK} rc=97"; exit 0; }}; '
-            + owner +
+            f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/dsv4deploy-gate.XXXXXX") && mkdir "$d/out" && {owner}'
+            f': >"$d/stdout" && : >"$d/stderr" || {{ echo "{MARK} rc=97"; rm -rf "$d"; exit 0; }}; '
             f'timeout -k 10 {max(1, int(limit_s))} {cmd} >"$d/stdout" 2>"$d/stderr" </dev/null; rc=$?; '
-            f'echo "{MARK} rc=$rc"; echo "{MARK} jsonl"; tail -n 1 "$d/bench.jsonl" 2>/dev/null; echo; '
+            f'echo "{MARK} rc=$rc"; echo "{MARK} jsonl"; {read_jsonl}tail -n 1 "$d/out/bench.jsonl" 2>/dev/null; echo; '
             f'echo "{MARK} stderr"; tail -c 4000 "$d/stderr"; echo; '
             f'echo "{MARK} stdout"; tail -c 2000 "$d/stdout"; echo; rm -rf "$d"')
 
