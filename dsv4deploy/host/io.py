@@ -8,9 +8,11 @@ through here.
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import uuid
 
-from pyinfra.api import DeployError
+from pyinfra.api import DeployError, FileUploadCommand
 
 
 PRIVILEGE_ARGS = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env", "_su_user")
@@ -40,9 +42,53 @@ def sh(h, command: str, timeout: float | None = None) -> tuple[bool, str]:
 
 
 def put(h, src, dest: str) -> bool:
-    """Upload a local path or file object to `dest` (through a temp file and sudo when the
-    inventory connects unprivileged); False when the upload failed."""
-    return bool(h.put_file(src, dest, **privileged(h)))
+    """Upload a local path or file object to `dest` (through a private staging file and sudo when
+    the inventory connects unprivileged: staged()); False when the upload failed."""
+    return bool(h.put_file(src, dest, remote_temp_filename=staged(h, dest), **privileged(h)))
+
+
+# Where an upload waits for sudo's copy, under the SSH user's home (made 0700 by that user).
+STAGING_DIR = ".cache/dsv4deploy-upload"
+STAGING_COMMAND = ('umask 077 && d="$HOME/' + STAGING_DIR + '" && mkdir -p "$d" && chmod 700 "$d" && '
+                   'test ! -L "$d" && test "$(stat -c %u:%a "$d")" = "$(id -u):700" && printf \'%s\\n\' "$d"')
+_SAFE_PATH = re.compile(r"/[A-Za-z0-9._/-]{1,200}")
+_staging: dict[str, str] = {}
+
+
+def staging_dir(h) -> str | None:
+    """The folder an upload is staged in before sudo copies it into place, or None when the
+    inventory connects as root (an upload then goes straight to its destination).
+
+    pyinfra stages a sudo upload as /tmp/pyinfra-<sha1 of the destination>: a name every local
+    user can compute, written with the SFTP server's umask (readable by all), then copied by
+    root. The HF token would be readable there, and a user who made that name first would own
+    the file root copies (nccl_probe.py, which root runs). So uploads wait in a 0700 folder of
+    the SSH user's own, made and checked once per run by that user, without sudo."""
+    if not privileged(h):
+        return None
+    if h.name not in _staging:
+        ok, out = h.run_shell_command(STAGING_COMMAND)
+        where = out.stdout.strip() if ok else ""
+        if not _SAFE_PATH.fullmatch(where):
+            raise DeployError(f"cannot make a private folder to stage uploads in (~/{STAGING_DIR}, 0700, owned by "
+                              f"the SSH user): {(out.stderr or out.stdout).strip()[-300:] or 'no answer'}")
+        _staging[h.name] = where
+    return _staging[h.name]
+
+
+def staged(h, dest: str) -> str | None:
+    """A fresh staging file name for an upload to DEST (None: no staging: connected as root)."""
+    folder = staging_dir(h)
+    return f"{folder}/{uuid.uuid4().hex}-{dest.rsplit('/', 1)[-1][:40]}" if folder else None
+
+
+class PrivateUpload(FileUploadCommand):
+    """An operation's upload, staged as `put` stages it (staged()), decided when it runs."""
+
+    def execute(self, state, host, connector_arguments):
+        if connector_arguments.get("_sudo") or connector_arguments.get("_su_user"):
+            self.remote_temp_filename = staged(host, self.dest)
+        return super().execute(state, host, connector_arguments)
 
 
 def json_write_command(path: str, doc: dict) -> str:

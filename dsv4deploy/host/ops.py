@@ -15,10 +15,11 @@ import shlex
 from io import BytesIO
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
 from .. import patching
 from . import installer
+from .io import PrivateUpload
 
 q = shlex.quote
 
@@ -93,13 +94,13 @@ def _file_commands(dest: str, content: bytes, state: dict | None, user: str, gro
         except UnicodeDecodeError:
             pass
     tmp = f"{dest}.dsv4deploy-tmp"
-    return [f"{make_parent(dest)} && umask 077 && : > {q(tmp)}", FileUploadCommand(BytesIO(content), tmp),
+    return [f"{make_parent(dest)} && umask 077 && : > {q(tmp)}", PrivateUpload(BytesIO(content), tmp),
             f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}"]
 
 
 def _yield(commands: list):
     for c in commands:
-        yield c if isinstance(c, FileUploadCommand) else StringCommand(c)
+        yield c if isinstance(c, PrivateUpload) else StringCommand(c)
 
 
 @operation()
@@ -142,7 +143,7 @@ def bundle(archive: bytes, dest: str, marker_state: dict | None):
         return
     tmp = f"{dest}.tar.gz.dsv4deploy-tmp"
     yield StringCommand(f"umask 022; mkdir -p {q(dest.rsplit('/', 1)[0])} && : > {q(tmp)}")
-    yield FileUploadCommand(BytesIO(archive), tmp)
+    yield PrivateUpload(BytesIO(archive), tmp)
     yield StringCommand(f"umask 022; rm -rf {q(dest)}.new && mkdir -p {q(dest)}.new && "
                         f"tar -xzf {q(tmp)} -C {q(dest)}.new --no-same-owner && "
                         f"printf '%s\\n' {digest} > {q(dest)}.new/.bundle-sha256 && rm -rf {q(dest)} && "

@@ -6,14 +6,13 @@ says `--data allow_reboot=true` (through make: `ARGS="--data allow_reboot=true"`
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import DeployError, deploy
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, python, server
 
 from ..errors import rerun_with
+from ..host import ops
 from ..layout import STATE
 from ..rollout import Rollout
 
@@ -46,10 +45,10 @@ def driver(r: Rollout, needed: bool) -> None:
     distro = _repo_distro()
     apt.packages(name="prerequisites", packages=["ca-certificates", "curl", "gnupg"], update=True, cache_time=3600)
     apt.deb(name="NVIDIA CUDA repository (cuda-keyring)", src=CUDA_REPO.format(distro=distro))
-    files.put(name=f"pin the driver to branch {branch}",
-              src=StringIO(f"Package: nvidia-open* nvidia-driver* libnvidia-* nvidia-kernel-* cuda-drivers*\n"
-                           f"Pin: version {branch}.*\nPin-Priority: 1001\n"),
-              dest="/etc/apt/preferences.d/dsv4deploy-nvidia-driver", mode="644")
+    ops.file(name=f"pin the driver to branch {branch}",
+             content=(f"Package: nvidia-open* nvidia-driver* libnvidia-* nvidia-kernel-* cuda-drivers*\n"
+                      f"Pin: version {branch}.*\nPin-Priority: 1001\n").encode(),
+             dest="/etc/apt/preferences.d/dsv4deploy-nvidia-driver", state=None, mode="644")
     packages = ["nvidia-open"]
     if r.data["driver"].get("cuda_toolkit"):
         packages.append(r.data["driver"]["cuda_toolkit"])

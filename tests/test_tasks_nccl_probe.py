@@ -1,0 +1,54 @@
+"""dsv4deploy/tasks/nccl_probe.py: the probe runs only as uploaded (sha256) and as the service's
+user, never as root (the twin skips the probe: it runs on real GPUs only)."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from dsv4deploy.tasks.nccl_probe import probe_command
+
+FAKE_PROBE = "#!/bin/sh\necho \"uid=$(id -u) home=$HOME args=$*\"\n"
+
+
+@pytest.fixture
+def program():
+    work = Path(tempfile.mkdtemp(prefix="nccl-probe-test-"))
+    work.chmod(0o755)
+    script = work / "nccl_probe.py"
+    script.write_text(FAKE_PROBE)
+    script.chmod(0o755)
+    yield script
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops privileges to the system user daemon: needs root")
+def test_the_probe_runs_as_the_service_user_with_its_home(program):
+    digest = hashlib.sha256(program.read_bytes()).hexdigest()
+    cmd = probe_command([str(program), "launch", "--nranks", "4"], script=str(program), sha256=digest,
+                        user="daemon", home="/var/lib/dsv4deploy/sglang")
+    out = _run(cmd)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "uid=1 home=/var/lib/dsv4deploy/sglang args=launch --nranks 4"
+
+
+def test_a_program_that_does_not_match_its_sha256_is_not_run(program):
+    cmd = probe_command([str(program), "launch"], script=str(program), sha256="0" * 64, user="daemon", home="/x")
+    out = _run(cmd)
+    assert out.returncode == 1 and out.stdout == ""
+    assert f"{program} does not match sha256 0000000000000000: not run" in out.stderr
+
+
+def test_the_command_quotes_every_word():
+    cmd = probe_command(["/v/bin/python", "/v/nccl_probe.py", "--env", "A=b c; rm -rf /"], script="/v/nccl_probe.py",
+                        sha256="a" * 64, user="sglang", home="/var/lib/dsv4deploy/sglang")
+    assert cmd.endswith("setpriv --reuid=sglang --regid=sglang --clear-groups --no-new-privs -- env "
+                        "HOME=/var/lib/dsv4deploy/sglang /v/bin/python /v/nccl_probe.py --env 'A=b c; rm -rf /'")
