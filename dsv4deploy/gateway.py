@@ -284,6 +284,14 @@ class Drained:
     removed_s: float
     idle_s: float | None
     in_flight: int
+    unanswered: str | None = None     # its /metrics did not answer at the end (timeout, no link): why
+
+
+def refused(exc: OSError) -> bool:
+    """A connection refused: nothing listens there (a timeout or a lost link says nothing)."""
+    reason = getattr(exc, "reason", None)
+    return (isinstance(exc, ConnectionRefusedError) or isinstance(reason, ConnectionRefusedError)
+            or "Connection refused" in str(exc))
 
 
 def wait_for(check: Callable[[], object], timeout_s: float, poll_s: float = 0.5,
@@ -315,15 +323,19 @@ def drain(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s
             raise GatewayError(f"{replica_url} is still listed by the gateway {timeout_s:g} s after "
                                "DELETE /workers")
     removed = clock() - start
-    left = [0]
+    left, unanswered = [0], [None]
 
     def idle() -> bool:
         try:
             status, body = http("GET", f"{replica_url}/metrics", {}, None, 10)
-        except OSError:
-            # nothing listens (the replica crashed or is restarting): no request can be running on it
-            left[0] = 0
-            return True
+        except OSError as exc:
+            if refused(exc):
+                # nothing listens (the replica crashed or is restarting): no request can be running on it
+                left[0], unanswered[0] = 0, None
+                return True
+            unanswered[0] = str(exc)[:200]      # a timeout or no link: requests may still run; ask again
+            return False
+        unanswered[0] = None
         n = replica_in_flight(body.decode("utf-8", "replace")) if status == 200 else None
         if n is None:
             raise GatewayError(f"{replica_url}/metrics gives no running/queued counts (HTTP {status}): "
@@ -332,7 +344,8 @@ def drain(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s
         return n == 0
 
     done = wait_for(idle, max(0.0, timeout_s - removed), poll_s, clock, sleep)
-    return Drained(removed_s=removed, idle_s=(clock() - start) if done else None, in_flight=left[0])
+    return Drained(removed_s=removed, idle_s=(clock() - start) if done else None, in_flight=left[0],
+                   unanswered=None if done else unanswered[0])
 
 
 def readmit(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s: float,

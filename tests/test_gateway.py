@@ -294,3 +294,25 @@ def test_a_replica_that_does_not_answer_has_nothing_in_flight():
     clock = Clock()
     done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=60, poll_s=1, clock=clock, sleep=clock.sleep)
     assert done.idle_s == 0.0 and done.in_flight == 0
+
+
+@pytest.mark.parametrize("error", [TimeoutError("timed out"), OSError("no answer from the host: empty output")])
+def test_a_replica_whose_metrics_do_not_answer_is_not_taken_for_idle(error):
+    """Only a refused connection means nothing runs there: a timeout or a lost link does not, so
+    the drain asks again until its budget, and says why it ended."""
+    http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
+                   *[("GET", "31001/metrics", error)] * 200])
+    clock = Clock()
+    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=20, poll_s=1, clock=clock, sleep=clock.sleep)
+    assert done.idle_s is None and done.unanswered == str(error)
+
+
+def test_a_refused_connection_through_the_hosts_program_reads_as_refused():
+    from dsv4deploy.host.gateway_http import parse_answer
+    import base64
+    with pytest.raises(OSError) as exc:
+        parse_answer("0\n" + base64.b64encode(b"[Errno 111] Connection refused").decode())
+    assert gateway.refused(exc.value)
+    with pytest.raises(OSError) as exc:
+        parse_answer("0\n" + base64.b64encode(b"timed out").decode())
+    assert not gateway.refused(exc.value)

@@ -164,7 +164,10 @@ def roll(h, t: Target, indices: list[int], check: Callable[[Target], None], poll
             if listed:
                 drained = gateway.drain(http, endpoint, key, rt.base_url, t.plan.drain_timeout_s, poll_s=0.3)
                 step.drained_s, step.in_flight_left = drained.idle_s or drained.removed_s, drained.in_flight
-                if drained.idle_s is None:
+                if drained.idle_s is None and drained.unanswered:
+                    log(f"{rt.label}: its /metrics did not answer to the end of the drain budget "
+                        f"({t.plan.drain_timeout_s} s: {drained.unanswered}): restarting it cuts off whatever still runs")
+                elif drained.idle_s is None:
                     log(f"{rt.label}: {drained.in_flight} requests still running after the drain budget "
                         f"({t.plan.drain_timeout_s} s): restarting it cuts them off")
                 else:
