@@ -416,8 +416,12 @@ def test_a_previous_release_whose_files_were_pruned_cannot_come_back(h, tmp_path
     store.mark_deployed(begin(store, tmp_path, manifest="m1"))
     os.remove(Path(store.folder(1), "profile.json"))
     rel = begin(store, tmp_path, manifest="m2")
+    h.answer("systemctl stop", "")
     out = rollback.after_failure(h, rel, store.target(rel.record), "smoke gate failed: C=64")
-    assert out.startswith("release 0001 has no profile.json: its files were pruned\nNOTHING IS SERVING")
+    assert out.startswith("release 0001 has no profile.json: its files were pruned\n"
+                          "NOTHING IS SERVING (sglang.service stopped)")
+    # the failed release answered (its gate failed, not its health): it does not go on serving unrecorded
+    assert h.commands[-1] == "systemctl stop sglang.service"
     assert "make deploy PROFILE=nvfp4-ctx8k" in out
     assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["reason"] == "smoke gate failed: C=64"
 
@@ -510,8 +514,10 @@ def test_a_previous_release_that_is_not_restorable_is_not_ready_and_the_rollback
     h.answer("test -x", "its venv (/opt/dsv4deploy/venvs/x)\n")
     assert rollback.ready_to_restore(h, good) is None and rollback.ready_to_restore(h, None) is None
     bad = begin(store, tmp_path, manifest="m2")
+    h.answer("systemctl stop", "")
     out = rollback.after_failure(h, bad, store.target(bad.record), "not healthy after 10 s", ready=None)
     assert "cannot be restored: gone from the host: its venv" in out and "NOTHING IS SERVING" in out
+    assert h.commands[-1] == "systemctl stop sglang.service"
     assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["reason"] == "not healthy after 10 s"
     assert on_disk(store, 3)["status"] == releases.FAILED and on_disk(store, 3)["kind"] == "rollback"
 

@@ -137,6 +137,7 @@ def after_failure(h, failed: Release | None, failed_target: Target, reason: str,
                 f"{'is' if len(failed_target.units) == 1 else 'are'} stopped and left stopped")
     what = failed.name if failed else "the new release"
     checked = ready is not None and ready[0]["release"] == previous["release"]
+    prev_target = None
     try:
         prev_target = ready[1] if checked else store.target(previous)
         if prev_target.is_set != failed_target.is_set:
@@ -147,9 +148,20 @@ def after_failure(h, failed: Release | None, failed_target: Target, reason: str,
     except RollbackError as exc:
         if failed:        # when the restore could not start, it wrote nothing yet (again: the same record)
             store.save(failed.record)
-        return (f"{exc}\nNOTHING IS SERVING; the history records the failed rollback. Fix what is named above, "
-                f"then deploy a profile again (make deploy PROFILE={previous['profile']}: it rebuilds what is "
-                f"missing and gates it)")
+        fix = (f"Fix what is named above, then deploy a profile again (make deploy PROFILE={previous['profile']}: "
+               f"it rebuilds what is missing and gates it)")
+        if failed_target.is_set and (prev_target is None or prev_target.is_set):
+            # a rolling update's restore: the replicas it never touched still serve through the gateway
+            return (f"{exc}\nTHE REPLICA SET IS NOT FULLY RESTORED: the gateway serves the replicas still in it "
+                    f"(systemctl status '{failed_target.layout.service}@*'); the history records the failed "
+                    f"rollback. {fix}")
+        # a failed release that answers (its gate failed, not its health) or a restored one that
+        # crash-loops would go on under no record that passed: stop them, so that what the
+        # history and this message say is what runs
+        units = sorted({*failed_target.units, *(prev_target.units if prev_target else ())})
+        sh(h, f"systemctl stop {' '.join(units)}")
+        return (f"{exc}\nNOTHING IS SERVING ({', '.join(units)} stopped); the history records the failed "
+                f"rollback. {fix}")
     return (f"rolled back: {new.name} (restores {new.restores:04d}, profile "
             f"{previous['profile']}) is serving on {prev_target.base_url}")
 
