@@ -15,6 +15,7 @@ from .errors import Problem
 from .memory import Budget, BudgetInputError, budget
 from .patches import MASK_SECRETS_PATCH, PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM, profile_entry
 from .flags import MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
+from .layout import GATE_USER
 from .profiles import Profile
 from .sglang_versions import facts, known_versions
 
@@ -57,6 +58,9 @@ SYSTEM_UNITS = {
     "motd-news", "fwupd", "packagekit", "accounts-daemon", "irqbalance", "thermald", "libvirtd",
     "firewalld", "sssd", "nscd", "nginx", "apache2", "httpd", "postgresql", "mysql", "redis-server",
     "releases",  # /var/lib/dsv4deploy/releases is the release store: a service there would share it
+    # the deploy's own folders beside the service's under /etc/dsv4deploy and /var/lib/dsv4deploy: a
+    # service named so would own root's HF_HOME (hf-home) or share the secrets' folder (secrets)
+    "secrets", "hf-home", "deploy.lock", "reboot-required", "secrets.env", "tools", "venvs", "gate",
 }
 SYSTEM_UNIT_PREFIXES = ("systemd-", "dbus-", "getty", "user@", "sys-", "dev-", "run-")
 
@@ -330,6 +334,9 @@ def _service(profile, service, add) -> None:
     if user in SYSTEM_USERS or user.startswith("systemd-"):
         add(profile.problem(("service", "user"), f"{user!r} is a system or login account: the server runs model "
                             "code (trust_remote_code) and must run as a dedicated unprivileged user, e.g. sglang"))
+    elif user == GATE_USER:
+        add(profile.problem(("service", "user"), f"{user!r} is the gate's own user (it runs the load client "
+                            "against the server): the server needs a user of its own, e.g. sglang"))
     if name in SYSTEM_UNITS or name.startswith(SYSTEM_UNIT_PREFIXES):
         add(profile.problem(("service", "name"), f"{name!r} collides with a system unit or a dsv4deploy folder: "
                             "pick a name of its own, e.g. sglang or sglang-ctx8k"))
