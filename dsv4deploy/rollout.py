@@ -6,7 +6,7 @@ that cannot exist on that host (the twin has no CUDA torch and no NVIDIA apt rep
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyinfra.api import DeployError
 
@@ -30,6 +30,7 @@ class Target:
     data: dict
     layout: Layout
     index: int | None = None          # a replica of the set, or None
+    kept_gateway_venv: str | None = None   # as a kept release's manifest names it (as_kept)
 
     @classmethod
     def of(cls, data: dict) -> "Target":
@@ -39,12 +40,27 @@ class Target:
     def plan(self) -> ReplicaPlan | None:
         return replicas.plan(self.data)
 
+    def as_kept(self, manifest: dict | None) -> "Target":
+        """This service as release's kept MANIFEST says it ran: the venv (and the gateway's) it was
+        built with. A newer dsv4deploy whose lock files changed names a profile's venv differently,
+        and pruning or a restore must look at the one the kept unit starts, not that one."""
+        if not manifest or not isinstance(manifest.get("patchset"), str):
+            return self
+        gateway = manifest.get("gateway") if isinstance(manifest.get("gateway"), dict) else {}
+        return replace(self, layout=replace(self.layout, patchset=manifest["patchset"]),
+                       kept_gateway_venv=gateway.get("venv") or self.kept_gateway_venv)
+
+    @property
+    def gateway_venv(self) -> str | None:
+        """The smg venv this replica set runs its gateway from (None without replicas)."""
+        return self.kept_gateway_venv or replicas.gateway_venv(self.data) if self.plan else None
+
     @property
     def is_set(self) -> bool:
         return self.plan is not None and self.index is None
 
     def replica(self, index: int) -> "Target":
-        return Target(data=self.data, layout=self.layout, index=index)
+        return replace(self, index=index)
 
     @property
     def replica_targets(self) -> list["Target"]:

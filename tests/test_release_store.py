@@ -245,6 +245,46 @@ def test_prune_keeps_the_last_releases_and_what_they_use(h, store, tmp_path):
     assert len(h.commands) == 2 and not any(c.startswith("rm -rf") for c in h.commands)
 
 
+def _kept_manifest(store: ReleaseStore, number: int, venv: str, gateway_venv: str | None = None) -> None:
+    """Release NUMBER's kept manifest, as a dsv4deploy with other lock files wrote it."""
+    path = Path(store.folder(number), "files/etc/dsv4deploy/sglang/manifest.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"venv": venv, "patchset": venv.rsplit("-", 1)[1], "sglang_version": "0.5.23"}
+    if gateway_venv:
+        doc["gateway"] = {"venv": gateway_venv}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def test_prune_keeps_the_venv_a_kept_release_was_built_with_after_the_lock_files_changed(h, store, tmp_path):
+    """After an upgrade of dsv4deploy whose data/sglang/<v>.lock changed, the same profile names a
+    new venv; the releases kept from before still start the old one (their kept unit says so), so
+    pruning keeps it, and a restore looks for it."""
+    for n in range(1, 4):
+        begin(store, tmp_path, manifest=f"m{n}")
+    store.mark_deployed(Release(store.records()[-1]))
+    old_venv = "/opt/dsv4deploy/venvs/sglang-0.5.23-0ld10ck0ld1"
+    _kept_manifest(store, 1, old_venv)
+    layout = Layout.of(load_profile("nvfp4-ctx8k").data)
+    assert layout.venv != old_venv
+    listing = "\n".join([layout.venv, old_venv, layout.model_dir])
+    h.answer("echo ---", lambda cmd: sh_here(cmd.split("echo ---")[0] + "echo ---") + listing + "\n")
+    h.answer("rm -rf", "")
+    h.commands.clear()
+    store.prune()
+    assert not any(c.startswith("rm -rf") for c in h.commands)         # nothing unused: the old venv is kept
+    t = store.target(store.records()[0])
+    assert t.layout.venv == old_venv and t.layout.python == f"{old_venv}/bin/python"
+    assert store.target(store.records()[1]).layout.venv == layout.venv   # no kept manifest: as the profile says
+
+
+def test_a_replica_sets_kept_gateway_venv_is_the_one_its_manifest_names(h, store, tmp_path):
+    rec = begin(store, tmp_path, profile="nvfp4-ctx8k-dp2").record
+    _kept_manifest(store, 1, "/opt/dsv4deploy/venvs/sglang-0.5.23-0ld10ck0ld1", gateway_venv="/opt/dsv4deploy/venvs/smg-old")
+    t = store.target(rec)
+    assert t.is_set and t.gateway_venv == "/opt/dsv4deploy/venvs/smg-old"
+    assert t.replica(0).layout.venv == "/opt/dsv4deploy/venvs/sglang-0.5.23-0ld10ck0ld1"
+
+
 def sh_here(command: str) -> str:
     return subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
 

@@ -21,7 +21,7 @@ from pyinfra.api import BaseStateCallback, DeployError
 
 from .. import releases, replicas
 from ..errors import make_target, rerun_with
-from ..layout import MODELS, OPT, RELEASES, Layout
+from ..layout import ETC, MODELS, OPT, RELEASES, Layout
 from ..releases import Release
 from ..rollout import Target
 from . import installer
@@ -182,11 +182,15 @@ class ReleaseStore:
         return read_json(self.h, f"{self.folder(number)}/{name}")
 
     def target(self, rec: dict) -> Target:
-        """The service release REC ran, from its kept profile (a rollback needs it)."""
-        doc = self.read(rec["release"], "profile.json")
-        if not doc:
+        """The service release REC ran, from its kept profile, with the venvs its kept manifest
+        names (Target.as_kept): a rollback needs it. One command."""
+        folder = self.folder(rec["release"])
+        _, out = sh(self.h, f"cat {shlex.quote(folder)}/profile.json 2>/dev/null; echo; echo {KEPT_SEP}; "
+                            f"cat {shlex.quote(folder)}/files{ETC}/*/manifest.json 2>/dev/null | head -c 1000000")
+        profile, _, manifest = out.partition(f"\n{KEPT_SEP}\n")
+        if not profile.strip():
             raise RollbackError(f"release {rec['release']:04d} has no profile.json: its files were pruned")
-        return Target.of(doc["data"])
+        return Target.of(json.loads(profile)["data"]).as_kept(_json_or_none(manifest))
 
     def put_back(self, source: int, into: Release, then: str, also: tuple[dict, ...] = ()) -> tuple[bool, str]:
         """A restore's files, in one command: write INTO's record (the rollback entry) and ALSO's
@@ -222,7 +226,9 @@ class ReleaseStore:
         q = shlex.quote
         kept = " ".join(q(f"{self.folder(rec['release'])}/profile.json")
                         for rec in recs if rec["release"] not in dropped)
-        return (f"for f in {kept}; do [ -f \"$f\" ] && {{ printf '%s\\t' \"$f\"; tr -d '\\n' < \"$f\"; echo; }}; done; "
+        return (f"for f in {kept}; do [ -f \"$f\" ] && {{ printf '%s\\t' \"$f\"; tr -d '\\n' < \"$f\"; echo; "
+                f"for m in \"${{f%/profile.json}}\"/files{ETC}/*/manifest.json; do [ -f \"$m\" ] && "
+                f"{{ printf '{KEPT_MANIFEST}\\t%s\\t' \"$f\"; tr -d '\\n' < \"$m\"; echo; }}; done; }}; done; "
                 f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* {q(self.dir)}/[0-9]*/files "
                 f"{q(self.dir)}/[0-9]*/profile.json 2>/dev/null; true"), dropped
 
@@ -236,7 +242,13 @@ class ReleaseStore:
         still_there = set(listing.split()) - set(on_disk)     # releases' files not pruned yet
         going = {f"{self.folder(n)}/profile.json" for n in dropped}
         used: set[str] = set()
-        for line in docs.splitlines():        # one kept release's profile per line
+        for line in docs.splitlines():        # one kept release's profile per line, then its manifest's
+            if line.startswith(f"{KEPT_MANIFEST}\t"):
+                _, path, doc = line.split("\t", 2)
+                kept = _json_or_none(doc) if path not in going else None
+                if kept:   # the venvs its kept unit starts, whatever this dsv4deploy's lock files name now
+                    used |= {kept.get("venv"), (kept.get("gateway") or {}).get("venv")} - {None}
+                continue
             path, tab, doc = line.partition("\t")
             if tab and path not in going:
                 data = json.loads(doc)["data"]
@@ -297,6 +309,18 @@ class ReleaseStore:
     def _lock_given_back(self) -> None:
         for key in [k for k in _HELD if k[0] == self.h.name]:
             del _HELD[key]
+
+
+KEPT_SEP = "@@dsv4deploy-kept-manifest@@"
+KEPT_MANIFEST = "M"        # a prune listing's line: M, the kept profile's path, its release's manifest
+
+
+def _json_or_none(text: str) -> dict | None:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def release_write_command(folder: str, venv: str, files: dict[str, str], profile_doc: dict, rec: dict) -> str:

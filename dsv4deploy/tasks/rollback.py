@@ -19,7 +19,6 @@ from ..releases import Release
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, probe
 from ..host.replicas import ReplicaFailed, roll, start_set, unit_active
-from .. import replicas
 
 
 # A checkpoint is complete when the weights step left its marker: sizes (rsync, local sources) or
@@ -89,7 +88,7 @@ def missing_for_restore(h, store: ReleaseStore, rec: dict, t: Target) -> None:
     """Refuse, naming each, when what release REC needs is gone from the host: its venv, its
     weights, its kept files (and a replica set's gateway venv). One command."""
     marker = " || ".join(f"test -f {t.layout.model_dir}/{m}" for m in CHECKPOINT_MARKERS)
-    gw = f"test -x {replicas.gateway_venv(t.data)}/bin/python || echo 'its gateway venv'; " if t.is_set else ""
+    gw = f"test -x {t.gateway_venv}/bin/python || echo 'its gateway venv'; " if t.is_set else ""
     folder = store.folder(rec["release"])
     ok, out = sh(h, f"{gw}test -x {t.layout.python} || echo 'its venv ({t.layout.venv})'; "
                     f"{{ {marker}; }} || echo 'its weights ({t.layout.model_dir})'; "
