@@ -438,6 +438,21 @@ def test_a_manual_rollback_chooses_the_release_before_the_live_one():
         rollback.choose([rec(1, releases.DEPLOYED)], None)
 
 
+def test_after_a_cut_off_run_a_manual_rollback_goes_back_to_the_last_release_that_passed():
+    """A run cut off after its switch left release 3 pending (or settled unverified) with its files
+    in place: the last release that passed is 2, the deployed one, not the one before it."""
+    for left in (releases.PENDING, releases.UNVERIFIED):
+        recs = [rec(1, releases.SUPERSEDED), rec(2, releases.DEPLOYED), rec(3, left)]
+        assert rollback.choose(recs, None, live_manifest_sha256="m3")["release"] == 2
+        # cut off before its switch: 2's files are in place, so back to the one before it
+        assert rollback.choose(recs, None, live_manifest_sha256="m2")["release"] == 1
+        assert rollback.choose(recs, None)["release"] == 1                  # nothing read: as before
+        assert rollback.choose(recs, 1, live_manifest_sha256="m3")["release"] == 1
+    # a pending release older than the live one says nothing about the files in place
+    recs = [rec(1, releases.SUPERSEDED), rec(2, releases.FAILED, "m3"), rec(3, releases.DEPLOYED, "m4")]
+    assert rollback.choose(recs, None, live_manifest_sha256="m3")["release"] == 1
+
+
 def test_a_failure_with_no_release_that_passed_stops_the_units(h, tmp_path, monkeypatch):
     store = ReleaseStore(h, str(tmp_path / "releases"))
     monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import DeployError, deploy
+from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
 from .. import releases
@@ -17,7 +18,7 @@ from ..host.io import sh
 from ..host.release_store import ReleaseStore, RollbackError, last_step
 from ..releases import Release
 from ..rollout import Target
-from ..host.checks import confirm, journal_tail, probe
+from ..host.checks import confirm, journal_tail, observer, probe
 from ..host.replicas import ReplicaFailed, roll, start_set, unit_active
 
 
@@ -165,8 +166,11 @@ def after_failure(h, failed: Release | None, failed_target: Target, reason: str,
             f"{previous['profile']}) is serving on {prev_target.base_url}")
 
 
-def choose(records_: list[dict], to: int | None) -> dict:
-    """The release a manual rollback restores: `to`, or the one before the current."""
+def choose(records_: list[dict], to: int | None, live_manifest_sha256: str | None = None) -> dict:
+    """The release a manual rollback restores: `to`, or the last that passed before what runs
+    now: the one before the current, or the current itself when the files in place
+    (LIVE_MANIFEST_SHA256) are those of a later release a cut-off run left pending or
+    unverified, which never passed its gate."""
     passed = [r for r in records_ if r["status"] in (releases.DEPLOYED, releases.SUPERSEDED)]
     if to is not None:
         match = [r for r in records_ if r["release"] == to]
@@ -177,15 +181,44 @@ def choose(records_: list[dict], to: int | None) -> dict:
             raise DeployError(f"release {to:04d} is {match[0]['status']}: only a release that passed can be restored")
         return match[0]
     live = releases.current(records_)
+    if live is not None and live_manifest_sha256 and live_manifest_sha256 != live["manifest_sha256"] and any(
+            r["release"] > live["release"] and r["status"] in (releases.PENDING, releases.UNVERIFIED)
+            and r["manifest_sha256"] == live_manifest_sha256 for r in records_):
+        return live
     earlier = [r for r in passed if r is not live and (live is None or r["manifest_sha256"] != live["manifest_sha256"])]
     if not earlier:
         raise DeployError("there is no earlier release to roll back to")
     return earlier[-1]
 
 
+def cut_off_files(store: ReleaseStore, records_: list[dict]) -> tuple[str | None, Target | None]:
+    """When a cut-off run left a release pending or unverified after the live one: the sha256 of
+    the manifest in place and the live release's Target (its files may be that release's, not
+    the live one's). (None, None) otherwise: no command."""
+    live = releases.current(records_)
+    if live is None or not any(r["release"] > live["release"] and r["status"] in (releases.PENDING, releases.UNVERIFIED)
+                               for r in records_):
+        return None, None
+    t = store.target(live)
+    return host.get_fact(Sha256File, path=t.layout.manifest), t
+
+
 @deploy("Rollback")
 def manual_rollback(to: int | None) -> None:
-    rec = choose(ReleaseStore(host).records(), int(to) if to not in (None, "") else None)
+    store = ReleaseStore(host)
+    records_ = store.records()
+    live_sha, live_target = cut_off_files(store, records_)
+    rec = choose(records_, int(to) if to not in (None, "") else None, live_sha)
+    if live_target is not None and any(r["status"] == releases.PENDING for r in records_):
+        # settled here as a deploy settles them (never deployed: unverified if its files are in
+        # place, else failed), so the history says what the restore replaces
+        def settle(state, host):  # noqa: pyinfra passes (state, host) by these names
+            healthy = observer(host, live_target)().http == 200
+            for doc in ReleaseStore(host).settle_interrupted(live_sha, healthy):
+                print(f"[{host.name}] release {doc['release']:04d}: {doc['status']} ({doc['reason']})")
+
+        from .release import reported      # tasks/release imports this module
+        python.call(name="settle releases left pending by an interrupted run", function=reported(settle))
 
     def run(state, host):  # noqa: pyinfra passes (state, host) by these names
         try:
