@@ -128,12 +128,27 @@ def current(records: list[dict]) -> dict | None:
 KEEP = 10
 
 
-def to_prune(records: list[dict], keep: int = KEEP) -> list[int]:
-    """Release numbers whose files go: all but the newest `keep` (the live one always stays)."""
+def passed(records: list[dict]) -> list[dict]:
+    """The releases that passed their gate (or a rollback's probe), oldest first."""
+    return [r for r in records if r["status"] in (DEPLOYED, SUPERSEDED)]
+
+
+def before_live(records: list[dict]) -> dict | None:
+    """What `make rollback` restores by default: the last release that passed before the live one
+    and renders differently from it (None: there is none)."""
     live = current(records)
+    earlier = [r for r in passed(records)
+               if r is not live and (live is None or r["manifest_sha256"] != live["manifest_sha256"])]
+    return earlier[-1] if earlier else None
+
+
+def to_prune(records: list[dict], keep: int = KEEP) -> list[int]:
+    """Release numbers whose files go: all but the newest `keep`; the live one and the one
+    `make rollback` would restore always stay (a run of failed deploys, each with its rollback
+    entry, would otherwise push that one out of the newest ten)."""
+    stay = {r["release"] for r in (current(records), before_live(records)) if r is not None}
     newest = {r["release"] for r in sorted(records, key=lambda r: r["release"])[-keep:]}
-    return [r["release"] for r in records
-            if r["release"] not in newest and (live is None or r["release"] != live["release"])]
+    return [r["release"] for r in records if r["release"] not in newest | stay]
 
 
 def unused(present: list[str], used: set[str]) -> list[str]:

@@ -58,3 +58,14 @@ def test_prune_keeps_the_newest_ten_and_the_live_one():
 
 def test_unused_paths():
     assert rel.unused(["/v/a", "/v/b", "/m/x"], {"/v/a", "/m/x"}) == ["/v/b"]
+
+
+def test_prune_keeps_what_make_rollback_would_restore_after_a_run_of_failed_deploys():
+    """1 passed, 2 is live; then five deploys fail, each rolled back to 2 (a rollback entry renders
+    like 2): the newest ten are all failures and rollbacks of 2, and `make rollback` restores 1."""
+    records = [record(1, rel.SUPERSEDED, "m1"), record(2, rel.SUPERSEDED, "m2")]
+    for n in range(3, 13, 2):
+        records += [record(n, rel.FAILED, f"m{n}"), record(n + 1, rel.SUPERSEDED, "m2")]
+    records[-1]["status"] = rel.DEPLOYED
+    assert rel.before_live(records)["release"] == 1
+    assert rel.to_prune(records) == [2]              # 1 stays: it is what a manual rollback restores

@@ -171,7 +171,7 @@ def choose(records_: list[dict], to: int | None, live_manifest_sha256: str | Non
     now: the one before the current, or the current itself when the files in place
     (LIVE_MANIFEST_SHA256) are those of a later release a cut-off run left pending or
     unverified, which never passed its gate."""
-    passed = [r for r in records_ if r["status"] in (releases.DEPLOYED, releases.SUPERSEDED)]
+    passed = releases.passed(records_)
     if to is not None:
         match = [r for r in records_ if r["release"] == to]
         if not match:
@@ -185,10 +185,10 @@ def choose(records_: list[dict], to: int | None, live_manifest_sha256: str | Non
             r["release"] > live["release"] and r["status"] in (releases.PENDING, releases.UNVERIFIED)
             and r["manifest_sha256"] == live_manifest_sha256 for r in records_):
         return live
-    earlier = [r for r in passed if r is not live and (live is None or r["manifest_sha256"] != live["manifest_sha256"])]
-    if not earlier:
+    earlier = releases.before_live(records_)
+    if earlier is None:
         raise DeployError("there is no earlier release to roll back to")
-    return earlier[-1]
+    return earlier
 
 
 def cut_off_files(store: ReleaseStore, records_: list[dict]) -> tuple[str | None, Target | None]:
