@@ -33,7 +33,8 @@ changes.notify("release", tasks.needs_release(rollout, state))      # the deploy
 differ = tasks.files_differ(rollout, state)
 changes.notify("unit files", *differ)                 # NCCL env, manifest, unit (replicas: theirs, the gateway's)
 
-tasks.show_plan(rollout, state, changes)              # what follows and why (make plan prints it too)
+downtime = tasks.cannot_roll(rollout, state, changes.reasons)  # replicas: a change that cannot roll needs allow_downtime
+tasks.show_plan(rollout, state, changes, downtime)    # what follows and why (make plan prints it too)
 if changes:
     tasks.launch_check(rollout, state, changes.reasons)  # the host's own SGLang parses the argv first
     tasks.nccl_probe(rollout)                         # all-reduce with the new NCCL env, bounded in time

@@ -234,6 +234,13 @@ def find(workers: list[Worker], url: str) -> Worker | None:
     return next((w for w in workers if w.url == url.rstrip("/")), None)
 
 
+def strays(workers: list[Worker], urls: list[str]) -> list[Worker]:
+    """The workers a gateway lists that are none of URLS (a set whose replicas moved: what a
+    restore across that change leaves behind, dead)."""
+    wanted = {u.rstrip("/") for u in urls}
+    return [w for w in workers if w.url not in wanted]
+
+
 def add_worker(http: Http, gateway: str, key: str | None, worker_url: str,
                drain_settle_s: int | None = None, timeout: float = 10) -> str:
     """POST /workers; returns the worker id. The key travels in the body as smg requires."""

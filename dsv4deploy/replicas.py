@@ -59,6 +59,22 @@ class ReplicaPlan:
         return [r.url for r in self.replicas]
 
 
+def roll_problem(old: dict, new: dict) -> str | None:
+    """Why a serving replica set of profile data OLD cannot become NEW one replica at a time, or
+    None when it can: each replica must keep its address (the gateway's worker) and its GPUs (a
+    new replica would start on GPUs an old one still holds). Pure."""
+    po, pn = plan(old), plan(new)
+    if po is None or pn is None:
+        return None
+    before, after = po.worker_urls, pn.worker_urls
+    if before != after:
+        return f"its replicas change ({', '.join(before)} -> {', '.join(after)})"
+    gpus = lambda p: " ".join(",".join(map(str, r.gpus)) for r in p.replicas)  # noqa: E731
+    if gpus(po) != gpus(pn):
+        return f"their GPU sets change ({gpus(po)} -> {gpus(pn)})"
+    return None
+
+
 def gateway_venv(data: dict) -> str | None:
     """The smg venv a replicas profile runs its gateway from (None without `replicas:`): what
     pruning keeps and a restore needs."""

@@ -316,3 +316,11 @@ def test_a_refused_connection_through_the_hosts_program_reads_as_refused():
     with pytest.raises(OSError) as exc:
         parse_answer("0\n" + base64.b64encode(b"timed out").decode())
     assert not gateway.refused(exc.value)
+
+
+def test_strays_are_the_workers_no_replica_of_the_set_answers_for():
+    from dsv4deploy.gateway import Worker
+    workers = [Worker(id="a", url="http://127.0.0.1:31101", status="ready", healthy=False, load=0),
+               Worker(id="b", url="http://127.0.0.1:30001", status="ready", healthy=True, load=0)]
+    assert [w.id for w in gateway.strays(workers, ["http://127.0.0.1:30001/", "http://127.0.0.1:30002"])] == ["a"]
+    assert gateway.strays(workers, ["http://127.0.0.1:31101", "http://127.0.0.1:30001"]) == []

@@ -99,6 +99,22 @@ def test_an_argv_an_earlier_release_passed_on_this_venv_is_not_parsed_again():
         "launch check before the switch")                        # a venv this run redoes is checked again
 
 
+def test_a_replica_set_that_cannot_roll_plans_its_replacement_at_once():
+    r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
+    state = HostState(values={"files": {}, "unit": {"ActiveState": "active"},
+                              "releases": [{"release": 3, "status": "deployed", "profile": "nvfp4-ctx8k-dp2",
+                                            "manifest_sha256": "old", "replicas": [{"index": 0}, {"index": 1}]}],
+                              "checkpoint": {"complete": True, "marker": True}})
+    rolling = plan_lines(r, state, ["release: release 0003 renders differently"])
+    assert any(line.startswith("rolling update behind sglang-gateway.service") for line in rolling)
+    why = "its replicas change (http://127.0.0.1:30001, http://127.0.0.1:30002 -> http://127.0.0.1:31001, ...)"
+    lines = plan_lines(r, state, ["release: release 0003 renders differently"], downtime=why)
+    assert not any(line.startswith("rolling update") for line in lines)
+    assert (f"replace the serving replica set at once (allow_downtime=true: {why}): restart sglang@0.service, "
+            "sglang@1.service together and sglang-gateway.service with them; users get errors until the new set is "
+            "healthy, then the smoke gate through it") in lines
+
+
 def test_the_plan_says_who_held_the_deploy_lock_when_the_host_was_read():
     r = _rollout()
     held = {"controller": "ops-laptop", "pid": 4242, "started": "2026-12-01T04:00:00+00:00", "what": "deploy nvfp4-ctx8k"}

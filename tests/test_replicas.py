@@ -166,3 +166,19 @@ def test_a_replica_set_rollout_targets_the_gateway_and_each_instance():
     assert t.units == ["sglang@0.service", "sglang@1.service", "sglang-gateway.service"]
     single = rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}}).target
     assert not single.is_set and single.units == ["sglang.service"] and single.base_url == "http://127.0.0.1:30000"
+
+
+def test_a_set_rolls_only_when_every_replica_keeps_its_address_and_its_gpus():
+    import copy
+    from dsv4deploy.profiles import load_profile
+    from dsv4deploy.replicas import roll_problem
+    base = load_profile("nvfp4-ctx8k-dp2").data
+    assert roll_problem(base, copy.deepcopy(base)) is None
+    moved = copy.deepcopy(base)
+    moved["replicas"]["base_port"] = 31001
+    assert roll_problem(base, moved) == ("its replicas change (http://127.0.0.1:30001, http://127.0.0.1:30002 -> "
+                                         "http://127.0.0.1:31001, http://127.0.0.1:31002)")
+    swapped = copy.deepcopy(base)
+    swapped["replicas"]["gpus"] = [[4, 5, 6, 7], [0, 1, 2, 3]]     # replica 0 would start on GPUs 1 still holds
+    assert roll_problem(base, swapped) == "their GPU sets change (0,1,2,3 4,5,6,7 -> 4,5,6,7 0,1,2,3)"
+    assert roll_problem(load_profile("nvfp4-ctx8k").data, base) is None    # not two sets: not this question

@@ -12,7 +12,7 @@ from .system import host_packages, service_user
 from .venv import launch_check, sglang_venv
 from .weights import weights
 from .service import config_files, files_differ, gateway_files_differ, restart_if_changed, secrets
-from .replicas import gateway_venv, switch_set
+from .replicas import cannot_roll, gateway_venv, switch_set
 from .rollback import manual_rollback
 from .release import begin_release, deploy_lock, needs_release, settle_interrupted, verify_and_record
 from .plan import show_plan
@@ -26,4 +26,4 @@ def read_host(r: Rollout) -> HostState:
 __all__ = ["manual_rollback", "preflight", "driver", "nccl_probe", "host_packages", "service_user", "sglang_venv",
            "launch_check", "weights", "config_files", "files_differ", "secrets", "restart_if_changed",
            "begin_release", "deploy_lock", "needs_release", "settle_interrupted", "verify_and_record",
-           "show_plan", "read_host", "gateway_venv", "switch_set", "gateway_files_differ"]
+           "show_plan", "read_host", "gateway_venv", "switch_set", "gateway_files_differ", "cannot_roll"]

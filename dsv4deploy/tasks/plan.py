@@ -14,16 +14,17 @@ from ..rollout import Rollout
 from .venv import launch_check_plan
 
 
-def plan_lines(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
+def plan_lines(r: Rollout, state: HostState, reasons: list[str], downtime: str | None = None) -> list[str]:
     """Pure: the plan for rollout R against STATE with the collector's REASONS (and who held the
-    deploy lock when the host was read: `make plan` takes none, and a deploy refuses while it is held)."""
+    deploy lock when the host was read: `make plan` takes none, and a deploy refuses while it is held).
+    DOWNTIME: why the serving replica set cannot take it one replica at a time (tasks.cannot_roll)."""
     holder = state["lock"]
     held = [f"the deploy lock was held when the host was read: {lock_holder(holder)}; a deploy refuses "
             "while that run holds it"] if holder else []
-    return held + _steps(r, state, reasons)
+    return held + _steps(r, state, reasons, downtime)
 
 
-def _steps(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
+def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | None = None) -> list[str]:
     recs = state["releases"] or []
     live = releases.current(recs)
     t = r.target
@@ -44,15 +45,22 @@ def _steps(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
                 if live else f"stop {'the units' if r.target.is_set else 'the unit'} (no earlier release passed) and "
                              "exit non-zero")
     if t.is_set:
-        rolling = state.unit_active and live is not None and live.get("replicas")
-        switch = ([f"rolling update behind {t.unit}, one replica at a time: take it out of the gateway, wait for "
-                   f"its requests (at most {t.plan.drain_timeout_s} s), restart it, health, identity and the smoke "
-                   f"gate on its own port, add it back; the others serve throughout; then "
-                   f"{2 * len(t.replica_targets)} short probe requests through {t.unit} (users are there: no "
-                   "second gate loads them)"] if rolling else
-                  [f"start {', '.join(rt.unit for rt in t.replica_targets)} at once (no replica set serves yet"
-                   + (f"; {r.layout.service}.service stops first" if state.unit(r.layout.service).get("ActiveState")
-                      == "active" else "") + f"), then {t.unit} on {t.base_url}, then the smoke gate through it"])
+        rolling = state.unit_active and live is not None and live.get("replicas") and not downtime
+        units = ", ".join(rt.unit for rt in t.replica_targets)
+        if downtime:
+            switch = [f"replace the serving replica set at once (allow_downtime=true: {downtime}): restart {units} "
+                      f"together and {t.unit} with them; users get errors until the new set is healthy, then the "
+                      "smoke gate through it"]
+        elif rolling:
+            switch = [f"rolling update behind {t.unit}, one replica at a time: take it out of the gateway, wait for "
+                      f"its requests (at most {t.plan.drain_timeout_s} s), restart it, health, identity and the smoke "
+                      f"gate on its own port, add it back; the others serve throughout; then "
+                      f"{2 * len(t.replica_targets)} short probe requests through {t.unit} (users are there: no "
+                      "second gate loads them)"]
+        else:
+            switch = [f"start {units} at once (no replica set serves yet"
+                      + (f"; {r.layout.service}.service stops first" if state.unit(r.layout.service).get("ActiveState")
+                         == "active" else "") + f"), then {t.unit} on {t.base_url}, then the smoke gate through it"]
         return [f"switch the replica set because: " + "; ".join(reasons), launch_check_plan(r, state, reasons)[1],
                 f"record release {number:04d} ({r.profile.name}) as pending before the switch", *switch,
                 f"smoke gate {floors}{early}",
@@ -65,8 +73,8 @@ def _steps(r: Rollout, state: HostState, reasons: list[str]) -> list[str]:
             f"gate passed: release {number:04d} deployed; failed: {fallback}"]
 
 
-def show_plan(r: Rollout, state: HostState, changes: Changes) -> list[str]:
-    lines = plan_lines(r, state, changes.reasons)
+def show_plan(r: Rollout, state: HostState, changes: Changes, downtime: str | None = None) -> list[str]:
+    lines = plan_lines(r, state, changes.reasons, downtime)
     for line in lines:
         print(f"[{host.name}] plan: {line}")
     return lines

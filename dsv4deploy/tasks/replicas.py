@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 
+from pyinfra import host
 from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import python
 
-from .. import gateway
+from .. import gateway, releases, replicas
 from ..health import HealthError
 from ..host import installer, ops
 from ..host.checks import probe
@@ -59,6 +60,27 @@ def gateway_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
 def down_units(r: Rollout, state: HostState) -> list[str]:
     """The set's units that are not active (a crashed replica, a stopped gateway)."""
     return [name for name in state.units if state.unit(name).get("ActiveState") != "active"]
+
+
+def cannot_roll(r: Rollout, state: HostState, reasons: list[str]) -> str | None:
+    """While pyinfra prepares: why the serving replica set cannot take this release one replica at
+    a time (replicas.roll_problem against the live release's kept profile: one command), or None.
+    Replacing it stops every replica at once: refused, nothing changed, unless the operator asks
+    for it with --data allow_downtime=true."""
+    live = releases.current(state["releases"] or [])
+    if not (r.target.is_set and reasons and live and live.get("replicas") and state.unit_active):
+        return None
+    try:
+        prev = ReleaseStore(host, r.layout.releases_dir).target(live)
+    except RollbackError:
+        return None
+    problem = replicas.roll_problem(prev.data, r.data) if prev.is_set else None
+    if problem and not host.data.get("allow_downtime"):
+        raise DeployError(f"release {live['release']:04d}'s replica set serves, and this release cannot replace it "
+                          f"one replica at a time: {problem}. Replacing it stops every replica at once (users get "
+                          f"errors until the new set is healthy): nothing was changed. To accept that, deploy again "
+                          f"with --data allow_downtime=true")
+    return problem
 
 
 @deploy("Replica set")
@@ -125,7 +147,7 @@ class Switch:
             return self.start_down()
         prev = self._previous_target()
         rolling = (prev is not None and prev.is_set and unit_active(self.h, t.unit)
-                   and [x.base_url for x in prev.replica_targets] == [x.base_url for x in t.replica_targets])
+                   and replicas.roll_problem(prev.data, t.data) is None)
         steps: list[Step] = [Step(rt.index, rt.unit.removesuffix(".service")) for rt in t.replica_targets]
         try:
             if rolling:

@@ -12,14 +12,14 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
-from .. import releases
+from .. import gateway, releases
 from ..health import HealthError
 from ..host.io import sh
 from ..host.release_store import ReleaseStore, RollbackError, last_step
 from ..releases import Release
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, observer, probe
-from ..host.replicas import ReplicaFailed, roll, start_set, unit_active
+from ..host.replicas import ReplicaFailed, api, roll, start_set, unit_active
 
 
 # A checkpoint is complete when the weights step left its marker: sizes (rsync, local sources) or
@@ -114,6 +114,11 @@ def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
     if unit_active(h, t.unit):
         every = [rt.index for rt in t.replica_targets]
         roll(h, t, indices if indices is not None else every, lambda rt: probe(h, rt), poll_s, log)
+        # across a change of the replicas' addresses the gateway still lists the ones that moved
+        http, endpoint, key = api(h, t)
+        for w in gateway.strays(gateway.list_workers(http, endpoint, key), t.plan.worker_urls):
+            gateway.remove_worker(http, endpoint, key, w.id)
+            log(f"removed {w.url} from {t.unit}: no replica of the restored release listens there")
     else:
         sh(h, f"systemctl disable --now {t.layout.service}.service")
         start_set(h, t, lambda rt: probe(h, rt), poll_s, log)
