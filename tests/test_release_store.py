@@ -589,3 +589,40 @@ def test_the_records_fact_reads_every_record_as_written_by_any_version(tmp_path)
     fact = Releases()
     assert fact.process(sh_here(fact.command(releases_dir=str(store))).splitlines()) == expected
     assert sh_here(fact.command(releases_dir=str(tmp_path / "none"))) == ""
+
+
+def test_a_manual_rollback_that_fails_after_its_switch_puts_the_release_that_served_back(h, tmp_path, monkeypatch):
+    """`make rollback TO=1` put 0001's files in place and its server never became healthy: the
+    release that served before (0002) comes back as a new entry, probed, so the host ends where it
+    was; the failed attempt stays in the history."""
+    from dsv4deploy.health import HealthError
+    store = ReleaseStore(h, str(tmp_path / "releases"))
+    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
+    monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
+    monkeypatch.setattr(rollback, "journal_tail", lambda *a, **kw: "CUDA error")
+    first = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
+    live = store.mark_deployed(begin(store, tmp_path, manifest="m2")).record
+    h.answer("test -x", "")
+    h.answer("/files/. / &&", not_into_this_machines_root(store))
+    tries = []
+
+    def confirm(h_, t, **kw):
+        tries.append(len(tries))
+        if len(tries) == 1:
+            raise HealthError("not healthy after 1800 s")
+    monkeypatch.setattr(rollback, "confirm", confirm)
+    with pytest.raises(rollback.RollbackError) as exc:
+        rollback.restore(h, first, cause="manual rollback to release 0001")
+    assert exc.value.switched
+    said = rollback.back_to_live(h, live, first, poll_s=0.1)
+    assert said == ("release 0002 (nvfp4-ctx8k), which served before, is serving again (release 0004); "
+                    "the failed rollback to release 0001 is in the history")
+    assert [(r["release"], r["status"], r.get("restores")) for r in store.records()] == [
+        (1, releases.SUPERSEDED, None), (2, releases.SUPERSEDED, None), (3, releases.FAILED, 1),
+        (4, releases.DEPLOYED, 2)]
+    # and when the release that served cannot come back either: its units stop, and the message says so
+    tries.clear()
+    monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: (_ for _ in ()).throw(HealthError("crash")))
+    h.answer("systemctl stop", "")
+    said = rollback.back_to_live(h, store.records()[-1], first, poll_s=0.1)
+    assert "NOTHING IS SERVING (sglang.service stopped): neither release 0001 nor 0004" in said

@@ -42,7 +42,12 @@ PRUNE_MARK = "__dsv4deploy_prune"
 
 
 class RollbackError(Exception):
-    """The rollback itself failed; the history says so and nothing claims to be serving."""
+    """The rollback itself failed; the history says so and nothing claims to be serving.
+    SWITCHED: it failed after the restored files were put in place (what ran before is gone)."""
+
+    def __init__(self, message: str, switched: bool = False):
+        super().__init__(message)
+        self.switched = switched
 
 
 class ReleaseStore:

@@ -65,7 +65,7 @@ def restore(h, rec: dict, *, cause: str, poll_s: float = 2.0, indices: list[int]
     except (HealthError, ReplicaFailed) as exc:
         store.save(*first, new.with_status(releases.FAILED, f"rollback failed: {exc}").record)
         raise RollbackError(f"rollback to release {rec['release']:04d} failed: {exc}\n--- last journal lines of "
-                            f"{t.unit} ---\n{journal_tail(h, t)}") from None
+                            f"{t.unit} ---\n{journal_tail(h, t)}", switched=True) from None
     return store.mark_deployed(new, last=last)
 
 
@@ -171,6 +171,26 @@ def after_failure(h, failed: Release | None, failed_target: Target, reason: str,
             f"{previous['profile']}) is serving on {prev_target.base_url}")
 
 
+def back_to_live(h, live: dict, tried: dict, poll_s: float) -> str:
+    """A manual rollback to TRIED failed after its files went in place: put back LIVE, the release
+    that served before it (a new entry, probed), so the host ends where it was; if that fails too,
+    stop its units and say that nothing serves."""
+    try:
+        back = restore(h, live, cause=f"manual rollback to release {tried['release']:04d} failed: release "
+                                      f"{live['release']:04d} put back", poll_s=poll_s)
+    except RollbackError as exc:
+        try:
+            units = ReleaseStore(h).target(live).units
+        except RollbackError:
+            units = ReleaseStore(h).target(tried).units
+        sh(h, f"systemctl stop {' '.join(units)}")
+        return (f"{exc}\nNOTHING IS SERVING ({', '.join(units)} stopped): neither release {tried['release']:04d} "
+                f"nor {live['release']:04d}, which served before, came back; the history records both attempts. "
+                f"Fix what is named above, then deploy a profile again (make deploy PROFILE={live['profile']})")
+    return (f"release {live['release']:04d} ({live['profile']}), which served before, is serving again "
+            f"({back.name}); the failed rollback to release {tried['release']:04d} is in the history")
+
+
 def choose(records_: list[dict], to: int | None, live_manifest_sha256: str | None = None) -> dict:
     """The release a manual rollback restores: `to`, or the last that passed before what runs
     now: the one before the current, or the current itself when the files in place
@@ -225,13 +245,19 @@ def manual_rollback(to: int | None) -> None:
         from .release import reported      # tasks/release imports this module
         python.call(name="settle releases left pending by an interrupted run", function=reported(settle))
 
+    live = releases.current(records_)
+
     def run(state, host):  # noqa: pyinfra passes (state, host) by these names
+        poll = float(host.data.get("health_poll_s", 2.0))
         try:
-            new = restore(host, rec, cause=f"manual rollback to release {rec['release']:04d}",
-                          poll_s=float(host.data.get("health_poll_s", 2.0)), last=last_step(state, host))
+            new = restore(host, rec, cause=f"manual rollback to release {rec['release']:04d}", poll_s=poll,
+                          last=last_step(state, host))
         except RollbackError as exc:
             for line in str(exc).splitlines():
                 logger.error(f"    [{host.name}] {line}")
+            if exc.switched and live is not None and live["release"] != rec["release"]:
+                for line in back_to_live(host, live, rec, poll).splitlines():
+                    logger.error(f"    [{host.name}] {line}")
             return False
         print(f"[{host.name}] {new.name} restores {new.restores:04d} ({rec['profile']}): serving")
 
