@@ -194,6 +194,9 @@ def test_settle_interrupted_writes_each_pending_record(h, store, tmp_path):
 def test_a_release_target_comes_from_its_kept_profile(h, store, tmp_path):
     rec = begin(store, tmp_path, profile="nvfp4-ctx8k-dp2").record
     assert store.target(rec).is_set and store.target(rec).unit == "sglang-gateway.service"
+    Path(store.folder(1), "profile.json").write_text('{"name": "nvfp4-ctx8k-dp2", "da')     # cut short
+    with pytest.raises(RollbackError, match="release 0001's profile.json is damaged"):
+        store.target(rec)
     os.remove(Path(store.folder(1), "profile.json"))
     with pytest.raises(RollbackError, match="release 0001 has no profile.json: its files were pruned"):
         store.target(rec)
@@ -275,6 +278,10 @@ def test_prune_keeps_the_venv_a_kept_release_was_built_with_after_the_lock_files
     t = store.target(store.records()[0])
     assert t.layout.venv == old_venv and t.layout.python == f"{old_venv}/bin/python"
     assert store.target(store.records()[1]).layout.venv == layout.venv   # no kept manifest: as the profile says
+    # pyinfra hands back a command's lines joined, without the last newline: the same with no manifest
+    profile = Path(store.folder(2), "profile.json").read_text()
+    h.answer("manifest.json | head -c", f"{profile}\n@@dsv4deploy-kept-manifest@@")
+    assert store.target(store.records()[1]).layout.venv == layout.venv
 
 
 def test_a_replica_sets_kept_gateway_venv_is_the_one_its_manifest_names(h, store, tmp_path):

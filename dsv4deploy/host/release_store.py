@@ -192,10 +192,14 @@ class ReleaseStore:
         folder = self.folder(rec["release"])
         _, out = sh(self.h, f"cat {shlex.quote(folder)}/profile.json 2>/dev/null; echo; echo {KEPT_SEP}; "
                             f"cat {shlex.quote(folder)}/files{ETC}/*/manifest.json 2>/dev/null | head -c 1000000")
-        profile, _, manifest = out.partition(f"\n{KEPT_SEP}\n")
+        profile, _, manifest = out.partition(KEPT_SEP)     # no manifest kept: nothing after it
         if not profile.strip():
             raise RollbackError(f"release {rec['release']:04d} has no profile.json: its files were pruned")
-        return Target.of(json.loads(profile)["data"]).as_kept(_json_or_none(manifest))
+        doc = _json_or_none(profile)
+        if doc is None or not isinstance(doc.get("data"), dict):
+            raise RollbackError(f"release {rec['release']:04d}'s profile.json is damaged (not the JSON a release "
+                                "keeps): it cannot be restored")
+        return Target.of(doc["data"]).as_kept(_json_or_none(manifest))
 
     def put_back(self, source: int, into: Release, then: str, also: tuple[dict, ...] = ()) -> tuple[bool, str]:
         """A restore's files, in one command: write INTO's record (the rollback entry) and ALSO's
