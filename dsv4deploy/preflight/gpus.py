@@ -37,8 +37,8 @@ def query_args(fields: tuple[str, ...] = QUERY_FIELDS_MIG, header: bool = False,
 QUERY_ARGS = query_args()
 
 # nvidia-smi's spellings of "no value", with or without brackets.
-_PLACEHOLDER = re.compile(r"^\[?(N/A|Not Supported|Insufficient Permissions|Unknown Error|"
-                          r"GPU is lost|Requested functionality has been deprecated)\]?$", re.I)
+_PLACEHOLDER = re.compile(r"\[?(N/A|Not Supported|Insufficient Permissions|Unknown Error|"
+                          r"GPU is lost|Requested functionality has been deprecated)\]?", re.I)
 _ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
 # Output nvidia-smi prints instead of rows: (pattern, what to tell the operator).
 _FAILURES = [
@@ -99,7 +99,7 @@ def _canon(column: str) -> str:
 
 def _value(raw: str) -> str | None:
     text = raw.strip()
-    if not text or _PLACEHOLDER.match(text):
+    if not text or _PLACEHOLDER.fullmatch(text):
         return None
     return text
 
