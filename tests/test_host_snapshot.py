@@ -99,3 +99,39 @@ def test_a_star_in_a_managed_path_is_a_glob_keyed_by_what_it_found(tmp_path):
     pattern = f"{tmp_path}/venv dir/lib/python3*/site-packages/x.pth"
     values = _run({"files": (FileStates, {"paths": [pattern, f"{tmp_path}/none*/y"]})})
     assert list(values["files"]) == [str(site / "x.pth")]
+
+
+def _smg_body(name: str) -> list[str]:
+    from pathlib import Path
+    doc = json.loads((Path(__file__).parent / "fixtures" / "smg" / name).read_text())
+    return json.dumps(doc["body"], indent=2).splitlines()
+
+
+def test_gateway_workers_lists_what_smg_routes_to_and_none_when_it_does_not_answer():
+    from dsv4deploy.host.facts import GatewayWorkers
+    fact = GatewayWorkers()
+    two = fact.process(_smg_body("workers_two_ready.json"))
+    assert [w["url"] for w in two] == ["http://127.0.0.1:31002", "http://127.0.0.1:31001"]
+    assert all(set(w) == {"url", "status", "healthy"} for w in two)
+    assert [w["url"] for w in fact.process(_smg_body("workers_one_removed.json"))] != [w["url"] for w in two]
+    assert fact.process(_smg_body("workers_no_key.json")) is None          # a 401 body: not a worker list
+    assert fact.process([]) is None                                        # nothing answered
+    # the API key reaches curl on its stdin, from the shell's own printf: never an argument
+    cmd = fact.command("http://127.0.0.1:30000", "/etc/dsv4deploy/secrets/sglang-api-key")
+    assert "| curl -s -m 5 -H @- http://127.0.0.1:30000/workers" in cmd and "printf 'Authorization: Bearer %s" in cmd
+    assert fact.command("http://127.0.0.1:30000") == "curl -s -m 5 http://127.0.0.1:30000/workers || true"
+
+
+def test_gateway_workers_command_sends_the_key_on_stdin(tmp_path):
+    """Run with a stand-in curl that prints its argv and its stdin: the key is only on stdin."""
+    from dsv4deploy.host.facts import GatewayWorkers
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "curl").write_text("#!/bin/sh\necho \"argv: $*\"; cat\n")
+    (bin_dir / "curl").chmod(0o755)
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    cmd = GatewayWorkers().command("http://127.0.0.1:30000", str(key))
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}).stdout
+    assert out.splitlines() == ["argv: -s -m 5 -H @- http://127.0.0.1:30000/workers", "Authorization: Bearer s3cret"]

@@ -115,6 +115,24 @@ def test_a_replica_set_that_cannot_roll_plans_its_replacement_at_once():
             "healthy, then the smoke gate through it") in lines
 
 
+def test_a_replica_the_gateway_no_longer_lists_is_checked_and_added_back():
+    from dsv4deploy.tasks.replicas import out_of_gateway
+    r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
+    values = {"files": {}, "unit": {"ActiveState": "active"},
+              "releases": [{"release": 3, "status": "deployed", "profile": "nvfp4-ctx8k-dp2",
+                            "manifest_sha256": r.manifest_sha256, "replicas": [{"index": 0}, {"index": 1}]}],
+              "checkpoint": {"complete": True, "marker": True},
+              "gateway_workers": [{"url": "http://127.0.0.1:30002", "status": "ready", "healthy": True}]}
+    state = HostState(values=values)
+    assert [rt.index for rt in out_of_gateway(r, state)] == [0]
+    assert plan_lines(r, state, []) == [
+        "nothing to change in release 0003 (nvfp4-ctx8k-dp2), but sglang-gateway.service does not list replica 0 "
+        "(sglang@0.service): health and identity on its own port, then add it back (no restart)"]
+    values["gateway_workers"] = None                        # the gateway did not answer: not this step's
+    assert out_of_gateway(r, HostState(values=values)) == []
+    assert out_of_gateway(rollout_for(SIM), _deployed_state(rollout_for(SIM))) == []
+
+
 def test_the_plan_says_who_held_the_deploy_lock_when_the_host_was_read():
     r = _rollout()
     held = {"controller": "ops-laptop", "pid": 4242, "started": "2026-12-01T04:00:00+00:00", "what": "deploy nvfp4-ctx8k"}

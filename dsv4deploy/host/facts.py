@@ -84,6 +84,27 @@ class JsonFile(FactBase):
         return json.loads(text) if text else None
 
 
+class GatewayWorkers(FactBase):
+    """The workers a replica set's smg gateway lists (GET /workers): [{url, status, healthy}], or
+    None when it does not answer. The API key goes to curl on stdin, read from its file by the
+    shell's own printf: never an argument."""
+
+    def command(self, url: str, key_file: str | None = None):
+        q = shlex.quote
+        if not key_file:
+            return f"curl -s -m 5 {q(url + '/workers')} || true"
+        return (f"{{ [ -s {q(key_file)} ] && printf 'Authorization: Bearer %s\\n' \"$(cat {q(key_file)})\"; }} | "
+                f"curl -s -m 5 -H @- {q(url + '/workers')} || true")
+
+    def process(self, output):
+        from .. import gateway          # the worker API's own parser
+        try:
+            workers = gateway.parse_workers("\n".join(output).encode())
+        except gateway.GatewayError:
+            return None
+        return [{"url": w.url, "status": w.status, "healthy": w.healthy} for w in workers]
+
+
 class Releases(FactBase):
     """Every release record under the store: a list of status documents, oldest first."""
 

@@ -16,8 +16,9 @@ from ..weights_source import hub_expectation, local_expectation, rsync_folder
 from ..layout import ETC, GATE_USER, MODELS, OPT, STATE
 from ..rollout import Rollout
 from . import installer, snapshot
-from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib, HostBasics, JsonFile,
-                    NvidiaSmi, PatchesApplied, PortOwners, Releases, UnitInfo, VerifiedCheckpoint)
+from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib, GatewayWorkers,
+                    HostBasics, JsonFile, NvidiaSmi, PatchesApplied, PortOwners, Releases, UnitInfo,
+                    VerifiedCheckpoint)
 
 # What the deploy runs on the host beyond a fresh server install (systemd, sshd, python3, sudo,
 # iproute2, procps): the venv (python3-venv: not in a default Ubuntu server), health and identity
@@ -89,6 +90,8 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
     q |= {f"unit:{name}": (UnitInfo, {"service": name}) for name in unit_names(r)}
     if r.target.is_set:
         q["gateway_venv"] = (JsonFile, {"path": f"{r.rendered.gateway.venv}/{VENV_MARKER}"})
+        q["gateway_workers"] = (GatewayWorkers, {"url": r.target.base_url,
+                                                 "key_file": L.api_key_file if r.data["server"].get("api_key") else None})
     if r.data["server"].get("api_key"):
         q["api_key"] = (ApiKeyState, {"key_file": L.api_key_file, "config_file": L.sglang_config_secret})
     if patch_files(r):

@@ -11,6 +11,7 @@ from ..gate import GateSpec
 from ..host.release_store import lock_holder
 from ..host.state import HostState
 from ..rollout import Rollout
+from .replicas import out_of_gateway
 from .venv import launch_check_plan
 
 
@@ -31,6 +32,11 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
     unit = ", ".join(t.units)
     if not reasons:
         if live and state.unit_active:
+            missing = out_of_gateway(r, state)
+            if missing:
+                return [f"nothing to change in release {live['release']:04d} ({live['profile']}), but {t.unit} does "
+                        f"not list {', '.join(rt.label for rt in missing)}: health and identity on its own port, "
+                        "then add it back (no restart)"]
             return [f"nothing to change: release {live['release']:04d} ({live['profile']}) is deployed and "
                     f"{unit} {'is' if len(t.units) == 1 else 'are'} active"]
         return [f"nothing changed, but {unit} is not active: start it, then health, identity and the gate"]

@@ -25,11 +25,12 @@ from pyinfra.operations import python
 from .. import gateway, releases, replicas
 from ..health import HealthError
 from ..host import installer, ops
-from ..host.checks import probe
+from ..host.checks import confirm, probe
 from ..host.gate import gate_record, prepare_release_gate, rolling_gate_record, run_release_gate
 from ..host.io import sh
 from ..host.release_store import ReleaseStore, RollbackError
-from ..host.replicas import ReplicaFailed, Step, roll, start_gateway, start_set, unit_active, wait_load_reports
+from ..host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, roll, start_gateway, start_set, unit_active,
+                             wait_load_reports)
 from ..host.state import VENV_MARKER, HostState
 from ..rollout import Rollout, Target
 from .release import reported
@@ -83,11 +84,26 @@ def cannot_roll(r: Rollout, state: HostState, reasons: list[str]) -> str | None:
     return problem
 
 
+def out_of_gateway(r: Rollout, state: HostState) -> list[Target]:
+    """The set's replicas its gateway does not list (a run cut off between a replica's restart and
+    its return, a removal by hand): they may serve, but no user reaches them. None when the
+    gateway did not answer (a stopped gateway is down_units' to start)."""
+    listed = state["gateway_workers"]
+    if listed is None or not r.target.is_set:
+        return []
+    urls = {w["url"].rstrip("/") for w in listed}
+    return [rt for rt in r.target.replica_targets if rt.base_url.rstrip("/") not in urls]
+
+
 @deploy("Replica set")
 def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway: bool) -> None:
-    """Roll the set (see the module doc); with no reason and every unit active: nothing at all."""
+    """Roll the set (see the module doc); with no reason and every unit active: nothing at all,
+    unless the gateway lists a replica no more (it is checked, then added back)."""
     down = down_units(r, state)
     if not reasons and not down:
+        missing = out_of_gateway(r, state)
+        if missing:
+            readmit_replicas(r, missing)
         return
     what = "switch to the new release" if reasons else f"start {', '.join(down)}"
 
@@ -95,6 +111,21 @@ def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway
         Switch(host, r, reasons, restart_gateway).run()
 
     python.call(name=f"replica set: {what}", function=reported(run))
+
+
+def readmit_replicas(r: Rollout, missing: list[Target]) -> None:
+    """Add back replicas the gateway does not list, each after health and identity on its own port."""
+
+    def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
+        http, endpoint, key = api(host, r.target)
+        poll = float(host.data.get("health_poll_s", 2.0))
+        for rt in missing:
+            confirm(host, rt, budget_s=r.data["service"]["health_timeout_s"], poll_s=poll)
+            gateway.readmit(http, endpoint, key, rt.base_url, GATEWAY_READY_S, poll_s=0.3)
+            print(f"[{host.name}] {rt.label} is back in {r.target.unit} (it served, but the gateway did not list it)")
+
+    python.call(name=f"replica set: add {', '.join(rt.unit for rt in missing)} back to the gateway "
+                     "(healthy, not listed)", function=reported(run))
 
 
 class Switch:
