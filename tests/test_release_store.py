@@ -392,6 +392,23 @@ def test_a_held_lock_refuses_with_its_holder_and_the_way_out(h, store):
     assert owner(store)["pid"] == os.getpid()
 
 
+def test_two_runs_that_found_the_same_dead_owner_do_not_both_take_the_lock(h, store, tmp_path):
+    """Both read the dead run's owner; the first takes the lock over; the second's takeover, coming
+    after, finds another owner there and removes nothing: it is refused, naming the first."""
+    import socket
+    Path(store.lock).mkdir(parents=True)
+    dead = json.dumps({"controller": socket.gethostname(), "pid": 1 << 30})
+    Path(store.lock, "owner.json").write_text(dead + "\n")
+    store._break(dead)                                   # the first run's takeover
+    Path(store.lock).mkdir()                             # ... and its mkdir
+    first = {"controller": "elsewhere", "pid": 4242, "started": "2026-12-03T10:00:00+00:00", "what": "deploy a"}
+    Path(store.lock, "owner.json").write_text(json.dumps(first) + "\n")
+    store._break(dead)                                   # the second run, late with what it saw
+    assert owner(store) == first                         # not removed
+    with pytest.raises(DeployError, match="PID 4242 on elsewhere"):
+        store.take_lock("deploy b")
+
+
 def test_a_lock_left_by_a_dead_run_of_this_controller_is_taken_over(h, store, monkeypatch):
     import socket
     Path(store.lock).mkdir(parents=True)

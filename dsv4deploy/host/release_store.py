@@ -297,14 +297,23 @@ class ReleaseStore:
                 if state is not None:
                     state.add_callback_handler(LockCallback(self, label))
                 return
-            holder = read_json(self.h, f"{self.lock}/owner.json") or {}
+            seen = sh(self.h, f"cat {self.lock}/owner.json 2>/dev/null")[1].strip()
+            holder = _json_or_none(seen) or {}
             stale = holder.get("controller") == me["controller"] and not _pid_alive(int(holder.get("pid", 0)))
             if (stale or break_lock) and attempt == 0:
-                self.give_back_lock()
+                self._break(seen)
                 continue
             raise DeployError(
                 f"another deploy holds the lock on this host: {lock_holder(holder)}. "
                 f"If that run is gone, {rerun_with('break_lock=true', make_target(label))}.")
+
+    def _break(self, seen: str) -> None:
+        """Remove the lock only if its owner is still the one SEEN, under flock: two runs that
+        both found the same dead owner cannot each remove the lock the other has just taken (the
+        second finds a new owner, or none, and then races for mkdir, which one of them wins)."""
+        q = shlex.quote
+        check = f'[ "$(cat {self.lock}/owner.json 2>/dev/null)" = {q(seen)} ] && rm -rf {self.lock}; true'
+        sh(self.h, f"flock {q(self.lock + '.flock')} sh -c {q(check)}")
 
     def give_back_lock(self) -> None:
         self._lock_given_back()
