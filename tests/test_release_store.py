@@ -350,7 +350,7 @@ def test_with_the_prune_read_ahead_the_last_step_goes_live_and_gives_the_lock_ba
     live = store.go_live(rel, also=f"mkdir -p {reports} && touch {reports}/gate.json", survey=survey, last=True)
     assert len(h.commands) == 1
     assert (f"rm -rf {store.folder(1)}/files {store.folder(1)}/profile.json {store.folder(2)}/files {old_venv}; "
-            f"rm -rf {store.lock}") in h.commands[0]
+            f"flock {store.lock}.flock sh -c ") in h.commands[0]          # the lock, if it is still this run's
     assert live.record["status"] == releases.DEPLOYED and on_disk(store, 12) == live.record
     assert on_disk(store, 11)["status"] == releases.SUPERSEDED and (reports / "gate.json").exists()
     assert not Path(store.lock).exists() and not store.holds_lock()
@@ -407,6 +407,25 @@ def test_two_runs_that_found_the_same_dead_owner_do_not_both_take_the_lock(h, st
     assert owner(store) == first                         # not removed
     with pytest.raises(DeployError, match="PID 4242 on elsewhere"):
         store.take_lock("deploy b")
+
+
+def test_a_run_whose_lock_was_broken_leaves_the_new_holders_lock_when_it_ends(h, store, tmp_path):
+    """Run A holds the lock; run B breaks it (break_lock=true) and takes it; when A ends, giving its
+    lock back removes nothing: the lock is B's."""
+    store.take_lock("deploy a")
+    other = ReleaseStore(h, store.dir, lock=store.lock)
+    import dsv4deploy.host.release_store as rs
+    a_owner = dict(rs._OWNER)
+    other.take_lock("deploy b", break_lock=True)         # B, from another process in real life
+    b = owner(store)
+    assert b["what"] == "deploy b"
+    rs._OWNER.update(a_owner)                            # A's memory of its own lock, as A's process has it
+    store.give_back_lock()
+    assert owner(store) == b                             # B's lock stays
+    rs._OWNER[store._key()] = json.dumps(b, sort_keys=True)
+    rs._HELD[store._key()] = []
+    store.give_back_lock()                               # B ending: its own lock goes
+    assert not Path(store.lock).exists()
 
 
 def test_a_lock_left_by_a_dead_run_of_this_controller_is_taken_over(h, store, monkeypatch):
@@ -580,7 +599,7 @@ def test_a_rollback_that_ends_the_run_gives_the_lock_back_with_its_last_record(h
     ready = (good, store.target(good))
     h.commands.clear()
     rollback.after_failure(h, bad, ready[1], "not healthy after 10 s", ready=ready, last=True)
-    assert len(h.commands) == 2 and h.commands[1].endswith(f"; rm -rf {store.lock}")   # the files; the records + the lock
+    assert len(h.commands) == 2 and f"; flock {store.lock}.flock sh -c " in h.commands[1]   # the files; the records + the lock
     assert not Path(store.lock).exists() and on_disk(store, 3)["status"] == releases.DEPLOYED
     cb.operation_end(st, "op2")
     assert len(h.commands) == 2 and not cb.held

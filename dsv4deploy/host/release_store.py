@@ -35,6 +35,7 @@ from .state import LOCK, PIP_FREEZE
 # once, with the lock, and each later step costs no round trip for them. Dropped when the lock
 # is given back.
 _HELD: dict[tuple[str, str], list[dict]] = {}
+_OWNER: dict[tuple[str, str], str] = {}     # what this run wrote into the lock it holds (owner.json)
 
 
 ALSO_FAILED = "__dsv4deploy_also_failed"
@@ -96,7 +97,7 @@ class ReleaseStore:
     def _write(self, command: str, docs, last: bool) -> str:
         """Run COMMAND, which writes DOCS; with LAST (and the lock held) it gives the lock back
         too. Its output."""
-        tail = f"; rm -rf {shlex.quote(self.lock)}" if last and self.holds_lock() else ""
+        tail = f"; {self._give_back_command()}" if last and self.holds_lock() else ""
         ok, out = sh(self.h, command + tail)
         try:
             self._saved(ok, docs)
@@ -294,6 +295,7 @@ class ReleaseStore:
                                  f"( {Releases().command(releases_dir=self.dir)} )")
             if ok:
                 _HELD[self._key()] = Releases().process(out.splitlines())   # kept current from here on
+                _OWNER[self._key()] = owner
                 if state is not None:
                     state.add_callback_handler(LockCallback(self, label))
                 return
@@ -311,13 +313,25 @@ class ReleaseStore:
         """Remove the lock only if its owner is still the one SEEN, under flock: two runs that
         both found the same dead owner cannot each remove the lock the other has just taken (the
         second finds a new owner, or none, and then races for mkdir, which one of them wins)."""
-        q = shlex.quote
-        check = f'[ "$(cat {self.lock}/owner.json 2>/dev/null)" = {q(seen)} ] && rm -rf {self.lock}; true'
-        sh(self.h, f"flock {q(self.lock + '.flock')} sh -c {q(check)}")
+        sh(self.h, self._remove_if_owner(seen))
 
     def give_back_lock(self) -> None:
+        command = self._give_back_command()
         self._lock_given_back()
-        sh(self.h, f"rm -rf {self.lock}")
+        sh(self.h, command)
+
+    def _give_back_command(self) -> str:
+        """Remove the lock if it is still this run's (the owner it wrote), under the same flock as a
+        takeover: a run whose lock was broken (break_lock=true) leaves the new holder's alone."""
+        mine = _OWNER.get(self._key())
+        if mine is None:
+            return f"rm -rf {shlex.quote(self.lock)}"
+        return self._remove_if_owner(mine)
+
+    def _remove_if_owner(self, owner_text: str) -> str:
+        q = shlex.quote
+        check = f'[ "$(cat {self.lock}/owner.json 2>/dev/null)" = {q(owner_text)} ] && rm -rf {self.lock}; true'
+        return f"flock {q(self.lock + '.flock')} sh -c {q(check)}"
 
     def holds_lock(self) -> bool:
         """Whether this run took the lock and has not given it back (a LAST write may have): its
@@ -327,6 +341,7 @@ class ReleaseStore:
     def _lock_given_back(self) -> None:
         for key in [k for k in _HELD if k[0] == self.h.name]:
             del _HELD[key]
+            _OWNER.pop(key, None)
 
 
 KEPT_SEP = "@@dsv4deploy-kept-manifest@@"
