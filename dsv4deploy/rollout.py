@@ -53,7 +53,7 @@ class Target:
     @property
     def gateway_venv(self) -> str | None:
         """The smg venv this replica set runs its gateway from (None without replicas)."""
-        return self.kept_gateway_venv or replicas.gateway_venv(self.data) if self.plan else None
+        return (self.kept_gateway_venv or replicas.gateway_venv(self.data)) if self.plan else None
 
     @property
     def is_set(self) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from .. import patching, weights_check
+from .. import gateway, patching, weights_check
 from ..preflight.gpus import QUERY_ARGS
 
 class NvidiaSmi(FactBase):
@@ -97,7 +97,6 @@ class GatewayWorkers(FactBase):
                 f"curl -s -m 5 -H @- {q(url + '/workers')} || true")
 
     def process(self, output):
-        from .. import gateway          # the worker API's own parser
         try:
             workers = gateway.parse_workers("\n".join(output).encode())
         except gateway.GatewayError:

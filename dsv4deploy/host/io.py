@@ -86,8 +86,7 @@ class PrivateUpload(FileUploadCommand):
     """An operation's upload, staged as `put` stages it (staged()), decided when it runs."""
 
     def execute(self, state, host, connector_arguments):
-        if connector_arguments.get("_sudo") or connector_arguments.get("_su_user"):
-            self.remote_temp_filename = staged(host, self.dest)
+        self.remote_temp_filename = staged(host, self.dest)
         return super().execute(state, host, connector_arguments)
 
 

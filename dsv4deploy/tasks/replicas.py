@@ -86,8 +86,8 @@ def cannot_roll(r: Rollout, state: HostState, reasons: list[str]) -> str | None:
 
 def out_of_gateway(r: Rollout, state: HostState) -> list[Target]:
     """The set's replicas its gateway does not list (a run cut off between a replica's restart and
-    its return, a removal by hand): they may serve, but no user reaches them. None when the
-    gateway did not answer (a stopped gateway is down_units' to start)."""
+    its return, a removal by hand): they may serve, but no user reaches them. None of them when
+    the gateway did not answer (a stopped gateway is down_units' to start)."""
     listed = state["gateway_workers"]
     if listed is None or not r.target.is_set:
         return []
