@@ -208,16 +208,19 @@ def test_a_killed_hf_download_restarts_the_partial_file_from_zero(root, tmp_path
         cmd = [str(VENV_BIN / "hf"), "download", BIG, "--revision", commit_of(root, BIG), "--local-dir", str(local)]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         partial: list[Path] = []
+        done_meta = local / ".cache/huggingface/download/config.json.metadata"
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and proc.poll() is None:
             partial = [p for p in (local / ".cache/huggingface/download").rglob("*.incomplete")
                        if p.stat().st_size > 0] if local.exists() else []
-            if partial and (local / "config.json").is_file():
+            # complete = moved into place AND its metadata written (hf writes it just after the
+            # move; a file killed between the two has no metadata and is fetched again)
+            if partial and (local / "config.json").is_file() and done_meta.is_file():
                 break
             time.sleep(0.02)
         proc.kill()
         proc.wait()
-        assert partial and (local / "config.json").is_file() and not (local / BIG_SHARD).exists()
+        assert partial and done_meta.is_file() and not (local / BIG_SHARD).exists()
         hub.set_faults(HubFaults())
         t_again = time.time()
         assert subprocess.run(cmd, env=env, capture_output=True, timeout=60).returncode == 0
