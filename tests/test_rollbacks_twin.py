@@ -97,7 +97,7 @@ def test_an_error_rate_fails_the_gate_and_rolls_back(twin, profiles):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert "release 0006 (errors24k) failed the smoke gate: C=64 failed: 1 failed request > max 0" in text, text[-3000:]
-    assert "rolled back: release 0007 (restores 0001" in text
+    assert "rolled back: release 0007 (restores 0001" in text, text[-4000:]
     assert releases(twin)[-2]["status"] == "failed"
     assert health(twin) == "200" and served_context(twin) == 16384
 
@@ -108,7 +108,7 @@ def test_a_crash_in_the_middle_of_the_gate_rolls_back(twin, profiles):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert "release 0008 (midgate28k) failed the smoke gate" in text, text[-3000:]
-    assert "rolled back: release 0009 (restores 0001" in text
+    assert "rolled back: release 0009 (restores 0001" in text, text[-4000:]
     assert took < 240
     assert health(twin) == "200" and served_context(twin) == 16384
 
