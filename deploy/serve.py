@@ -2,9 +2,10 @@
 
     pyinfra -y inventory/ct200.py deploy/serve.py --data profile=nvfp4-ctx8k
 
-Reads top to bottom like the job. The host's state is read once, in one command; every step
-below compares the profile with it and changes only what differs. Until the lock, everything
-only reads: a bad profile or a refused preflight stops with nothing changed. The server
+Reads top to bottom like the job. The host's state is read once, in the one command that takes
+the host's deploy lock; every step below compares the profile with it and changes only what
+differs. Until the switch's steps, everything only reads: a bad profile or a refused preflight
+stops with nothing changed (and the lock given back). The server
 restarts only for a reason this run found (dsv4deploy/changes.py), and then a release is
 recorded `pending` before the switch, `deployed` or `failed` after its gate.
 """
@@ -16,9 +17,9 @@ from dsv4deploy.changes import Changes
 from dsv4deploy.rollout import rollout_for
 
 rollout = rollout_for(host.data)                      # validate the profile, render its files
-state = tasks.read_host(rollout)                      # the host's state: one command, read once
+state = tasks.read_locked(rollout, f"deploy {rollout.profile.name}")  # the host's state, one command, under
+                                                      # the deploy lock it takes: one deploy at a time
 found = tasks.preflight(rollout, state)               # OS, GPUs, driver, disk, port: refuse clearly
-tasks.deploy_lock(f"deploy {rollout.profile.name}")  # one deploy at a time on this host
 tasks.settle_interrupted(rollout, state)              # settle what a cut-off run left pending
 
 changes = Changes()                                   # why the server restarts, if it does

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from dsv4deploy.host import snapshot
 from dsv4deploy.host.facts import Accounts, DebPackages, FileStates, JsonFile, UnitInfo
 
@@ -135,3 +137,35 @@ def test_gateway_workers_command_sends_the_key_on_stdin(tmp_path):
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True,
                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}).stdout
     assert out.splitlines() == ["argv: -s -m 5 -H @- http://127.0.0.1:30000/workers", "Authorization: Bearer s3cret"]
+
+
+def test_the_first_command_runs_before_every_fact_and_answers_on_its_own(tmp_path):
+    """FIRST (the deploy lock) runs before the facts start, so they read what it left; its output
+    and status come back apart from theirs, and a failing FIRST does not stop them."""
+    class Shell(JsonFile):
+        def command(self, path):
+            return path
+
+    flag = tmp_path / "taken"
+    queries = {"sees": (Shell, {"path": f"cat {flag}"})}
+    for first, status in ((f"sleep 0.2; echo mine > {flag}; echo took", 0), ("echo held by 42; exit 1", 1)):
+        out = subprocess.run(["sh", "-c", snapshot.batch_command(queries, "__dsv4_t", first=first)],
+                             capture_output=True, text=True)
+        parts = snapshot.split_output(out.stdout.splitlines(), "__dsv4_t")
+        assert parts["sees"] == (["mine"], 0)
+        assert parts[snapshot.FIRST] == ((["took"], 0) if status == 0 else (["held by 42"], 1))
+
+
+def test_a_damaged_release_record_stops_the_read_instead_of_reading_as_none(tmp_path):
+    """Read as "no records", a damaged status.json would let the next release take a number the
+    host already holds: the records are strict, the other facts are not."""
+    from pyinfra.api import DeployError
+
+    from dsv4deploy.host.facts import Releases
+    for n, text in ((1, json.dumps({"release": 1, "status": "deployed"})), (2, '{"release": 2, "stat')):
+        (tmp_path / f"{n:04d}").mkdir()
+        (tmp_path / f"{n:04d}" / "status.json").write_text(text)
+    with pytest.raises(DeployError, match=r"a release record on the host \(a releases/NNNN/status.json\) is damaged"):
+        _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})
+    (tmp_path / "0002" / "status.json").write_text(json.dumps({"release": 2, "status": "failed"}))
+    assert [r["release"] for r in _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})["releases"]] == [1, 2]

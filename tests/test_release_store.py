@@ -28,6 +28,10 @@ class Out:
     def __init__(self, stdout: str = "", stderr: str = ""):
         self.stdout, self.stderr = stdout, stderr
 
+    @property
+    def stdout_lines(self) -> list[str]:
+        return self.stdout.splitlines()
+
 
 class FakeHost:
     """Runs each command here with sh -c, unless a scripted answer matches part of it."""
@@ -460,6 +464,57 @@ def test_the_lock_is_given_back_when_the_last_operation_ends(h, store):
     n = len(h.commands)
     cb._release()                                                    # at exit: already given back, no command
     assert len(h.commands) == n
+
+
+# --- the deploy's read, under the lock it takes -----------------------------------------------
+
+def locked_read(h, store):
+    """What tasks.read_locked does: the host's read (here its records and the lock's owner) run
+    after the command that takes the lock, in one command."""
+    from dsv4deploy.host import snapshot
+    from dsv4deploy.host.facts import JsonFile, Releases
+    from dsv4deploy.host.state import HostState
+
+    def read(first):
+        snap = snapshot.read(h, {"releases": (Releases, {"releases_dir": store.dir}),
+                                 "lock": (JsonFile, {"path": f"{store.lock}/owner.json"})}, first=first)
+        return HostState(values=snap.values, first=snap.first)
+    return read
+
+
+def test_a_deploy_reads_the_host_in_the_command_that_takes_the_lock(h, store, tmp_path):
+    """One command takes the lock and reads the host under it; the records it read are the run's
+    copy (no command of their own later), and the read's own owner is not shown as another holder."""
+    rel = begin(store, tmp_path)
+    store.save(rel.with_status(releases.DEPLOYED).record)
+    fresh = ReleaseStore(h, store.dir, lock=store.lock)
+    n = len(h.commands)
+    state = fresh.read_locked("deploy nvfp4-ctx8k", locked_read(h, fresh))
+    assert len(h.commands) == n + 1 and owner(store)["what"] == "deploy nvfp4-ctx8k"
+    assert [r["release"] for r in state["releases"]] == [1] and state["lock"]["pid"] == os.getpid()
+    assert state.lock_holder is None
+    assert fresh.current()["release"] == 1 and len(h.commands) == n + 1
+    fresh.give_back_lock()
+    assert not Path(store.lock).exists()
+
+
+def test_a_deploy_whose_read_finds_the_lock_held_is_refused_and_leaves_it(h, store):
+    Path(store.lock).mkdir(parents=True)
+    theirs = json.dumps({"controller": "elsewhere", "pid": 4242, "started": "2026-12-03T10:00:00+00:00",
+                         "what": "deploy a"}, sort_keys=True)
+    Path(store.lock, "owner.json").write_text(theirs + "\n")
+    with pytest.raises(DeployError, match=r"another deploy holds the lock on this host: PID 4242 on elsewhere"):
+        store.read_locked("deploy b", locked_read(h, store))
+    assert Path(store.lock, "owner.json").read_text() == theirs + "\n" and len(h.commands) == 1
+
+
+def test_a_deploy_whose_read_finds_a_dead_runs_lock_takes_it_over_and_reads_again(h, store):
+    import socket
+    Path(store.lock).mkdir(parents=True)
+    Path(store.lock, "owner.json").write_text(json.dumps({"controller": socket.gethostname(), "pid": 1 << 30}) + "\n")
+    state = store.read_locked("deploy b", locked_read(h, store))
+    assert owner(store)["what"] == "deploy b" and state.lock_holder is None
+    assert len(h.commands) == 3        # the read that found it, the takeover, the read under this run's lock
 
 
 # --- the rollback's choice and its outcome ----------------------------------------------------

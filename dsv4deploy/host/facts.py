@@ -105,9 +105,11 @@ class GatewayWorkers(FactBase):
 
 
 class Releases(FactBase):
-    """Every release record under the store: a list of status documents, oldest first."""
+    """Every release record under the store: a list of status documents, oldest first. Strict
+    (host/snapshot.py): a damaged record stops the run instead of reading as no record."""
 
     default = list
+    strict = True
 
     def command(self, releases_dir: str):
         # one awk for every record, each on one line (a process per record cost 1.5 ms each on the twin)
@@ -115,7 +117,17 @@ class Releases(FactBase):
                 "awk 'FNR == 1 && NR > 1 { print \"\" } { printf \"%s\", $0 } END { if (NR) print \"\" }' \"$@\"; true")
 
     def process(self, output):
-        docs = [json.loads(line) for line in output if line.strip()]
+        docs = []
+        for line in output:
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                int(doc["release"])
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"a release record on the host (a releases/NNNN/status.json) is damaged: "
+                                 f"{line[:120]!r}: repair that file, then run again") from None
+            docs.append(doc)
         return sorted(docs, key=lambda d: d["release"])
 
 

@@ -27,7 +27,7 @@ from ..rollout import Target
 from . import installer
 from .facts import Releases
 from .io import json_write_command, read_json, sh
-from .state import LOCK, PIP_FREEZE
+from .state import LOCK, PIP_FREEZE, HostState
 
 
 # The records as this run last read or wrote them, per (host, store): valid only while this
@@ -286,28 +286,63 @@ class ReleaseStore:
         """Take the deploy lock, or refuse with the holder's PID and start (a lock whose holder is
         gone from this controller, or any with BREAK_LOCK, is taken over). With a pyinfra STATE,
         the lock is given back when its run ends (LockCallback). One command, which also reads
-        the records once the lock is held: from then on this run's copy is the store's."""
-        me = {"controller": socket.gethostname(), "pid": os.getpid(), "started": releases.now(), "what": label}
-        owner = json.dumps(me, sort_keys=True)
+        the records once the lock is held: from then on this run's copy is the store's. (A
+        deploy takes it with its read of the host instead: read_locked.)"""
+
+        def records_after(first: str) -> HostState:
+            ok, out = sh(self.h, f"{first} && ( {Releases().command(releases_dir=self.dir)} )")
+            lines = out.splitlines()
+            return HostState(values={"releases": Releases().process(lines) if ok else []}, first=(lines, 0 if ok else 1))
+
+        self.read_locked(label, records_after, break_lock=break_lock, state=state)
+
+    def read_locked(self, label: str, read, *, break_lock=False, state=None):
+        """READ(first) runs the host's read after the command FIRST, in one command (read_state):
+        here FIRST takes the lock, so the run decides from what the host holds under its lock,
+        at no round trip of its own. The read, whose `first` says whether the lock was taken;
+        refused (or a stale lock taken over, then read again) as take_lock does."""
         for attempt in range(2):
-            ok, out = sh(self.h, f"mkdir -p {self.lock.rsplit('/', 1)[0]} && mkdir {self.lock} 2>/dev/null && "
-                                 f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json && "
-                                 f"( {Releases().command(releases_dir=self.dir)} )")
-            if ok:
-                _HELD[self._key()] = Releases().process(out.splitlines())   # kept current from here on
-                _OWNER[self._key()] = owner
-                if state is not None:
-                    state.add_callback_handler(LockCallback(self, label))
-                return
-            seen = sh(self.h, f"cat {self.lock}/owner.json 2>/dev/null")[1].strip()
-            holder = _json_or_none(seen) or {}
-            stale = holder.get("controller") == me["controller"] and not _pid_alive(int(holder.get("pid", 0)))
-            if (stale or break_lock) and attempt == 0:
-                self._break(seen)
-                continue
-            raise DeployError(
-                f"another deploy holds the lock on this host: {lock_holder(holder)}. "
-                f"If that run is gone, {rerun_with('break_lock=true', make_target(label))}.")
+            owner = self.owner_text(label)
+            got = read(self.lock_command(owner))
+            lines, rc = got.first or ([], 1)
+            if rc == 0:
+                self.adopt_lock(owner, got["releases"] or [], label, state)
+                return got
+            self.taken_over("\n".join(lines).strip(), label, break_lock, attempt)
+        raise AssertionError("unreachable: the second attempt takes the lock or refuses")
+
+    @staticmethod
+    def owner_text(label: str) -> str:
+        """What a run writes into the lock it takes: this controller, its PID, when, and LABEL."""
+        return json.dumps({"controller": socket.gethostname(), "pid": os.getpid(), "started": releases.now(),
+                           "what": label}, sort_keys=True)
+
+    def lock_command(self, owner: str) -> str:
+        """Take the lock for OWNER (status 0), or print the holder's owner.json (status 1)."""
+        return (f"mkdir -p {self.lock.rsplit('/', 1)[0]} && if mkdir {self.lock} 2>/dev/null; then "
+                f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json; "
+                f"else cat {self.lock}/owner.json 2>/dev/null; exit 1; fi")
+
+    def adopt_lock(self, owner: str, records: list[dict], label: str, state=None) -> None:
+        """The lock is this run's (OWNER), and RECORDS were read under it: from here on this run's
+        copy of the records is the store's; with a pyinfra STATE, the run's end gives it back."""
+        _HELD[self._key()] = [dict(r) for r in records]
+        _OWNER[self._key()] = owner
+        if state is not None:
+            state.add_callback_handler(LockCallback(self, label))
+
+    def taken_over(self, seen: str, label: str, break_lock: bool, attempt: int) -> None:
+        """The lock is held by the owner SEEN (its owner.json): remove it when its run is gone from
+        this controller, or with BREAK_LOCK, on the first ATTEMPT (the caller tries again); else
+        refuse with the holder's PID and start."""
+        holder = _json_or_none(seen) or {}
+        stale = holder.get("controller") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0)))
+        if (stale or break_lock) and attempt == 0:
+            self._break(seen)
+            return
+        raise DeployError(
+            f"another deploy holds the lock on this host: {lock_holder(holder)}. "
+            f"If that run is gone, {rerun_with('break_lock=true', make_target(label))}.")
 
     def _break(self, seen: str) -> None:
         """Remove the lock only if its owner is still the one SEEN, under flock: two runs that

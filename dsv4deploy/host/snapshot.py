@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import DeployError, FactBase, StringCommand
 from pyinfra.api.facts import FactProcessError
 
 Query = tuple[type[FactBase], dict[str, Any]]
@@ -27,13 +27,21 @@ def _as_shell(command) -> str:
     return str(command)
 
 
-def batch_command(queries: dict[str, Query], nonce: str) -> str:
+FIRST = "__first"       # the key of the command a batch runs before its facts (batch_command's FIRST)
+
+
+def batch_command(queries: dict[str, Query], nonce: str, first: str = "") -> str:
     """One shell script that runs every fact's command (with its `requires_command` guard) at
     the same time, each into its own file of a private temporary folder (mktemp -d: 0700, gone
     with the command), then prints each after a line `<nonce> KEY` and ends it with a newline
     and `<nonce>rc KEY STATUS`: the read takes as long as its slowest fact (nvidia-smi, the
-    checkpoint's listing), not the sum of them all."""
+    checkpoint's listing), not the sum of them all. FIRST: a command run before any fact (the
+    deploy lock: the facts then read the host under it), printed under the key FIRST."""
     runs, prints = [], []
+    if first:
+        runs.append(f"{{ ( {first} ) >\"$d/first\" 2>/dev/null </dev/null; echo \"$?\" >\"$d/first.rc\"; }}")
+        prints.append(f"echo '{nonce} {FIRST}'; cat \"$d/first\"; "
+                      f"printf '\\n{nonce}rc {FIRST} %s\\n' \"$(cat \"$d/first.rc\")\"")
     for i, (key, (fact_cls, kwargs)) in enumerate(queries.items()):
         fact = fact_cls()
         command = _as_shell(fact.command(**kwargs))
@@ -66,7 +74,9 @@ def split_output(lines: list[str], nonce: str) -> dict[str, tuple[list[str], int
 
 def interpret(queries: dict[str, Query], parts: dict[str, tuple[list[str], int]]) -> dict[str, Any]:
     """Each fact's `process` on its own lines, as pyinfra would: its default when the command
-    failed or printed nothing, or when its lines do not parse."""
+    failed or printed nothing, or when its lines do not parse; except a `strict` fact (the
+    release records), whose lines that do not parse stop the run with its message (DeployError):
+    read as "none", they would let a new release take a number the host already holds."""
     values: dict[str, Any] = {}
     for key, (fact_cls, _kwargs) in queries.items():
         fact = fact_cls()
@@ -75,7 +85,9 @@ def interpret(queries: dict[str, Query], parts: dict[str, tuple[list[str], int]]
         if rc == 0 and lines:
             try:
                 value = fact.process(lines)
-            except (FactProcessError, ValueError, KeyError, IndexError):
+            except (FactProcessError, ValueError, KeyError, IndexError) as exc:
+                if getattr(fact, "strict", False):
+                    raise DeployError(str(exc)) from None
                 value = fact.default()
         values[key] = value
     return values
@@ -83,10 +95,12 @@ def interpret(queries: dict[str, Query], parts: dict[str, tuple[list[str], int]]
 
 @dataclass
 class Snapshot:
-    """The values of a batch of facts, read by one command; `.commands` counts the reads."""
+    """The values of a batch of facts, read by one command; `.commands` counts the reads;
+    `.first`: the lines and exit status of the command run before them (None: none ran)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     commands: int = 0
+    first: tuple[list[str], int] | None = None
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -95,11 +109,12 @@ class Snapshot:
         return self.values.get(key, default)
 
 
-def read(h, queries: dict[str, Query], timeout: float = 120) -> Snapshot:
-    """Run QUERIES on host H in one command (with the inventory's privileges)."""
+def read(h, queries: dict[str, Query], timeout: float = 120, first: str = "") -> Snapshot:
+    """Run QUERIES on host H in one command (with the inventory's privileges), after FIRST."""
     from .io import run
 
     nonce = "__dsv4_" + secrets.token_hex(8)
-    ok, output = run(h, batch_command(queries, nonce), timeout=timeout)
+    ok, output = run(h, batch_command(queries, nonce, first), timeout=timeout)
     parts = split_output(list(output.stdout_lines), nonce) if ok else {}
-    return Snapshot(values=interpret(queries, parts), commands=1)
+    return Snapshot(values=interpret(queries, parts), commands=1,
+                    first=parts.get(FIRST, ([], 1)) if first else None)

@@ -110,9 +110,17 @@ class HostState:
     values: dict[str, Any]
     commands: int = 1
     units: tuple[str, ...] = ()     # a replica set's units (instances and gateway): all must be active
+    first: tuple[list[str], int] | None = None   # what the command run before the read printed (the lock)
 
     def __getitem__(self, key: str) -> Any:
         return self.values.get(key)
+
+    @property
+    def lock_holder(self) -> dict | None:
+        """The owner of the deploy lock as the read saw it, when that is another run (None: free, or
+        this run's own: the read that takes the lock sees its own owner)."""
+        took = self.first is not None and self.first[1] == 0
+        return None if took else self.values.get("lock")
 
     def file(self, path: str) -> dict | None:
         """FileStates' entry for PATH (None: it does not exist)."""
@@ -143,13 +151,14 @@ class HostState:
         return bool((self.values.get("patches") or {}).get(patch_file))
 
 
-def read_state(h, r: Rollout) -> HostState:
-    """Read everything with one command (the inventory's privileges apply)."""
+def read_state(h, r: Rollout, first: str = "") -> HostState:
+    """Read everything with one command (the inventory's privileges apply), after FIRST (the
+    deploy lock's command: the host is then read under the lock)."""
     hub = None      # what every file must be, by size and sha256: the hub's metadata, or the rsync source's
     if r.weights_source.get("type") == "hf":
         hub = json.dumps(hub_expectation(r.weights_source, r.data["model"]["repo"], r.data["model"]["revision"]))
     elif r.weights_source.get("type") == "rsync":
         hub = json.dumps(local_expectation(rsync_folder(r.weights_source)))
-    snap = snapshot.read(h, queries(r, hub))
+    snap = snapshot.read(h, queries(r, hub), first=first)
     units = tuple(u.removesuffix(".service") for u in r.target.units) if r.target.is_set else ()
-    return HostState(values=snap.values, commands=snap.commands, units=units)
+    return HostState(values=snap.values, commands=snap.commands, units=units, first=snap.first)

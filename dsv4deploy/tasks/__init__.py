@@ -1,10 +1,6 @@
 """The rollout's steps as reusable pyinfra `@deploy` functions, one module per concern,
 in the order deploy/serve.py calls them. Host effects live in dsv4deploy/host/."""
 
-from pyinfra import host as _host
-
-from ..host.state import HostState, read_state
-from ..rollout import Rollout
 from .preflight import preflight
 from .driver import driver
 from .nccl_probe import nccl_probe
@@ -14,16 +10,11 @@ from .weights import weights
 from .service import config_files, files_differ, gateway_files_differ, restart_if_changed, secrets
 from .replicas import cannot_roll, gateway_venv, switch_set
 from .rollback import manual_rollback
-from .release import begin_release, deploy_lock, needs_release, settle_interrupted, verify_and_record
+from .release import begin_release, deploy_lock, needs_release, read_locked, settle_interrupted, verify_and_record
 from .plan import show_plan
-
-
-def read_host(r: Rollout) -> HostState:
-    """The host's state for this rollout, in one command (dsv4deploy/host/state.py)."""
-    return read_state(_host, r)
 
 
 __all__ = ["manual_rollback", "preflight", "driver", "nccl_probe", "host_packages", "service_user", "sglang_venv",
            "launch_check", "weights", "config_files", "files_differ", "secrets", "restart_if_changed",
            "begin_release", "deploy_lock", "needs_release", "settle_interrupted", "verify_and_record",
-           "show_plan", "read_host", "gateway_venv", "switch_set", "gateway_files_differ", "cannot_roll"]
+           "show_plan", "read_locked", "gateway_venv", "switch_set", "gateway_files_differ", "cannot_roll"]

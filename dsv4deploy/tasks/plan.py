@@ -19,7 +19,7 @@ def plan_lines(r: Rollout, state: HostState, reasons: list[str], downtime: str |
     """Pure: the plan for rollout R against STATE with the collector's REASONS (and who held the
     deploy lock when the host was read: `make plan` takes none, and a deploy refuses while it is held).
     DOWNTIME: why the serving replica set cannot take it one replica at a time (tasks.cannot_roll)."""
-    holder = state["lock"]
+    holder = state.lock_holder
     held = [f"the deploy lock was held when the host was read: {lock_holder(holder)}; a deploy refuses "
             "while that run holds it"] if holder else []
     return held + _steps(r, state, reasons, downtime)

@@ -18,7 +18,7 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
 from .. import releases
-from ..host.state import HostState
+from ..host.state import HostState, read_state
 from ..health import HealthError
 from ..host.release_store import ReleaseStore, last_step
 from ..rollout import Rollout
@@ -27,6 +27,18 @@ from ..host.gate import (carry_reports, gate_record, keep_reports, prepare_relea
 from .rollback import after_failure, ready_to_restore
 from .venv import launch_check_key
 from ..host.checks import confirm, journal_tail, observer
+
+
+def read_locked(r: Rollout, label: str) -> HostState:
+    """The host's state, read in the command that takes the deploy lock (LABEL), so that what
+    the run decides from cannot change under it and the lock costs no round trip of its own;
+    refused with the holder's PID and start. A dry run (`--dry`, `make plan`) reads, unlocked."""
+    h = ctx_host.get()          # the real Host, not the proxy: the callback that gives the lock back compares hosts
+    if "--dry" in sys.argv:
+        return read_state(h, r)
+    return ReleaseStore(h, r.layout.releases_dir).read_locked(
+        label, lambda first: read_state(h, r, first=first), break_lock=host.data.get("break_lock"),
+        state=ctx_state.get())
 
 
 def deploy_lock(label: str) -> None:
