@@ -107,3 +107,33 @@ def test_a_replica_the_gateway_does_not_list_is_restarted_without_a_drain(fake):
     hr.roll(fake, target(), [0], lambda rt: None, poll_s=0, log=lambda m: None)
     assert not any(e.startswith("metrics") or e.startswith("remove") for e in fake.events)
     assert fake.events[-1] == "add http://127.0.0.1:30001"
+
+
+def test_instances_the_set_no_longer_has_are_stopped_and_disabled(tmp_path):
+    """After `count` shrank (or a restore of a smaller set), sglang@2 would go on holding its GPUs
+    and port, and start again at boot: the command stops and disables exactly the instances the
+    release does not run, through systemctl (never by process name), and names them."""
+    import os
+    import subprocess
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "systemctl"
+    fake.write_text("#!/bin/sh\necho \"$*\" >> " + str(calls) + "\n"
+                    "case \"$1\" in list-units) printf '%s\\n' "
+                    "'sglang@0.service loaded active running x' 'sglang@1.service loaded active running x' "
+                    "'sglang@2.service loaded active running x' 'sglang@3.service loaded inactive dead x';; esac\n")
+    fake.chmod(0o755)
+    t = target()                                            # nvfp4-ctx8k-dp2: sglang@0 and sglang@1
+    out = subprocess.run(["sh", "-c", hr.surplus_command(t)], capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert out.returncode == 0 and out.stdout.split() == ["sglang@2.service", "sglang@3.service"]
+    said = calls.read_text().splitlines()
+    assert said[0].startswith("list-units --all --plain --no-legend --type=service sglang@*")
+    assert said[1:] == ["disable --now sglang@2.service", "disable --now sglang@3.service"]
+
+
+def test_starting_a_set_at_once_stops_the_surplus_first(fake):
+    """The surplus goes before the set starts: a new replica may need the GPUs it holds."""
+    hr.start_set(object(), target(), lambda rt: None, 0.1, fake.events.append)
+    assert fake.events[0] == 'sh disable --now "$u" >/dev/null 2>&1; echo "$u";; esac; done; true'
+    assert "sh restart sglang@0.service sglang@1.service" in fake.events[1:]

@@ -9,6 +9,7 @@ port, the caller's check (the gate for a new release, a probe for a restore), an
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -118,12 +119,33 @@ def start_gateway(h, t: Target, restart: bool) -> None:
     wait_all_routable(h, t)
 
 
+def surplus_command(t: Target) -> str:
+    """Stop and disable every instance of T's service template that T does not run, printing each
+    name: after a set shrank (`count`), or a restore of a smaller set, the instance left over
+    would go on holding its GPUs and port (and start again at boot)."""
+    keep = "|".join(shlex.quote(rt.unit) for rt in t.replica_targets)
+    return (f"for u in $(systemctl list-units --all --plain --no-legend --type=service "
+            f"{shlex.quote(t.layout.service + '@*')} | cut -d' ' -f1); do case \"$u\" in {keep}) ;; "
+            "*) systemctl disable --now \"$u\" >/dev/null 2>&1; echo \"$u\";; esac; done; true")
+
+
+def stop_surplus(h, t: Target, log: Callable[[str], None]) -> list[str]:
+    """surplus_command on host H; the instances it stopped (one command)."""
+    _, out = sh(h, surplus_command(t))
+    gone = [u for u in out.split() if u]
+    if gone:
+        log(f"stopped {', '.join(gone)}: not in this release's set of {len(t.replica_targets)} replicas")
+    return gone
+
+
 def start_set(h, t: Target, check: Callable[[Target], None], poll_s: float, log: Callable[[str], None],
               steps: list[Step] | None = None) -> list[Step]:
     """Start every replica at once (nothing serves yet: a first deploy, or a switch from the single
-    server), health and identity each, the check on each, then the gateway in front."""
+    server; or the set replaced at once), health and identity each, the check on each, then the
+    gateway in front. Instances the set no longer has are stopped first (their GPUs go back)."""
     steps = steps if steps is not None else [Step(rt.index, rt.unit.removesuffix(".service"))
                                              for rt in t.replica_targets]
+    stop_surplus(h, t, log)
     units = " ".join(rt.unit for rt in t.replica_targets)
     start = time.monotonic()
     ok, out = sh(h, f"systemctl enable --quiet {units} && systemctl reset-failed {units} 2>/dev/null; "

@@ -19,7 +19,7 @@ from ..host.release_store import ReleaseStore, RollbackError, last_step
 from ..releases import Release
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, observer, probe
-from ..host.replicas import ReplicaFailed, api, roll, start_set, unit_active
+from ..host.replicas import ReplicaFailed, api, roll, start_set, stop_surplus, unit_active
 
 
 # A checkpoint is complete when the weights step left its marker: sizes (rsync, local sources) or
@@ -112,6 +112,7 @@ def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
     rejoins); with no gateway running (a switch back from the single server), all at once."""
     log = lambda m: print(f"[{h.name}] {m}")  # noqa: E731
     if unit_active(h, t.unit):
+        stop_surplus(h, t, log)        # a failed larger set's extra replicas (start_set does it itself)
         every = [rt.index for rt in t.replica_targets]
         roll(h, t, indices if indices is not None else every, lambda rt: probe(h, rt), poll_s, log)
         # across a change of the replicas' addresses the gateway still lists the ones that moved
