@@ -35,15 +35,15 @@ differ = tasks.files_differ(rollout, state)
 changes.notify("unit files", *differ)                 # NCCL env, manifest, unit (replicas: theirs, the gateway's)
 
 downtime = tasks.cannot_roll(rollout, state, changes.reasons)  # replicas: a change that cannot roll needs allow_downtime
-tasks.show_plan(rollout, state, changes, downtime)    # what follows and why (make plan prints it too)
+gateway_restart = tasks.gateway_restart(rollout, state, differ, gateway_venv)  # replicas: why smg restarts, if it does
+tasks.show_plan(rollout, state, changes, downtime, gateway_restart)  # what follows and why (make plan prints it too)
 if changes:
     tasks.launch_check(rollout, state, changes.reasons)  # the host's own SGLang parses the argv first
     tasks.nccl_probe(rollout)                         # all-reduce with the new NCCL env, bounded in time
     tasks.begin_release(rollout)                      # release NNNN: pending, before the switch
 tasks.config_files(rollout, state)                    # NCCL env, launch manifest, unit
 if rollout.target.is_set:                             # replicas behind the gateway: one at a time, each gated
-    tasks.switch_set(rollout, state, changes.reasons,
-                     restart_gateway=gateway_venv or tasks.gateway_files_differ(differ))
+    tasks.switch_set(rollout, state, changes.reasons, restart_gateway=gateway_restart)
 else:
     started = tasks.restart_if_changed(rollout, state, changes.reasons)  # daemon-reload + restart only with a reason
     if changes or started.will_change:

@@ -169,3 +169,38 @@ def test_a_damaged_release_record_stops_the_read_instead_of_reading_as_none(tmp_
         _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})
     (tmp_path / "0002" / "status.json").write_text(json.dumps({"release": 2, "status": "failed"}))
     assert [r["release"] for r in _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})["releases"]] == [1, 2]
+
+
+def test_a_gateway_started_from_other_files_than_those_in_place_reads_as_stale(tmp_path):
+    """The marker the deploy writes when it (re)starts the gateway (its MainPID, its files' sha256)
+    against now: other files under the same process is stale; no marker (a boot) or another
+    process (systemd or a person restarted it since) says nothing."""
+    from dsv4deploy.host.facts import GatewayStale, pid_and_files_command
+
+    pid = tmp_path / "pid"
+    pid.write_text("4242\n")
+    fake = tmp_path / "systemctl"
+    fake.write_text(f"#!/bin/sh\ncat {pid}\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    unit, launcher, marker = tmp_path / "gateway.service", tmp_path / "launch.py", tmp_path / "started"
+    unit.write_text("ExecStart=smg --policy round_robin\n")
+    launcher.write_text("print('launch')\n")
+    args = {"unit": "sglang-gateway.service", "files": [str(unit), str(launcher)], "marker": str(marker)}
+
+    def stale() -> bool:
+        out = subprocess.run(["sh", "-c", GatewayStale().command(**args)], capture_output=True, text=True, env=env)
+        return GatewayStale().process(out.stdout.splitlines())
+
+    assert stale() is False                                  # no marker: booted, or never started by a deploy
+    subprocess.run(["sh", "-c", f"{{ {pid_and_files_command(args['unit'], args['files'])}; }} > {marker}"], env=env,
+                   check=True)
+    assert stale() is False
+    unit.write_text("ExecStart=smg --policy random\n")       # a run wrote new files and was cut off
+    assert stale() is True
+    launcher.write_text("print('other')\n")
+    unit.write_text("ExecStart=smg --policy round_robin\n")  # the launcher alone differs
+    assert stale() is True
+    pid.write_text("5000\n")                                 # restarted since by systemd or by hand
+    assert stale() is False
+    assert GatewayStale().process(["0 abc", "0 def"]) is False    # not running

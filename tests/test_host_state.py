@@ -161,3 +161,65 @@ def test_changes_collects_reasons_from_operations_bools_and_words():
     c.notify("release", "release 0003 renders differently")
     c.notify("unit files", None)
     assert c and c.reasons == ["secrets changed", "release: release 0003 renders differently"]
+
+
+def test_the_run_that_took_the_lock_in_its_read_does_not_name_itself_as_the_holder():
+    r = _rollout()
+    ours = {"controller": "ops-laptop", "pid": 7, "started": "2026-12-03T13:00:00+00:00", "what": "deploy nvfp4-ctx8k"}
+    state = _deployed_state(r, lock=ours)
+    state.first = ([], 0)                                    # the read's own mkdir took it
+    assert state.lock_holder is None and len(plan_lines(r, state, [])) == 1
+    state.first = (["{...}"], 1)                             # held by another run: refused, and named
+    assert state.lock_holder == ours
+
+
+def _set_state(r, **over) -> HostState:
+    values = {"files": {}, "unit": {"ActiveState": "active"},
+              "releases": [{"release": 3, "status": "deployed", "profile": "nvfp4-ctx8k-dp2",
+                            "manifest_sha256": r.manifest_sha256, "replicas": [{"index": 0}, {"index": 1}]}],
+              "checkpoint": {"complete": True, "marker": True}, "gateway_stale": False}
+    values.update(over)
+    return HostState(values=values, units=("sglang@0", "sglang@1", "sglang-gateway"))
+
+
+def test_a_gateway_that_runs_older_files_than_those_in_place_is_restarted_alone():
+    """A run cut off between writing the gateway's files and its restart left smg running the old
+    ones: with nothing else to change, the next run restarts the gateway alone (the plan says so)."""
+    from dsv4deploy.tasks.replicas import gateway_restart
+    r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
+    state = _set_state(r, **{f"unit:{u}": {"ActiveState": "active"} for u in ("sglang@0", "sglang@1", "sglang-gateway")})
+    assert gateway_restart(r, state, [], False) is None and plan_lines(r, state, [])[0].startswith("nothing to change:")
+    state.values["gateway_stale"] = True
+    why = gateway_restart(r, state, [], False)
+    assert why == "runs older gateway files than those in place"
+    assert plan_lines(r, state, [], gateway_restart=why) == [
+        "nothing to change in release 0003 (nvfp4-ctx8k-dp2), but sglang-gateway.service runs older gateway files "
+        "than those in place: restart it alone (the replicas keep running; connections to the gateway drop while it "
+        "restarts), then a probe through it"]
+    assert gateway_restart(_rollout(), _deployed_state(_rollout(), gateway_stale=True), [], False) is None
+
+
+def test_a_rolling_update_says_when_it_restarts_the_gateway_and_why():
+    from dsv4deploy.tasks.replicas import gateway_restart
+    r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
+    state = _set_state(r)
+    reasons = ["release: release 0003 renders differently", "unit files: gateway unit"]
+    assert gateway_restart(r, state, ["gateway unit"], False) == "its unit or launcher changes"
+    assert gateway_restart(r, state, [], True) == "its venv changes"
+    (roll,) = [line for line in plan_lines(r, state, reasons, gateway_restart="its unit or launcher changes")
+               if line.startswith("rolling update")]
+    assert ("add it back; the others serve throughout; then restart sglang-gateway.service (its unit or launcher "
+            "changes; connections to it drop while it restarts), then 4 short probe requests") in roll
+    (quiet,) = [line for line in plan_lines(r, state, reasons[:1]) if line.startswith("rolling update")]
+    assert "restart sglang-gateway.service" not in quiet
+
+
+def test_a_set_with_a_replica_down_still_rolls_behind_its_gateway_as_the_run_does():
+    """The run rolls whenever the gateway serves (Switch.run); the plan said "at once" when any unit
+    was down, and a change that cannot roll went unrefused there."""
+    r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
+    state = _set_state(r, **{"unit:sglang@0": {"ActiveState": "active"}, "unit:sglang@1": {"ActiveState": "failed"},
+                             "unit:sglang-gateway": {"ActiveState": "active"}})
+    assert not state.unit_active and state.front_active
+    lines = plan_lines(r, state, ["release: release 0003 renders differently"])
+    assert any(line.startswith("rolling update behind sglang-gateway.service") for line in lines)

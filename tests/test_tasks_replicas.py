@@ -119,3 +119,23 @@ def test_the_rolling_record_names_the_weakest_replica_and_history_shows_it():
     assert gate_summary({"gate": doc}) == ("pass: C=64 380.0 tok/s vs floor 300 "
                                            "(replica 1, the weakest of 2 gated one at a time)")
     assert not rolling_gate_record({**per, 1: {**per[1], "passed": False}}, "-")["passed"]
+
+
+@pytest.mark.parametrize("stale", [True, False])
+def test_a_set_restore_restarts_the_gateway_only_when_it_runs_other_files_than_the_restored(monkeypatch, stale):
+    """Across a change of smg itself (version, policy, launcher) the gateway still runs the failed
+    release's files after the restore put the old ones back: it restarts from them. A release
+    that changed only the replicas leaves it running (a restart would drop every connection)."""
+    from dsv4deploy.tasks import rollback as rb
+
+    t = Target.of(load_profile("nvfp4-ctx8k-dp2").data)
+    events: list[str] = []
+    monkeypatch.setattr(rb, "unit_active", lambda h, unit: True)
+    monkeypatch.setattr(rb, "stop_surplus", lambda h, t, log: events.append("surplus"))
+    monkeypatch.setattr(rb, "roll", lambda h, t, indices, check, poll_s, log: events.append(f"roll {indices}"))
+    monkeypatch.setattr(rb, "api", lambda h, t: (None, "", ""))
+    monkeypatch.setattr(rb.gateway, "list_workers", lambda http, endpoint, key: [])
+    monkeypatch.setattr(rb, "gateway_stale", lambda h, t: stale)
+    monkeypatch.setattr(rb, "start_gateway", lambda h, t, restart: events.append(f"gateway restart={restart}"))
+    rb.restore_set(SimpleNamespace(name="fake"), t, None, 0.1)
+    assert events == ["surplus", "roll [0, 1]"] + (["gateway restart=True"] if stale else [])

@@ -104,6 +104,34 @@ class GatewayWorkers(FactBase):
         return [{"url": w.url, "status": w.status, "healthy": w.healthy} for w in workers]
 
 
+def pid_and_files_command(unit: str, files: list[str]) -> str:
+    """Print UNIT's MainPID and one sha256 of FILES together (GatewayStale's marker line)."""
+    q = shlex.quote
+    return (f"printf '%s %s\\n' \"$(systemctl show -p MainPID --value {q(unit)})\" "
+            f"\"$(cat {' '.join(q(f) for f in files)} 2>/dev/null | sha256sum | cut -d' ' -f1)\"")
+
+
+class GatewayStale(FactBase):
+    """Whether a replica set's running gateway was started from other gateway files than those in
+    place now (its unit, its launcher): a run cut off between writing them and the gateway's
+    restart, or a restore that put older ones back. The deploy writes MARKER when it (re)starts
+    the gateway: its MainPID then and the files' sha256. No marker (the host booted: systemd
+    started it from the files in place), or another MainPID (systemd or a person restarted it
+    since), says nothing: False."""
+
+    default = bool
+
+    def command(self, unit: str, files: list[str], marker: str):
+        return f"cat {shlex.quote(marker)} 2>/dev/null || exit 0; {pid_and_files_command(unit, files)}"
+
+    def process(self, output):
+        lines = [line.split() for line in output if line.strip()]
+        if len(lines) != 2 or any(len(parts) != 2 for parts in lines):
+            return False
+        (pid_then, files_then), (pid_now, files_now) = lines
+        return pid_then == pid_now and pid_now != "0" and files_then != files_now
+
+
 class Releases(FactBase):
     """Every release record under the store: a list of status documents, oldest first. Strict
     (host/snapshot.py): a damaged record stops the run instead of reading as no record."""

@@ -292,7 +292,8 @@ class ReleaseStore:
         def records_after(first: str) -> HostState:
             ok, out = sh(self.h, f"{first} && ( {Releases().command(releases_dir=self.dir)} )")
             lines = out.splitlines()
-            return HostState(values={"releases": Releases().process(lines) if ok else []}, first=(lines, 0 if ok else 1))
+            return HostState(values={"releases": Releases().process(lines) if ok else []},
+                             first=(lines, 0 if ok else 1))
 
         self.read_locked(label, records_after, break_lock=break_lock, state=state)
 

@@ -18,6 +18,7 @@ from .. import gateway
 from ..health import HealthError
 from ..rollout import Target
 from .checks import confirm, journal_tail
+from .facts import GatewayStale, pid_and_files_command
 from .gateway_http import KEY, host_http
 from .io import sh
 
@@ -109,11 +110,41 @@ def wait_load_reports(h, t: Target, log: Callable[[str], None], timeout_s: float
     return time.monotonic() - start
 
 
+STARTED_DIR = "/run/dsv4deploy"     # tmpfs: empty after a boot, when systemd starts the gateway from the files in place
+
+
+def gateway_files(t: Target) -> list[str]:
+    """The files the running gateway was started from: its unit and its launcher."""
+    return [t.layout.gateway_unit, f"{t.gateway_venv}/{gateway.LAUNCHER_FILE}"]
+
+
+def started_marker(t: Target) -> str:
+    return f"{STARTED_DIR}/{t.unit}.started"
+
+
+def stale_query(t: Target) -> dict:
+    """GatewayStale's arguments for T's gateway."""
+    return {"unit": t.unit, "files": gateway_files(t), "marker": started_marker(t)}
+
+
+def mark_started_command(t: Target) -> str:
+    """Write the gateway's started marker (GatewayStale): its MainPID and its files' sha256 now."""
+    return (f"mkdir -p -m 700 {STARTED_DIR} && {{ {pid_and_files_command(t.unit, gateway_files(t))}; }} "
+            f"> {shlex.quote(started_marker(t))}")
+
+
+def gateway_stale(h, t: Target) -> bool:
+    """GatewayStale on host H now (one command)."""
+    _, out = sh(h, GatewayStale().command(**stale_query(t)))
+    return GatewayStale().process(out.splitlines())
+
+
 def start_gateway(h, t: Target, restart: bool) -> None:
-    """Enable and (re)start the gateway, then wait until it routes to every replica."""
+    """Enable and (re)start the gateway (and mark which files it started from: GatewayStale), then
+    wait until it routes to every replica."""
     verb = "restart" if restart else "start"
     ok, out = sh(h, f"systemctl enable --quiet {t.unit} && systemctl reset-failed {t.unit} 2>/dev/null; "
-                    f"systemctl {verb} {t.unit}")
+                    f"systemctl {verb} {t.unit} && {mark_started_command(t)}")
     if not ok:
         raise HealthError(f"could not {verb} {t.unit}: {out.strip()[-300:]}\n{journal_tail(h, t)}")
     wait_all_routable(h, t)

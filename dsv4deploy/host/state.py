@@ -16,8 +16,9 @@ from ..weights_source import hub_expectation, local_expectation, rsync_folder
 from ..layout import ETC, GATE_USER, MODELS, OPT, STATE
 from ..rollout import Rollout
 from . import installer, snapshot
-from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib, GatewayWorkers,
-                    HostBasics, JsonFile, NvidiaSmi, PatchesApplied, PortOwners, Releases, UnitInfo,
+from .replicas import stale_query
+from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib, GatewayStale,
+                    GatewayWorkers, HostBasics, JsonFile, NvidiaSmi, PatchesApplied, PortOwners, Releases, UnitInfo,
                     VerifiedCheckpoint)
 
 # What the deploy runs on the host beyond a fresh server install (systemd, sshd, python3, sudo,
@@ -92,6 +93,7 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
         q["gateway_venv"] = (JsonFile, {"path": f"{r.rendered.gateway.venv}/{VENV_MARKER}"})
         q["gateway_workers"] = (GatewayWorkers, {"url": r.target.base_url,
                                                  "key_file": L.api_key_file if r.data["server"].get("api_key") else None})
+        q["gateway_stale"] = (GatewayStale, stale_query(r.target))
     if r.data["server"].get("api_key"):
         q["api_key"] = (ApiKeyState, {"key_file": L.api_key_file, "config_file": L.sglang_config_secret})
     if patch_files(r):
@@ -129,6 +131,12 @@ class HostState:
     def unit(self, name: str) -> dict:
         """UnitInfo of NAME (without .service), read for a replica set."""
         return self.values.get(f"unit:{name}") or {}
+
+    @property
+    def front_active(self) -> bool:
+        """The unit users reach is active: the server, or a replica set's gateway (a set with a
+        replica down still serves through it)."""
+        return (self.values.get("unit") or {}).get("ActiveState") == "active"
 
     @property
     def unit_active(self) -> bool:

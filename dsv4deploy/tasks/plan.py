@@ -15,17 +15,20 @@ from .replicas import out_of_gateway
 from .venv import launch_check_plan
 
 
-def plan_lines(r: Rollout, state: HostState, reasons: list[str], downtime: str | None = None) -> list[str]:
+def plan_lines(r: Rollout, state: HostState, reasons: list[str], downtime: str | None = None,
+               gateway_restart: str | None = None) -> list[str]:
     """Pure: the plan for rollout R against STATE with the collector's REASONS (and who held the
     deploy lock when the host was read: `make plan` takes none, and a deploy refuses while it is held).
-    DOWNTIME: why the serving replica set cannot take it one replica at a time (tasks.cannot_roll)."""
+    DOWNTIME: why the serving replica set cannot take it one replica at a time (tasks.cannot_roll);
+    GATEWAY_RESTART: why its gateway restarts (tasks.gateway_restart)."""
     holder = state.lock_holder
     held = [f"the deploy lock was held when the host was read: {lock_holder(holder)}; a deploy refuses "
             "while that run holds it"] if holder else []
-    return held + _steps(r, state, reasons, downtime)
+    return held + _steps(r, state, reasons, downtime, gateway_restart)
 
 
-def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | None = None) -> list[str]:
+def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | None = None,
+           gateway_restart: str | None = None) -> list[str]:
     recs = state["releases"] or []
     live = releases.current(recs)
     t = r.target
@@ -33,11 +36,16 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
     if not reasons:
         if live and state.unit_active:
             missing = out_of_gateway(r, state)
+            out = []
             if missing:
-                return [f"nothing to change in release {live['release']:04d} ({live['profile']}), but {t.unit} does "
-                        f"not list {', '.join(rt.label for rt in missing)}: health and identity on its own port, "
-                        "then add it back (no restart)"]
-            return [f"nothing to change: release {live['release']:04d} ({live['profile']}) is deployed and "
+                out.append(f"nothing to change in release {live['release']:04d} ({live['profile']}), but {t.unit} "
+                           f"does not list {', '.join(rt.label for rt in missing)}: health and identity on its own "
+                           "port, then add it back (no restart)")
+            if gateway_restart:
+                out.append(f"nothing to change in release {live['release']:04d} ({live['profile']}), but {t.unit} "
+                           f"{gateway_restart}: restart it alone (the replicas keep running; connections to "
+                           "the gateway drop while it restarts), then a probe through it")
+            return out or [f"nothing to change: release {live['release']:04d} ({live['profile']}) is deployed and "
                     f"{unit} {'is' if len(t.units) == 1 else 'are'} active"]
         return [f"nothing changed, but {unit} is not active: start it, then health, identity and the gate"]
     number = max((rec["release"] for rec in recs), default=0) + 1
@@ -51,7 +59,8 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
                 if live else f"stop {'the units' if r.target.is_set else 'the unit'} (no earlier release passed) and "
                              "exit non-zero")
     if t.is_set:
-        rolling = state.unit_active and live is not None and live.get("replicas") and not downtime
+        # as the run decides (Switch.run): the gateway serves a set, and the change can roll
+        rolling = state.front_active and live is not None and live.get("replicas") and not downtime
         units = ", ".join(rt.unit for rt in t.replica_targets)
         if downtime:
             switch = [f"replace the serving replica set at once (allow_downtime=true: {downtime}): restart {units} "
@@ -61,7 +70,9 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
             switch = [f"rolling update behind {t.unit}, one replica at a time: take it out of the gateway, wait for "
                       f"its requests (at most {t.plan.drain_timeout_s} s), restart it, health, identity and the smoke "
                       f"gate on its own port, add it back; the others serve throughout; then "
-                      f"{2 * len(t.replica_targets)} short probe requests through {t.unit} (users are there: no "
+                      + (f"restart {t.unit} ({gateway_restart}; connections to it drop while it restarts), then "
+                         if gateway_restart else "")
+                      + f"{2 * len(t.replica_targets)} short probe requests through {t.unit} (users are there: no "
                       "second gate loads them)"]
         else:
             switch = [f"start {units} at once (no replica set serves yet"
@@ -79,8 +90,9 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
             f"gate passed: release {number:04d} deployed; failed: {fallback}"]
 
 
-def show_plan(r: Rollout, state: HostState, changes: Changes, downtime: str | None = None) -> list[str]:
-    lines = plan_lines(r, state, changes.reasons, downtime)
+def show_plan(r: Rollout, state: HostState, changes: Changes, downtime: str | None = None,
+              gateway_restart: str | None = None) -> list[str]:
+    lines = plan_lines(r, state, changes.reasons, downtime, gateway_restart)
     for line in lines:
         print(f"[{host.name}] plan: {line}")
     return lines

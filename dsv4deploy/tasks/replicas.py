@@ -34,6 +34,7 @@ from ..host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, roll, st
 from ..host.state import VENV_MARKER, HostState
 from ..rollout import Rollout, Target
 from .release import reported
+from .service import gateway_files_differ
 from .rollback import after_failure
 
 
@@ -69,7 +70,7 @@ def cannot_roll(r: Rollout, state: HostState, reasons: list[str]) -> str | None:
     Replacing it stops every replica at once: refused, nothing changed, unless the operator asks
     for it with --data allow_downtime=true."""
     live = releases.current(state["releases"] or [])
-    if not (r.target.is_set and reasons and live and live.get("replicas") and state.unit_active):
+    if not (r.target.is_set and reasons and live and live.get("replicas") and state.front_active):
         return None
     try:
         prev = ReleaseStore(host, r.layout.releases_dir).target(live)
@@ -95,15 +96,33 @@ def out_of_gateway(r: Rollout, state: HostState) -> list[Target]:
     return [rt for rt in r.target.replica_targets if rt.base_url.rstrip("/") not in urls]
 
 
+def gateway_restart(r: Rollout, state: HostState, differ: list[str], venv_changed: bool) -> str | None:
+    """Why the set's gateway restarts in this run (None: it does not): smg's own venv or files
+    change (DIFFER: the unit files' labels that differ), or it runs older gateway files than
+    those in place (GatewayStale: a run cut off before the gateway's restart, or a restore)."""
+    if not r.target.is_set:
+        return None
+    if venv_changed:
+        return "its venv changes"
+    if gateway_files_differ(differ):
+        return "its unit or launcher changes"
+    if state["gateway_stale"]:
+        return "runs older gateway files than those in place"
+    return None
+
+
 @deploy("Replica set")
-def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway: bool) -> None:
+def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway: str | None) -> None:
     """Roll the set (see the module doc); with no reason and every unit active: nothing at all,
-    unless the gateway lists a replica no more (it is checked, then added back)."""
+    unless the gateway lists a replica no more (it is checked, then added back) or runs older
+    files than those in place (RESTART_GATEWAY: why it restarts)."""
     down = down_units(r, state)
     if not reasons and not down:
         missing = out_of_gateway(r, state)
         if missing:
             readmit_replicas(r, missing)
+        if restart_gateway:
+            refresh_gateway(r, restart_gateway)
         return
     what = "switch to the new release" if reasons else f"start {', '.join(down)}"
 
@@ -111,6 +130,17 @@ def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway
         Switch(host, r, reasons, restart_gateway).run()
 
     python.call(name=f"replica set: {what}", function=reported(run))
+
+
+def refresh_gateway(r: Rollout, why: str) -> None:
+    """Restart the gateway alone (no new release: the replicas serve throughout), then wait until
+    it routes to every replica; then a probe through it."""
+
+    def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
+        start_gateway(host, r.target, restart=True)
+        print(f"[{host.name}] restarted {r.target.unit} ({why}); {probe(host, r.target)}")
+
+    python.call(name=f"replica set: restart {r.target.unit} ({why})", function=reported(run))
 
 
 def readmit_replicas(r: Rollout, missing: list[Target]) -> None:
@@ -131,7 +161,7 @@ def readmit_replicas(r: Rollout, missing: list[Target]) -> None:
 class Switch:
     """One run's switch of the set: which path, the gate per replica, the record."""
 
-    def __init__(self, h, r: Rollout, reasons: list[str], restart_gateway: bool):
+    def __init__(self, h, r: Rollout, reasons: list[str], restart_gateway: str | None):
         self.h, self.r, self.t, self.reasons = h, r, r.target, reasons
         self.restart_gateway = restart_gateway
         self.poll = float(h.data.get("health_poll_s", 2.0))
@@ -187,7 +217,7 @@ class Switch:
                 roll(self.h, t, [s.index for s in steps], self.gate_replica, self.poll, self.log, steps)
                 if self.restart_gateway:
                     start_gateway(self.h, t, restart=True)
-                    self.log(f"restarted {t.unit} (its unit or venv changed)")
+                    self.log(f"restarted {t.unit} ({self.restart_gateway})")
                 # every replica passed its gate alone; the set as users reach it is probed, not loaded
                 summary = rolling_gate_record({i: gate_record(o) for i, o in self.gates.items()},
                                               self.probe_through_gateway())
@@ -229,6 +259,9 @@ class Switch:
             roll(self.h, t, down, lambda rt: probe(self.h, rt), self.poll, self.log)
             if not unit_active(self.h, t.unit):
                 start_gateway(self.h, t, restart=False)
+            elif self.restart_gateway:
+                start_gateway(self.h, t, restart=True)
+                self.log(f"restarted {t.unit} ({self.restart_gateway})")
             self.probe_through_gateway()
         except (ReplicaFailed, HealthError) as exc:
             raise DeployError(f"the deployed release's replica set could not be started: {exc}") from None

@@ -19,7 +19,8 @@ from ..host.release_store import ReleaseStore, RollbackError, last_step
 from ..releases import Release
 from ..rollout import Target
 from ..host.checks import confirm, journal_tail, observer, probe
-from ..host.replicas import ReplicaFailed, api, roll, start_set, stop_surplus, unit_active
+from ..host.replicas import (ReplicaFailed, api, gateway_stale, roll, start_gateway, start_set, stop_surplus,
+                             unit_active)
 
 
 # A checkpoint is complete when the weights step left its marker: sizes (rsync, local sources) or
@@ -120,6 +121,11 @@ def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
         for w in gateway.strays(gateway.list_workers(http, endpoint, key), t.plan.worker_urls):
             gateway.remove_worker(http, endpoint, key, w.id)
             log(f"removed {w.url} from {t.unit}: no replica of the restored release listens there")
+        # across a change of smg itself (version, policy, launcher) the gateway runs the failed
+        # release's files: the restored ones are in place, so it restarts from them
+        if gateway_stale(h, t):
+            start_gateway(h, t, restart=True)
+            log(f"restarted {t.unit}: it ran other gateway files than the restored release's")
     else:
         sh(h, f"systemctl disable --now {t.layout.service}.service")
         start_set(h, t, lambda rt: probe(h, rt), poll_s, log)
