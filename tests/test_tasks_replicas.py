@@ -139,3 +139,30 @@ def test_a_set_restore_restarts_the_gateway_only_when_it_runs_other_files_than_t
     monkeypatch.setattr(rb, "start_gateway", lambda h, t, restart: events.append(f"gateway restart={restart}"))
     rb.restore_set(SimpleNamespace(name="fake"), t, None, 0.1)
     assert events == ["surplus", "roll [0, 1]"] + (["gateway restart=True"] if stale else [])
+
+
+@pytest.mark.parametrize("pid_now, restored_too", [("4343", [1]), ("4242", []), ("0", [1])])
+def test_a_replica_restarted_during_a_failed_roll_is_restored_with_the_touched_ones(switch, monkeypatch, pid_now,
+                                                                                     restored_too):
+    """Replica 0 fails its gate; replica 1, not reached, crashed meanwhile and systemd started it
+    again from the new release's files (or left it down): the restore takes it back too, else it
+    would go on serving a release no gate passed. Untouched and unchanged, it is left alone."""
+    restored = {}
+
+    def roll(h, t, indices, check, poll_s, log, steps):
+        raise tr.ReplicaFailed(0, "replica 0: smoke gate failed", done=[])
+
+    def after_failure(h, rel, t, reason, poll_s, indices):
+        restored.update(indices=indices)
+        return "rolled back"
+
+    asked = []
+    monkeypatch.setattr(tr, "roll", roll)
+    monkeypatch.setattr(tr, "after_failure", after_failure)
+    monkeypatch.setattr(tr, "sh", lambda h, cmd, timeout=None: (asked.append(cmd), (True, f"{pid_now}\n"))[1])
+    s = switch.make()
+    s.pids_before = {0: 4141, 1: 4242}
+    with pytest.raises(tr.DeployError):
+        s.run()
+    assert restored["indices"] == [0] + restored_too
+    assert asked[-1] == "systemctl show -p MainPID --value sglang@1.service"

@@ -126,8 +126,12 @@ def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway
         return
     what = "switch to the new release" if reasons else f"start {', '.join(down)}"
 
+    # each replica's process as the host was read: one the roll has not reached that is another
+    # by a failure was restarted meanwhile from the new files (Switch.restarted_meanwhile)
+    pids = {rt.index: state.unit(rt.unit.removesuffix(".service")).get("MainPID") for rt in r.target.replica_targets}
+
     def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
-        Switch(host, r, reasons, restart_gateway).run()
+        Switch(host, r, reasons, restart_gateway, pids_before=pids).run()
 
     python.call(name=f"replica set: {what}", function=reported(run))
 
@@ -161,9 +165,11 @@ def readmit_replicas(r: Rollout, missing: list[Target]) -> None:
 class Switch:
     """One run's switch of the set: which path, the gate per replica, the record."""
 
-    def __init__(self, h, r: Rollout, reasons: list[str], restart_gateway: str | None):
+    def __init__(self, h, r: Rollout, reasons: list[str], restart_gateway: str | None,
+                 pids_before: dict[int, int | None] | None = None):
         self.h, self.r, self.t, self.reasons = h, r, r.target, reasons
         self.restart_gateway = restart_gateway
+        self.pids_before = pids_before or {}
         self.poll = float(h.data.get("health_poll_s", 2.0))
         self.store = ReleaseStore(h, r.layout.releases_dir)
         self.release = r.run.release
@@ -282,9 +288,24 @@ class Switch:
         indices = None
         if failed is not None:
             indices = [failed.index] + failed.done     # the one out of the gateway first
+            indices += self.restarted_meanwhile(indices)
         outcome = after_failure(self.h, rel, self.t, reason, poll_s=self.poll, indices=indices)
         name = self.release.name if self.release else "the new release"
         raise DeployError(f"{name} ({self.r.profile.name}) failed: {reason}\n{outcome}")
+
+    def restarted_meanwhile(self, touched: list[int]) -> list[int]:
+        """Replicas the roll had not reached (not in TOUCHED) whose process is not the one the host's
+        read saw: systemd restarted them (a crash) from the new release's files, which no gate
+        passed; the restore takes them back too. One command."""
+        rest = [rt for rt in self.t.replica_targets if rt.index not in touched
+                and isinstance(self.pids_before.get(rt.index), int)]
+        if not rest:
+            return []
+        _, out = sh(self.h, "systemctl show -p MainPID --value " + " ".join(rt.unit for rt in rest))
+        changed = [rt for rt, pid in zip(rest, out.split()) if pid.isdigit() and int(pid) != self.pids_before[rt.index]]
+        for rt in changed:
+            self.log(f"{rt.label} restarted during the roll (from the new files, ungated): restored with the others")
+        return [rt.index for rt in changed]
 
     def record(self, steps: list[Step], summary: dict) -> None:
         """SUMMARY: the release's gate (through the gateway for a set that started together; each
