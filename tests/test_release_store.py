@@ -206,6 +206,25 @@ def test_a_release_target_comes_from_its_kept_profile(h, store, tmp_path):
         store.target(rec)
 
 
+def test_a_kept_profile_or_manifest_is_held_to_the_boundary_rule_before_a_restore_uses_it(h, store, tmp_path):
+    """Read back from the host, a kept profile's values reach commands (unit names, ports, paths) as
+    a profile's do: one that breaks the rule (a newline in the service name, a venv path with a
+    space) cannot be restored, and says which key."""
+    rec = begin(store, tmp_path).record
+    kept = Path(store.folder(1), "profile.json")
+    doc = json.loads(kept.read_text())
+    assert store.target(rec).unit == "sglang.service"
+    doc["data"]["service"]["name"] = "sglang\nExecStartPre=+/tmp/x"
+    kept.write_text(json.dumps(doc))
+    with pytest.raises(RollbackError, match=r"release 0001's kept profile.json or manifest holds a value no profile "
+                                            r"may \(service.name: "):
+        store.target(rec)
+    from dsv4deploy.host.release_store import _kept_manifest_problems
+    assert _kept_manifest_problems({"patchset": "c6d34365f13f", "gateway": {"venv": "/opt/dsv4deploy/venvs/smg-1"}}) == []
+    assert [w for w, _ in _kept_manifest_problems({"patchset": "a b", "gateway": {"venv": "/opt/x; rm -rf /"}})] == [
+        ("manifest", "patchset"), ("manifest", "gateway", "venv")]
+
+
 def not_into_this_machines_root(store: ReleaseStore, source: int = 1):
     """An answer that runs a put_back here up to its copy into / (which it leaves out)."""
     return lambda cmd: sh_here(cmd.split(f" && cp -a {store.folder(source)}/files/. /")[0])

@@ -13,13 +13,14 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shlex
 import socket
 
 from pyinfra import logger
 from pyinfra.api import BaseStateCallback, DeployError
 
-from .. import releases, replicas
+from .. import boundary, releases, replicas
 from ..errors import make_target, rerun_with
 from ..layout import ETC, MODELS, OPT, RELEASES, Layout
 from ..releases import Release
@@ -200,7 +201,15 @@ class ReleaseStore:
         if doc is None or not isinstance(doc.get("data"), dict):
             raise RollbackError(f"release {rec['release']:04d}'s profile.json is damaged (not the JSON a release "
                                 "keeps): it cannot be restored")
-        return Target.of(doc["data"]).as_kept(_json_or_none(manifest))
+        kept = _json_or_none(manifest)
+        # read back from the host, its values reach commands (unit names, ports, paths) as a
+        # profile's do: the same boundary rule, whoever wrote them
+        problems = boundary.value_problems(doc["data"]) + _kept_manifest_problems(kept)
+        if problems:
+            where, why = problems[0]
+            raise RollbackError(f"release {rec['release']:04d}'s kept profile.json or manifest holds a value no "
+                                f"profile may ({'.'.join(map(str, where))}: {why}): it cannot be restored")
+        return Target.of(doc["data"]).as_kept(kept)
 
     def put_back(self, source: int, into: Release, then: str, also: tuple[dict, ...] = ()) -> tuple[bool, str]:
         """A restore's files, in one command: write INTO's record (the rollback entry) and ALSO's
@@ -382,6 +391,25 @@ class ReleaseStore:
 
 KEPT_SEP = "@@dsv4deploy-kept-manifest@@"
 KEPT_MANIFEST = "M"        # a prune listing's line: M, the kept profile's path, its release's manifest
+
+
+_KEPT_PATCHSET = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_KEPT_VENV = re.compile(r"/[A-Za-z0-9._/-]{1,200}")
+
+
+def _kept_manifest_problems(manifest: dict | None) -> list[tuple[tuple, str]]:
+    """What in a kept manifest's venv names (Target.as_kept) breaks the boundary rule."""
+    if not manifest:
+        return []
+    found = []
+    patchset = manifest.get("patchset")
+    if isinstance(patchset, str) and not _KEPT_PATCHSET.fullmatch(patchset):
+        found.append((("manifest", "patchset"), f"not a venv name: {boundary.shown(patchset)}"))
+    gateway = manifest.get("gateway")
+    venv = gateway.get("venv") if isinstance(gateway, dict) else None
+    if venv is not None and not (isinstance(venv, str) and _KEPT_VENV.fullmatch(venv)):
+        found.append((("manifest", "gateway", "venv"), f"not a venv path: {boundary.shown(venv)}"))
+    return found
 
 
 def _json_or_none(text: str) -> dict | None:
