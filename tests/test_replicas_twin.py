@@ -196,3 +196,26 @@ def test_fault_14_a_killed_gateway_comes_back_and_a_replica_killed_mid_update_do
 
 def _routes(twin) -> int:
     return sum(status == "ready" for _, status in workers(twin))
+
+
+def test_a_gateway_left_on_older_files_by_a_cut_off_run_is_restarted_alone_by_the_next(rset):
+    """A run cut off between writing the gateway's files and restarting it leaves smg running the
+    old ones: the started-marker (its MainPID, its files' sha256) says so here as it would then;
+    the next run, with nothing else to change, restarts the gateway alone, the replicas untouched,
+    and the run after it changes nothing."""
+    twin = rset.twin
+    current = faultlab.releases(twin)[-1]["profile"]
+    before = pids(twin)
+    marker = "/run/dsv4deploy/sglang-gateway.service.started"
+    assert twin.run(f"cat {marker}").stdout.split()[0] == str(before["sglang-gateway.service"])
+    twin.run(f"echo {before['sglang-gateway.service']} {'0' * 64} > {marker}")
+    run = rset.deploy(current)
+    assert run.rc == 0, run.output[-4000:]
+    assert "but sglang-gateway.service runs older gateway files than those in place: restart it alone" in run.output
+    assert "restarted sglang-gateway.service (runs older gateway files than those in place); 2/2 probe requests" \
+        in run.output, run.output[-3000:]
+    now = pids(twin)
+    assert now["sglang-gateway.service"] != before["sglang-gateway.service"]
+    assert [now[u] for u in UNITS[:2]] == [before[u] for u in UNITS[:2]] and _routes(twin) == 2
+    again = rset.deploy(current)
+    assert again.rc == 0 and faultlab.changed_ops(again.output) == [], again.output[-3000:]
