@@ -223,3 +223,15 @@ def test_a_set_with_a_replica_down_still_rolls_behind_its_gateway_as_the_run_doe
     assert not state.unit_active and state.front_active
     lines = plan_lines(r, state, ["release: release 0003 renders differently"])
     assert any(line.startswith("rolling update behind sglang-gateway.service") for line in lines)
+
+
+def test_a_set_with_nothing_changed_and_a_replica_down_plans_its_start_and_probes_not_a_gate():
+    """What Switch.start_down does: the down replica started and probed on its own port, the
+    gateway restarted if it runs older files, a probe through it; the release passed its gate."""
+    r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
+    state = _set_state(r, **{"unit:sglang@0": {"ActiveState": "active"}, "unit:sglang@1": {"ActiveState": "failed"},
+                             "unit:sglang-gateway": {"ActiveState": "active"}})
+    assert plan_lines(r, state, [], gateway_restart="runs older gateway files than those in place") == [
+        "nothing changed, but sglang@1 is not active: start it (each replica probed on its own port), restart "
+        "sglang-gateway.service (runs older gateway files than those in place), then a probe through "
+        "sglang-gateway.service; release 0003 passed its gate already"]

@@ -527,6 +527,24 @@ def test_a_deploy_whose_read_finds_the_lock_held_is_refused_and_leaves_it(h, sto
     assert Path(store.lock, "owner.json").read_text() == theirs + "\n" and len(h.commands) == 1
 
 
+def test_a_read_that_fails_after_taking_the_lock_gives_it_back(h, store, tmp_path):
+    """A damaged record stops the read after its mkdir took the lock; a read whose command fails
+    has no answer of the lock at all. Either way the run says so and no dead run holds the host."""
+    begin(store, tmp_path)
+    Path(store.folder(1), "status.json").write_text('{"release": 1, "sta')
+    with pytest.raises(DeployError, match=r"a release record on the host .* is damaged"):
+        store.read_locked("deploy b", locked_read(h, store))
+    assert not Path(store.lock).exists()
+    Path(store.folder(1), "status.json").write_text('{"release": "1", "status": "deployed"}')   # not a number
+    with pytest.raises(DeployError, match="is damaged"):
+        store.take_lock("rollback")
+    assert not Path(store.lock).exists()
+    h.answer("d=$(mktemp -d)", "", ok=False)                 # sudo, the shell or the link failed
+    with pytest.raises(DeployError, match="the host's state could not be read"):
+        store.read_locked("deploy b", locked_read(h, store))
+    assert not Path(store.lock).exists()
+
+
 def test_a_deploy_whose_read_finds_a_dead_runs_lock_takes_it_over_and_reads_again(h, store):
     import socket
     Path(store.lock).mkdir(parents=True)

@@ -166,3 +166,59 @@ def test_a_replica_restarted_during_a_failed_roll_is_restored_with_the_touched_o
         s.run()
     assert restored["indices"] == [0] + restored_too
     assert asked[-1] == "systemctl show -p MainPID --value sglang@1.service"
+
+
+def test_a_serving_set_whose_kept_profile_cannot_be_read_is_not_promised_a_rolling_update(monkeypatch):
+    """Switch.run replaces the set at once when it cannot read what the serving set runs: the
+    guard asks for allow_downtime then too, instead of a plan that promises a roll."""
+    from dsv4deploy.host.release_store import RollbackError
+    from dsv4deploy.host.state import HostState
+
+    class Unreadable:
+        def __init__(self, h, releases_dir=None):
+            pass
+
+        def target(self, rec):
+            raise RollbackError("release 0003's profile.json is damaged (not the JSON a release keeps)")
+
+    data = load_profile("nvfp4-ctx8k-dp2").data
+    r = SimpleNamespace(target=Target.of(data), layout=Layout.of(data))
+    state = HostState(values={"unit": {"ActiveState": "active"},
+                              "releases": [{"release": 3, "status": "deployed", "replicas": [{"index": 0}]}]})
+    monkeypatch.setattr(tr, "ReleaseStore", Unreadable)
+    monkeypatch.setattr(tr, "host", SimpleNamespace(data={}))
+    with pytest.raises(tr.DeployError, match=r"cannot replace it one replica at a time: what the serving set runs "
+                                             r"cannot be read back \(release 0003's profile.json is damaged"):
+        tr.cannot_roll(r, state, ["release: release 0003 renders differently"])
+    monkeypatch.setattr(tr, "host", SimpleNamespace(data={"allow_downtime": True}))
+    assert tr.cannot_roll(r, state, ["x"]).startswith("what the serving set runs cannot be read back")
+
+
+def test_a_restore_takes_the_stopped_surplus_out_of_the_gateway_at_once_and_moved_ones_at_the_end(monkeypatch):
+    """After a failed larger set, sglang@2 is stopped and leaves the gateway before the roll (users
+    routed there would get errors for the whole restore); a stray that still answers (a replica
+    that moved and serves) stays until the restored replicas are back."""
+    from dsv4deploy.gateway import Worker
+    from dsv4deploy.tasks import rollback as rb
+
+    t = Target.of(load_profile("nvfp4-ctx8k-dp2").data)
+    listed = {"a": "http://127.0.0.1:30001", "b": "http://127.0.0.1:30002",
+              "dead": "http://127.0.0.1:30003", "moved": "http://127.0.0.1:31001"}
+    events: list[str] = []
+
+    def http(method, url, headers, body, timeout):
+        if url.endswith(":30003/health"):
+            raise ConnectionRefusedError("Connection refused")
+        return 200, b"{}"
+
+    monkeypatch.setattr(rb, "unit_active", lambda h, unit: True)
+    monkeypatch.setattr(rb, "stop_surplus", lambda h, t, log: ["sglang@2.service"])
+    monkeypatch.setattr(rb, "roll", lambda h, t, indices, check, poll_s, log: events.append("roll"))
+    monkeypatch.setattr(rb, "api", lambda h, t: (http, "", ""))
+    monkeypatch.setattr(rb.gateway, "list_workers", lambda http_, endpoint, key: [
+        Worker(id=i, url=u, status="ready", healthy=True, load=0) for i, u in listed.items()])
+    monkeypatch.setattr(rb.gateway, "remove_worker", lambda http_, endpoint, key, wid: (events.append(f"remove {wid}"),
+                                                                                          listed.pop(wid)))
+    monkeypatch.setattr(rb, "gateway_stale", lambda h, t: False)
+    rb.restore_set(SimpleNamespace(name="fake"), t, None, 0.1)
+    assert events == ["remove dead", "roll", "remove moved"]

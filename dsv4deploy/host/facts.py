@@ -151,7 +151,8 @@ class Releases(FactBase):
                 continue
             try:
                 doc = json.loads(line)
-                int(doc["release"])
+                if not isinstance(doc["release"], int) or isinstance(doc["release"], bool):
+                    raise TypeError("release is not a number")
             except (ValueError, KeyError, TypeError):
                 raise ValueError(f"a release record on the host (a releases/NNNN/status.json) is damaged: "
                                  f"{line[:120]!r}: repair that file, then run again") from None

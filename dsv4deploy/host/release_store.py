@@ -301,8 +301,12 @@ class ReleaseStore:
         def records_after(first: str) -> HostState:
             ok, out = sh(self.h, f"{first} && ( {Releases().command(releases_dir=self.dir)} )")
             lines = out.splitlines()
-            return HostState(values={"releases": Releases().process(lines) if ok else []},
-                             first=(lines, 0 if ok else 1))
+            if not ok:                 # the lock's owner.json, or nothing when the command itself failed
+                return HostState(values={"releases": []}, first=(lines, 1) if lines else None)
+            try:
+                return HostState(values={"releases": Releases().process(lines)}, first=(lines, 0))
+            except ValueError as exc:
+                raise DeployError(str(exc)) from None
 
         self.read_locked(label, records_after, break_lock=break_lock, state=state)
 
@@ -313,13 +317,28 @@ class ReleaseStore:
         refused (or a stale lock taken over, then read again) as take_lock does."""
         for attempt in range(2):
             owner = self.owner_text(label)
-            got = read(self.lock_command(owner))
-            lines, rc = got.first or ([], 1)
+            try:
+                got = read(self.lock_command(owner))
+                if got.first is None:      # the command did not run to its end: no answer of the lock
+                    raise DeployError("the host's state could not be read (the read's command failed: the "
+                                      "connection, sudo or the host's shell); nothing was changed. Run again")
+            except BaseException:
+                # the lock may have been taken before the read failed (a damaged record, a lost
+                # link): give it back if it is this run's, so that no dead run holds the host
+                self._give_back_after_failed_read(owner)
+                raise
+            lines, rc = got.first
             if rc == 0:
                 self.adopt_lock(owner, got["releases"] or [], label, state)
                 return got
             self.taken_over("\n".join(lines).strip(), label, break_lock, attempt)
         raise AssertionError("unreachable: the second attempt takes the lock or refuses")
+
+    def _give_back_after_failed_read(self, owner: str) -> None:
+        try:
+            sh(self.h, self._remove_if_owner(owner))
+        except Exception:  # noqa: BLE001 - the link may be gone: the stale-lock check copes on the next run
+            pass
 
     @staticmethod
     def owner_text(label: str) -> str:

@@ -139,12 +139,14 @@ def gateway_stale(h, t: Target) -> bool:
     return GatewayStale().process(out.splitlines())
 
 
-def start_gateway(h, t: Target, restart: bool) -> None:
-    """Enable and (re)start the gateway (and mark which files it started from: GatewayStale), then
-    wait until it routes to every replica."""
+def start_gateway(h, t: Target, restart: bool, reload: bool = False) -> None:
+    """Enable and (re)start the gateway (and mark which files it started from: GatewayStale; a
+    marker that cannot be written fails nothing), then wait until it routes to every replica.
+    RELOAD: daemon-reload first (a caller that has not: the unit on disk is what it starts)."""
     verb = "restart" if restart else "start"
-    ok, out = sh(h, f"systemctl enable --quiet {t.unit} && systemctl reset-failed {t.unit} 2>/dev/null; "
-                    f"systemctl {verb} {t.unit} && {mark_started_command(t)}")
+    first = "systemctl daemon-reload && " if reload else ""
+    ok, out = sh(h, f"{first}systemctl enable --quiet {t.unit} && systemctl reset-failed {t.unit} 2>/dev/null; "
+                    f"systemctl {verb} {t.unit} && {{ {mark_started_command(t)} || true; }}")
     if not ok:
         raise HealthError(f"could not {verb} {t.unit}: {out.strip()[-300:]}\n{journal_tail(h, t)}")
     wait_all_routable(h, t)

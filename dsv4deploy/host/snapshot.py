@@ -96,7 +96,8 @@ def interpret(queries: dict[str, Query], parts: dict[str, tuple[list[str], int]]
 @dataclass
 class Snapshot:
     """The values of a batch of facts, read by one command; `.commands` counts the reads;
-    `.first`: the lines and exit status of the command run before them (None: none ran)."""
+    `.first`: the lines and exit status of the command run before them (None: none was given, or
+    the batch did not run to its end)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     commands: int = 0
@@ -117,4 +118,4 @@ def read(h, queries: dict[str, Query], timeout: float = 120, first: str = "") ->
     ok, output = run(h, batch_command(queries, nonce, first), timeout=timeout)
     parts = split_output(list(output.stdout_lines), nonce) if ok else {}
     return Snapshot(values=interpret(queries, parts), commands=1,
-                    first=parts.get(FIRST, ([], 1)) if first else None)
+                    first=parts.get(FIRST) if first else None)     # None: the command did not reach it

@@ -47,6 +47,13 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
                            "the gateway drop while it restarts), then a probe through it")
             return out or [f"nothing to change: release {live['release']:04d} ({live['profile']}) is deployed and "
                     f"{unit} {'is' if len(t.units) == 1 else 'are'} active"]
+        if t.is_set and live:
+            down = [name for name in state.units if state.unit(name).get("ActiveState") != "active"]
+            return [f"nothing changed, but {', '.join(down) or unit} {'is' if len(down) == 1 else 'are'} not "
+                    f"active: start {'it' if len(down) == 1 else 'them'} (each replica probed on its own port), "
+                    + (f"restart {t.unit} ({gateway_restart}), " if gateway_restart and t.unit.removesuffix(
+                       ".service") not in down else "")
+                    + f"then a probe through {t.unit}; release {live['release']:04d} passed its gate already"]
         return [f"nothing changed, but {unit} is not active: start it, then health, identity and the gate"]
     number = max((rec["release"] for rec in recs), default=0) + 1
     spec = GateSpec.from_profile(r.data)

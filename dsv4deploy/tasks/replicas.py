@@ -74,9 +74,10 @@ def cannot_roll(r: Rollout, state: HostState, reasons: list[str]) -> str | None:
         return None
     try:
         prev = ReleaseStore(host, r.layout.releases_dir).target(live)
-    except RollbackError:
-        return None
-    problem = replicas.roll_problem(prev.data, r.data) if prev.is_set else None
+        problem = replicas.roll_problem(prev.data, r.data) if prev.is_set else None
+    except RollbackError as exc:
+        # the run cannot know the serving set's replicas either (Switch.run): it replaces them at once
+        problem = f"what the serving set runs cannot be read back ({exc})"
     if problem and not host.data.get("allow_downtime"):
         raise DeployError(f"release {live['release']:04d}'s replica set serves, and this release cannot replace it "
                           f"one replica at a time: {problem}. Replacing it stops every replica at once (users get "
@@ -141,7 +142,7 @@ def refresh_gateway(r: Rollout, why: str) -> None:
     it routes to every replica; then a probe through it."""
 
     def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
-        start_gateway(host, r.target, restart=True)
+        start_gateway(host, r.target, restart=True, reload=True)
         print(f"[{host.name}] restarted {r.target.unit} ({why}); {probe(host, r.target)}")
 
     python.call(name=f"replica set: restart {r.target.unit} ({why})", function=reported(run))

@@ -113,14 +113,15 @@ def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
     rejoins); with no gateway running (a switch back from the single server), all at once."""
     log = lambda m: print(f"[{h.name}] {m}")  # noqa: E731
     if unit_active(h, t.unit):
-        stop_surplus(h, t, log)        # a failed larger set's extra replicas (start_set does it itself)
+        # a failed larger set's extra replicas go (start_set does it itself), and out of the
+        # gateway at once: it would route users to them for the whole restore
+        if stop_surplus(h, t, log):
+            remove_strays(h, t, only_dead=True)
         every = [rt.index for rt in t.replica_targets]
         roll(h, t, indices if indices is not None else every, lambda rt: probe(h, rt), poll_s, log)
         # across a change of the replicas' addresses the gateway still lists the ones that moved
-        http, endpoint, key = api(h, t)
-        for w in gateway.strays(gateway.list_workers(http, endpoint, key), t.plan.worker_urls):
-            gateway.remove_worker(http, endpoint, key, w.id)
-            log(f"removed {w.url} from {t.unit}: no replica of the restored release listens there")
+        # (they served while the restored ones came back)
+        remove_strays(h, t)
         # across a change of smg itself (version, policy, launcher) the gateway runs the failed
         # release's files: the restored ones are in place, so it restarts from them
         if gateway_stale(h, t):
@@ -129,6 +130,22 @@ def restore_set(h, t: Target, indices: list[int] | None, poll_s: float) -> None:
     else:
         sh(h, f"systemctl disable --now {t.layout.service}.service")
         start_set(h, t, lambda rt: probe(h, rt), poll_s, log)
+
+
+def remove_strays(h, t: Target, only_dead: bool = False) -> None:
+    """Remove from T's gateway the workers no replica of T's release is (gateway.strays); with
+    ONLY_DEAD, only those that refuse connections (an instance just stopped)."""
+    http, endpoint, key = api(h, t)
+    for w in gateway.strays(gateway.list_workers(http, endpoint, key), t.plan.worker_urls):
+        if only_dead:
+            try:
+                http("GET", f"{w.url.rstrip('/')}/health", {}, None, 5)
+                continue
+            except OSError as exc:
+                if not gateway.refused(exc):
+                    continue
+        gateway.remove_worker(http, endpoint, key, w.id)
+        print(f"[{h.name}] removed {w.url} from {t.unit}: no replica of the restored release listens there")
 
 
 def after_failure(h, failed: Release | None, failed_target: Target, reason: str, poll_s: float = 2.0,
