@@ -27,6 +27,15 @@ from dsv4deploy.profiles import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "nccl"
+
+
+@pytest.fixture(autouse=True)
+def probe_folders_in_tmp_path(tmp_path, monkeypatch):
+    """A failed probe keeps its folder (/tmp/nccl-probe-*: the ranks' logs, on purpose): these
+    tests fail probes on purpose, so their folders go where pytest cleans up, not into /tmp."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
 SLACK_S = 5.0
 BASE = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root",
         "NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "WARN", "NCCL_NVLS_ENABLE": "0",
