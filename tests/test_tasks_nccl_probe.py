@@ -52,3 +52,27 @@ def test_the_command_quotes_every_word():
                         sha256="a" * 64, user="sglang", home="/var/lib/dsv4deploy/sglang")
     assert cmd.endswith("setpriv --reuid=sglang --regid=sglang --clear-groups --no-new-privs -- env "
                         "HOME=/var/lib/dsv4deploy/sglang /v/bin/python /v/nccl_probe.py --env 'A=b c; rm -rf /'")
+
+
+def test_the_command_proven_as_the_service_user_on_an_h200_is_the_one_the_deploy_sends():
+    """tests/fixtures/nccl/h200x1-service-user-*: on a 1-GPU H200 (2026-12-03) the deploy's probe
+    command, sha256-checked and run as the unprivileged `sglang` (no groups, the service's HOME),
+    ran NCCL 2.28.9 with every sum correct, and a wrong sha256 ran nothing. The command recorded
+    there is what probe_command makes today for the same inputs: a change to it needs a new run."""
+    import json
+    from pathlib import Path
+
+    fix = Path(__file__).parent / "fixtures" / "nccl"
+    recorded = (fix / "h200x1-service-user-command.sh").read_text().strip()
+    venv = "/opt/dsv4deploy/venvs/sglang-probe-test"
+    argv = [f"{venv}/bin/python", f"{venv}/nccl_probe.py", "launch", "--json", "--timeout", "60", "--nranks", "1",
+            "--env-file", "/etc/dsv4deploy/sglang/nccl.env.next", "--keep-env", "NCCL_VERSION"]
+    sha = recorded.split("'")[1].split()[0]
+    assert probe_command(argv, script=f"{venv}/nccl_probe.py", sha256=sha, user="sglang",
+                         home="/var/lib/dsv4deploy/sglang") == recorded
+    machine = (fix / "h200x1-service-user-machine.txt").read_text()
+    assert "good: rc=0" in machine and "as uid 999 gid 999 groups [] HOME /var/lib/dsv4deploy/sglang cuda True 1" in machine
+    assert "bad sha: rc=1" in machine and "does not match sha256 0000000000000000: not run" in machine
+    doc = json.loads((fix / "h200x1-service-user.json").read_text())
+    assert doc["ok"] and doc["nranks"] == 1 and all(r["correct"] for r in doc["results"])
+    assert doc["nccl_env"] == {"NCCL_ALGO": "Ring", "NCCL_IB_DISABLE": "1", "NCCL_PROTO": "LL"}
