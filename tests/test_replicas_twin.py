@@ -41,6 +41,8 @@ replicas:
 BASE, CHANGED, BROKEN = "rset-a", "rset-b", "rset-broken"
 PROFILES = {name: f"extends: nvfp4-ctx8k-dp2\n{PORTS % ctx}{GATE}"
             for name, ctx in ((BASE, 8192), (CHANGED, 7168), (BROKEN, 6144))}
+ONE = "rset-one"           # the set shrunk to one replica (a change that cannot roll)
+PROFILES[ONE] = (f"extends: nvfp4-ctx8k-dp2\n{PORTS % 8192}  count: 1\n  gpus:\n    - [0, 1, 2, 3]\n{GATE}")
 GATEWAY = "http://127.0.0.1:31000"
 UNITS = ("sglang@0.service", "sglang@1.service", "sglang-gateway.service")
 
@@ -220,3 +222,27 @@ def test_a_gateway_left_on_older_files_by_a_cut_off_run_is_restarted_alone_by_th
     assert twin.run(f"cat {marker}").stdout.split()[0] == str(now["sglang-gateway.service"])
     again = rset.deploy(current)
     assert again.rc == 0 and faultlab.changed_ops(again.output) == [], again.output[-3000:]
+
+
+def test_a_set_shrunk_at_once_stops_the_replica_it_no_longer_runs(rset):
+    """count 2 -> 1 cannot roll: refused without allow_downtime, nothing changed; with it the set is
+    replaced at once and sglang@1, which the release does not run, is stopped and disabled through
+    systemctl (left running it held its GPUs and port, and started at boot). Back to two: both serve."""
+    twin = rset.twin
+    if faultlab.releases(twin)[-1]["profile"] != BASE:
+        assert rset.deploy(BASE).rc == 0
+    before = pids(twin)
+    refused = rset.deploy(ONE)
+    assert refused.rc != 0 and "cannot replace it one replica at a time" in refused.output, refused.output[-3000:]
+    assert pids(twin) == before
+    downtime = ("--data", "allow_downtime=true")
+    one = faultlab.deploy(ONE, *downtime, profiles_dir=rset.profiles, inventory=INVENTORY, env=rset.env)
+    text = one.stdout + one.stderr
+    assert one.returncode == 0, text[-4000:]
+    assert "stopped sglang@1.service: not in this release's set of 1 replicas" in text, text[-3000:]
+    state = twin.run("systemctl is-active sglang@1.service; systemctl is-enabled sglang@1.service", check=False)
+    assert state.stdout.split() == ["inactive", "disabled"]
+    assert workers(twin) == [("http://127.0.0.1:31001", "ready")]
+    back = faultlab.deploy(BASE, *downtime, profiles_dir=rset.profiles, inventory=INVENTORY, env=rset.env)
+    assert back.returncode == 0, (back.stdout + back.stderr)[-4000:]
+    assert _routes(twin) == 2
