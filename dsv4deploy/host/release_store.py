@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import shlex
 import socket
 
@@ -412,8 +411,8 @@ KEPT_SEP = "@@dsv4deploy-kept-manifest@@"
 KEPT_MANIFEST = "M"        # a prune listing's line: M, the kept profile's path, its release's manifest
 
 
-_KEPT_PATCHSET = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_KEPT_VENV = re.compile(r"/[A-Za-z0-9._/-]{1,200}")
+_KEPT_PATCHSET = boundary.Rule("a venv name: letters, digits, '.', '_' and '-'", 64, r"[A-Za-z0-9._-]+")
+_KEPT_VENV = boundary.Rule("a venv path: '/', letters, digits, '.', '_' and '-'", 200, r"/[A-Za-z0-9._/-]*")
 
 
 def _kept_manifest_problems(manifest: dict | None) -> list[tuple[tuple, str]]:
@@ -421,13 +420,13 @@ def _kept_manifest_problems(manifest: dict | None) -> list[tuple[tuple, str]]:
     if not manifest:
         return []
     found = []
-    patchset = manifest.get("patchset")
-    if isinstance(patchset, str) and not _KEPT_PATCHSET.fullmatch(patchset):
-        found.append((("manifest", "patchset"), f"not a venv name: {boundary.shown(patchset)}"))
+    patchset = manifest.get("patchset")          # as_kept ignores one that is not text
+    if isinstance(patchset, str) and (why := _KEPT_PATCHSET.check(patchset)):
+        found.append((("manifest", "patchset"), why))
     gateway = manifest.get("gateway")
     venv = gateway.get("venv") if isinstance(gateway, dict) else None
-    if venv is not None and not (isinstance(venv, str) and _KEPT_VENV.fullmatch(venv)):
-        found.append((("manifest", "gateway", "venv"), f"not a venv path: {boundary.shown(venv)}"))
+    if venv is not None and (why := _KEPT_VENV.check(venv) if isinstance(venv, str) else "not text"):
+        found.append((("manifest", "gateway", "venv"), why))
     return found
 
 

@@ -11,7 +11,7 @@ from ..gate import GateSpec
 from ..host.release_store import lock_holder
 from ..host.state import HostState
 from ..rollout import Rollout
-from .replicas import out_of_gateway
+from .replicas import down_units, out_of_gateway
 from .venv import launch_check_plan
 
 
@@ -48,7 +48,7 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
             return out or [f"nothing to change: release {live['release']:04d} ({live['profile']}) is deployed and "
                     f"{unit} {'is' if len(t.units) == 1 else 'are'} active"]
         if t.is_set and live:
-            down = [name for name in state.units if state.unit(name).get("ActiveState") != "active"]
+            down = down_units(r, state)
             return [f"nothing changed, but {', '.join(down) or unit} {'is' if len(down) == 1 else 'are'} not "
                     f"active: start {'it' if len(down) == 1 else 'them'} (each replica probed on its own port), "
                     + (f"restart {t.unit} ({gateway_restart}), " if gateway_restart and t.unit.removesuffix(

@@ -137,15 +137,19 @@ def remove_strays(h, t: Target, only_dead: bool = False) -> None:
     ONLY_DEAD, only those that refuse connections (an instance just stopped)."""
     http, endpoint, key = api(h, t)
     for w in gateway.strays(gateway.list_workers(http, endpoint, key), t.plan.worker_urls):
-        if only_dead:
-            try:
-                http("GET", f"{w.url.rstrip('/')}/health", {}, None, 5)
-                continue
-            except OSError as exc:
-                if not gateway.refused(exc):
-                    continue
+        if only_dead and not _refuses(http, w.url):
+            continue
         gateway.remove_worker(http, endpoint, key, w.id)
         print(f"[{h.name}] removed {w.url} from {t.unit}: no replica of the restored release listens there")
+
+
+def _refuses(http, url: str) -> bool:
+    """Whether nothing listens at URL (a refused connection; a timeout says nothing)."""
+    try:
+        http("GET", f"{url.rstrip('/')}/health", {}, None, 5)
+    except OSError as exc:
+        return gateway.refused(exc)
+    return False
 
 
 def after_failure(h, failed: Release | None, failed_target: Target, reason: str, poll_s: float = 2.0,
