@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 MARKER = ".dsv4deploy-verified.json"
@@ -144,17 +143,20 @@ def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int
         except OSError as exc:
             return rel, p, None, exc
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for rel, p, got, exc in pool.map(work, to_hash):
-            if exc is not None:
-                problems[rel] = f"{rel}: cannot read ({exc.strerror or exc})"
-                continue
-            algo, want = _want(files[rel])
-            if got[1] != want:
-                problems[rel] = f"{rel}: {algo} {got[1]}, expected {want} (corrupt or a different revision)"
-                bad.add(rel)
-                continue
-            record[rel] = {"stat": _stat_key(p.stat()), algo: want}
+    if to_hash:     # imported here: a check the marker answers whole (a re-deploy's) starts faster
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for rel, p, got, exc in pool.map(work, to_hash):
+                if exc is not None:
+                    problems[rel] = f"{rel}: cannot read ({exc.strerror or exc})"
+                    continue
+                algo, want = _want(files[rel])
+                if got[1] != want:
+                    problems[rel] = f"{rel}: {algo} {got[1]}, expected {want} (corrupt or a different revision)"
+                    bad.add(rel)
+                    continue
+                record[rel] = {"stat": _stat_key(p.stat()), algo: want}
     complete = not problems
     return {"complete": complete, "problems": [problems[k] for k in sorted(problems)], "bad": sorted(bad),
             "hashed": len(to_hash), "trusted": trusted,

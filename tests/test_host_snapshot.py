@@ -103,6 +103,23 @@ def test_a_star_in_a_managed_path_is_a_glob_keyed_by_what_it_found(tmp_path):
     assert list(values["files"]) == [str(site / "x.pth")]
 
 
+def test_links_empty_files_and_odd_names_read_as_they_are_and_only_regular_files_are_hashed(tmp_path):
+    empty = tmp_path / "an empty file"
+    empty.write_bytes(b"")
+    text = tmp_path / "two  spaces"
+    text.write_text("x\n")
+    link = tmp_path / "python"
+    link.symlink_to(text)
+    dangling = tmp_path / "gone"
+    dangling.symlink_to(tmp_path / "nowhere")
+    values = _run({"files": (FileStates, {"paths": [str(empty), str(text), str(link), str(dangling)]})})
+    files = values["files"]
+    assert files[str(empty)]["type"] == "file" and files[str(empty)]["sha256"] == hashlib.sha256(b"").hexdigest()
+    assert files[str(text)]["sha256"] == hashlib.sha256(b"x\n").hexdigest()
+    assert files[str(link)] == {"type": "link", "mode": "777", "user": "root", "group": "root", "sha256": None}
+    assert files[str(dangling)]["type"] == "link"
+
+
 def _smg_body(name: str) -> list[str]:
     from pathlib import Path
     doc = json.loads((Path(__file__).parent / "fixtures" / "smg" / name).read_text())

@@ -37,21 +37,21 @@ def batch_command(queries: dict[str, Query], nonce: str, first: str = "") -> str
     and `<nonce>rc KEY STATUS`: the read takes as long as its slowest fact (nvidia-smi, the
     checkpoint's listing), not the sum of them all. FIRST: a command run before any fact (the
     deploy lock: the facts then read the host under it), printed under the key FIRST."""
-    runs, prints = [], []
-    if first:
-        runs.append(f"{{ ( {first} ) >\"$d/first\" 2>/dev/null </dev/null; echo \"$?\" >\"$d/first.rc\"; }}")
-        prints.append(f"echo '{nonce} {FIRST}'; cat \"$d/first\"; "
-                      f"printf '\\n{nonce}rc {FIRST} %s\\n' \"$(cat \"$d/first.rc\")\"")
+    def part(key: str, command: str, file: str) -> str:
+        # the marker, the output, then (on a line of its own even after output with no final
+        # newline) the status: written to one file per fact, printed by one `cat` at the end
+        return (f"{{ echo '{nonce} {key}'; ( {command} ) 2>/dev/null </dev/null; "
+                f"printf '\\n{nonce}rc {key} %s\\n' \"$?\"; }} >\"$d/{file}\"")
+
+    runs = [part(FIRST, first, "first")] if first else []
     for i, (key, (fact_cls, kwargs)) in enumerate(queries.items()):
         fact = fact_cls()
         command = _as_shell(fact.command(**kwargs))
         requires = fact.requires_command(**kwargs) if callable(fact.requires_command) else fact.requires_command
         if requires:
             command = f"if command -v {_as_shell(requires)} >/dev/null 2>&1; then {command}; else false; fi"
-        runs.append(f"{{ ( {command} ) >\"$d/{i}\" 2>/dev/null </dev/null; echo \"$?\" >\"$d/{i}.rc\"; }} &")
-        # the status line starts on a line of its own even after output with no final newline
-        prints.append(f"echo '{nonce} {key}'; cat \"$d/{i}\"; printf '\\n{nonce}rc {key} %s\\n' \"$(cat \"$d/{i}.rc\")\"")
-    return "\n".join(["d=$(mktemp -d) || exit 1", "trap 'rm -rf \"$d\"' EXIT", *runs, "wait", *prints, "true"])
+        runs.append(part(key, command, str(i)) + " &")
+    return "\n".join(["d=$(mktemp -d) || exit 1", "trap 'rm -rf \"$d\"' EXIT", *runs, "wait", "cat \"$d\"/*", "true"])
 
 
 def split_output(lines: list[str], nonce: str) -> dict[str, tuple[list[str], int]]:
