@@ -117,3 +117,24 @@ def test_write_json_runs_here_and_writes_exactly_the_document(tmp_path):
     hostio.write_json(LocalHost(), str(tmp_path / "d" / "s.json"), doc)
     assert json.loads((tmp_path / "d" / "s.json").read_text()) == doc
     assert not (tmp_path / "d" / "s.json.tmp").exists()
+
+
+def test_the_first_command_turns_nagle_off_on_the_hosts_ssh_socket():
+    """paramiko leaves Nagle's algorithm on: each command's small packets would wait ~40 ms for
+    the host's delayed ACK. A loopback TCP pair stands in for the SSH connection's socket."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    sock = socket.create_connection(server.getsockname())
+    try:
+        transport = type("Transport", (), {"sock": sock})()
+        client = type("Client", (), {"get_transport": lambda self: transport})()
+        h = FakeHost()
+        h.connector = type("Connector", (), {"client": client})()
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        hostio.run(h, "true")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        hostio.run(FakeHost(), "true")          # no SSH connection (a fake, a local one): left alone
+    finally:
+        sock.close()
+        server.close()

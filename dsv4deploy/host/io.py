@@ -7,9 +7,11 @@ through here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
+import socket
 import uuid
 
 from pyinfra.api import DeployError, FileUploadCommand
@@ -28,8 +30,21 @@ def privileged(h) -> dict:
     return out
 
 
+def no_delay(h) -> None:
+    """Send each SSH packet of H's connection at once (TCP_NODELAY). paramiko leaves Nagle's
+    algorithm on, and a command's small packets then wait for the host's delayed ACK: about 40 ms
+    of every command (50 ms for `true` on the twin, 6-10 ms without). The first command of a run
+    sets it for every later one, pyinfra's own included; a connection that is not a TCP socket
+    (a local one, a ProxyCommand) is left as it is."""
+    client = getattr(getattr(h, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    with contextlib.suppress(AttributeError, OSError):
+        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def run(h, command: str, timeout: float | None = None):
     """(ok, CommandOutput) of one shell command, with the inventory's privileges."""
+    no_delay(h)
     kwargs = privileged(h)
     if timeout:
         kwargs["_timeout"] = timeout
