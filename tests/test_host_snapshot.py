@@ -186,6 +186,14 @@ def test_a_damaged_release_record_stops_the_read_instead_of_reading_as_none(tmp_
         _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})
     (tmp_path / "0002" / "status.json").write_text(json.dumps({"release": 2, "status": "failed"}))
     assert [r["release"] for r in _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})["releases"]] == [1, 2]
+    # an empty record (a full disk, a crash) and one of blank lines are damaged too, not "no record"
+    (tmp_path / "0003").mkdir()
+    (tmp_path / "0003" / "status.json").write_text("")
+    with pytest.raises(DeployError, match=r"is empty: .*/0003/status.json"):
+        _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})
+    (tmp_path / "0003" / "status.json").write_text("\n\n")
+    with pytest.raises(DeployError, match=r"is damaged"):
+        _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})
 
 
 def test_a_gateway_started_from_other_files_than_those_in_place_reads_as_stale(tmp_path):

@@ -142,14 +142,18 @@ class Releases(FactBase):
 
     def command(self, releases_dir: str):
         # one awk for every record, each on one line (a process per record cost 1.5 ms each on the twin)
-        return (f"set -- {releases_dir}/[0-9]*/status.json; [ -f \"$1\" ] && "
+        # (an empty record prints nothing through awk: the shell names it, with no process of its own)
+        return (f"set -- {releases_dir}/[0-9]*/status.json; [ -f \"$1\" ] || exit 0; "
+                "for f; do [ -s \"$f\" ] || echo \"empty $f\"; done; "
                 "awk 'FNR == 1 && NR > 1 { print \"\" } { printf \"%s\", $0 } END { if (NR) print \"\" }' \"$@\"; true")
 
     def process(self, output):
+        # one line per record that holds anything: a blank line is a record of blank lines
         docs = []
         for line in output:
-            if not line.strip():
-                continue
+            if line.startswith("empty "):
+                raise ValueError(f"a release record on the host is empty: {line[6:126]}: repair or remove that "
+                                 "release's folder, then run again")
             try:
                 doc = json.loads(line)
                 if not isinstance(doc["release"], int) or isinstance(doc["release"], bool):
@@ -249,7 +253,7 @@ class DebPackages(FactBase):
 
 
 class Accounts(FactBase):
-    """System users and groups that exist: {"users": {name: {"group_id", "home", "shell"}}, "groups": {name: gid}}."""
+    """System users and groups that exist: {"users": {name: {"gid", "home", "shell"}}, "groups": {name: gid}}."""
 
     default = dict
 
