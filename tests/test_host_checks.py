@@ -145,3 +145,25 @@ def test_a_journal_line_of_16_kb_is_cut_so_the_reason_above_it_stays_readable(mo
     assert tail[0] == "Loading weights" and tail[2] == "bind failed"
     assert tail[1].startswith("server_args=ServerArgs(xxx") and tail[1].endswith(" ... (16524 characters)")
     assert len(tail[1]) < 500
+
+
+def test_a_unit_that_fails_while_the_host_polls_ends_the_window_at_once(tmp_path):
+    """The window's loop reads the unit's state every few polls, not only at its end: a crash
+    during a 30 s window answers within a few seconds, with the state read after it."""
+    import socket
+    data = load_profile("nvfp4-ctx8k").data
+    with socket.socket() as free:                        # nothing listens on its port: curl says 000
+        free.bind(("127.0.0.1", 0))
+        data["server"]["port"] = free.getsockname()[1]
+    t = Target.of(data)
+    shim = tmp_path / "systemctl"
+    shim.write_text("#!/bin/sh\nif [ -e \"$(dirname \"$0\")/crashed\" ]; then s=failed; else s=activating; fi\n"
+                    "printf 'ActiveState=%s\\nSubState=x\\nMainPID=7\\nNRestarts=0\\n' \"$s\"\n")
+    shim.chmod(0o755)
+    threading.Timer(0.5, lambda: (tmp_path / "crashed").touch()).start()
+    start = time.monotonic()
+    out = subprocess.run(["sh", "-c", checks.observe_command(t, window_s=30)], capture_output=True, text=True,
+                         timeout=60, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    obs = checks.parse_observation(out.stdout)
+    assert obs.active_state == "failed" and obs.http == 0
+    assert time.monotonic() - start < 10
