@@ -73,3 +73,18 @@ def test_a_target_that_refuses_closes_the_client_instead_of_hanging_it():
         with socket.create_connection(("127.0.0.1", relay.port)) as sock:
             sock.settimeout(5)
             assert sock.recv(10) == b""            # closed, not hung
+
+
+def test_stopping_with_a_connection_open_logs_no_error(echo_server, caplog):
+    """The bench stops its relay while pyinfra's connection may still be open: that is the end of
+    the link, not an error asyncio should print a traceback for."""
+    relay = DelayRelay(("127.0.0.1", 0), echo_server, rtt_s=0.002).start()
+    sock = socket.create_connection(("127.0.0.1", relay.port))
+    try:
+        assert _round_trip(sock, b"x")[0] == b"x"
+        with caplog.at_level("ERROR", logger="asyncio"):
+            relay.stop()
+            time.sleep(0.2)
+        assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+    finally:
+        sock.close()

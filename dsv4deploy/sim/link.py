@@ -83,6 +83,8 @@ class DelayRelay:
         try:
             await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w),
                                  return_exceptions=True)
+        except asyncio.CancelledError:
+            pass        # stop() ends an open connection: a normal end, not one asyncio should log
         finally:
             for w in (client_w, server_w):
                 w.close()
