@@ -106,6 +106,17 @@ def test_directory(fake):
     assert cmds == ["mkdir -p /var/lib/s && chown svc:svc /var/lib/s && chmod 750 /var/lib/s"]
 
 
+def test_directories_that_differ_are_made_or_fixed_in_one_command_parents_first(fake):
+    ok = {"type": "dir", "mode": "755", "user": "root", "group": "root", "sha256": None}
+    wrong_mode = dict(ok, mode="777")
+    items = [("/opt/d", "root", "root", "755", ok), ("/opt/d/a", "root", "root", "755", None),
+             ("/opt/d/b", "svc", "svc", "750", wrong_mode)]
+    assert _cmds(ops.directories, items=items) == [
+        "mkdir -p /opt/d/a && chown root:root /opt/d/a && chmod 755 /opt/d/a && "
+        "mkdir -p /opt/d/b && chown svc:svc /opt/d/b && chmod 750 /opt/d/b"]
+    assert _cmds(ops.directories, items=[items[0]]) == []
+
+
 def test_packages_only_the_missing_ones(fake):
     assert _cmds(ops.packages, names=["curl", "patch"], installed={"curl": True, "patch": True}) == []
     cmds = _cmds(ops.packages, names=["curl", "patch"], installed={"curl": True})

@@ -59,10 +59,28 @@ def system_account(user: str, home: str, accounts: dict, shell: str = "/usr/sbin
 @operation()
 def directory(path: str, state: dict | None, user: str = "root", group: str = "root", mode: str = "755"):
     """A directory with this owner and mode."""
-    if state and state["type"] == "dir" and _same(state, mode, user, group):
+    command = _directory_command(path, state, user, group, mode)
+    if not command:
         host.noop(f"{path} present")
         return
-    yield StringCommand(f"mkdir -p {q(path)} && chown {q(user)}:{q(group)} {q(path)} && chmod {mode} {q(path)}")
+    yield StringCommand(command)
+
+
+@operation()
+def directories(items: list[tuple[str, str, str, str, dict | None]]):
+    """Directories (path, user, group, mode, state), parents first: those that are missing or
+    differ are made or fixed in one command (a fresh host: one round trip, not one per folder)."""
+    commands = [c for c in (_directory_command(p, state, user, group, mode) for p, user, group, mode, state in items) if c]
+    if not commands:
+        host.noop(f"{', '.join(item[0] for item in items)} present")
+        return
+    yield StringCommand(" && ".join(commands))
+
+
+def _directory_command(path: str, state: dict | None, user: str, group: str, mode: str) -> str | None:
+    if state and state["type"] == "dir" and _same(state, mode, user, group):
+        return None
+    return f"mkdir -p {q(path)} && chown {q(user)}:{q(group)} {q(path)} && chmod {mode} {q(path)}"
 
 
 def make_parent(dest: str) -> str:

@@ -29,5 +29,6 @@ def service_user(r: Rollout, state: HostState) -> None:
                        home=r.layout.state_dir, accounts=accounts)
     ops.system_account(name=f"user {GATE_USER} (runs the gate's load client)", user=GATE_USER,
                        home="/nonexistent", accounts=accounts)
-    for path, user, group, mode in directories(r):
-        ops.directory(name=f"dir {path}", path=path, state=state.file(path), user=user, group=group, mode=mode)
+    dirs = directories(r)
+    ops.directories(name=f"dirs {', '.join(d[0] for d in dirs)}",
+                    items=[(path, user, group, mode, state.file(path)) for path, user, group, mode in dirs])
