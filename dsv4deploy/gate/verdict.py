@@ -169,7 +169,7 @@ def judge_level(lv: LevelSpec, res: LevelResult | None, max_failed: int) -> Leve
     # informational
     passed_early = ran_to_end and (res.early_stop or {}).get("rule") == "pass"
     rows.append(Row("completed", f"{res.completed}/{res.num_prompts}",
-                    note=f"passed early: {res.reason}" if passed_early else ""))
+                    note=res.reason if passed_early else ""))     # the client's reason says "passed early: ..."
     rows.append(Row("duration", res.duration_s, "s"))
     passed = ran_to_end and not failures
     return LevelVerdict(label, lv.concurrency, lv.key, res.status, passed, rows, failures, res.reason)
