@@ -335,10 +335,17 @@ marker = os.path.join(d, ".dsv4deploy-complete.json")
 if not os.path.isfile(index):
     out["problems"].append("model.safetensors.index.json missing")
 else:
-    shards = sorted(set(json.load(open(index))["weight_map"].values()))
+    try:
+        shards = sorted(set(json.load(open(index))["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        shards = []
+        out["problems"].append(f"model.safetensors.index.json is damaged ({type(exc).__name__}): download it again")
     want = dict(expected)
     if not want and os.path.isfile(marker):
-        want = json.load(open(marker)).get("sizes", {})
+        try:
+            want = dict(json.load(open(marker)).get("sizes", {}))
+        except (OSError, ValueError, TypeError, AttributeError):
+            want = {}
     for s in shards:
         p = os.path.join(d, s)
         if not os.path.isfile(p):
@@ -361,7 +368,10 @@ class Checkpoint(FactBase):
         return StringCommand("python3", "-c", shlex.quote(CHECK), shlex.quote(path), shlex.quote(expected or "{}"))
 
     def process(self, output):
-        return json.loads(output[-1])
+        try:
+            return json.loads(output[-1])
+        except (IndexError, ValueError):      # python3 itself failed: its last lines say why
+            return {"complete": False, "problems": list(output)[-3:]}
 
 
 CHECKER = Path(weights_check.__file__).read_text()
