@@ -3,9 +3,11 @@ would run it, over real files, packages and accounts of this machine."""
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import json
 import os
+import pwd
 import subprocess
 
 import pytest
@@ -116,8 +118,14 @@ def test_links_empty_files_and_odd_names_read_as_they_are_and_only_regular_files
     files = values["files"]
     assert files[str(empty)]["type"] == "file" and files[str(empty)]["sha256"] == hashlib.sha256(b"").hexdigest()
     assert files[str(text)]["sha256"] == hashlib.sha256(b"x\n").hexdigest()
-    assert files[str(link)] == {"type": "link", "mode": "777", "user": "root", "group": "root", "sha256": None}
+    me, my_group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+    assert files[str(link)] == {"type": "link", "mode": "777", "user": me, "group": my_group, "sha256": None}
     assert files[str(dangling)]["type"] == "link"
+    tab = tmp_path / "ta\tb"               # sha256sum leaves a tab in a name as is: still its digest line
+    tab.write_text("t\n")
+    assert _run({"files": (FileStates, {"paths": [f"{tmp_path}/ta*"]})})["files"] == {
+        str(tab): {"type": "file", "mode": "644", "user": me, "group": my_group,
+                   "sha256": hashlib.sha256(b"t\n").hexdigest()}}
 
 
 def _smg_body(name: str) -> list[str]:
@@ -189,8 +197,17 @@ def test_a_damaged_release_record_stops_the_read_instead_of_reading_as_none(tmp_
     # an empty record (a full disk, a crash) and one of blank lines are damaged too, not "no record"
     (tmp_path / "0003").mkdir()
     (tmp_path / "0003" / "status.json").write_text("")
-    with pytest.raises(DeployError, match=r"is empty: .*/0003/status.json"):
+    with pytest.raises(DeployError, match=r"is empty or not a file: .*/0003/status.json"):
         _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})
+    (tmp_path / "0003" / "status.json").unlink()
+    (tmp_path / "0003" / "status.json").mkdir()             # not a file: damaged, even as the first one
+    (tmp_path / "0001" / "status.json").rename(tmp_path / "0001" / "kept.json")
+    (tmp_path / "0001" / "status.json").mkdir()
+    with pytest.raises(DeployError, match=r"is empty or not a file: .*/0001/status.json"):
+        _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})
+    (tmp_path / "0001" / "status.json").rmdir()
+    (tmp_path / "0001" / "kept.json").rename(tmp_path / "0001" / "status.json")
+    (tmp_path / "0003" / "status.json").rmdir()
     (tmp_path / "0003" / "status.json").write_text("\n\n")
     with pytest.raises(DeployError, match=r"is damaged"):
         _run({"releases": (Releases, {"releases_dir": str(tmp_path)})})

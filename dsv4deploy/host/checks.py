@@ -26,10 +26,11 @@ def observe_command(t: Target, path: str = "/health", window_s: float = 0.0, the
     if window_s <= 0:
         return f"{curl}; {state}; echo \"$c\"; echo \"$s\"{after}"
     ms = int(window_s * 1000)
-    return (f"end=$(( $(date +%s%3N) + {ms} )); i=0; while :; do {curl}; [ \"$c\" = 200 ] && break; "
+    return (f"end=$(( $(date +%s%3N) + {ms} )); i=0; f=0; while :; do {curl}; [ \"$c\" = 200 ] && break; "
             f"if [ $((i % 4)) -eq 0 ]; then {state}; case \"$s\" in "
-            "*ActiveState=failed*|*ActiveState=inactive*|*SubState=auto-restart*) break;; esac; fi; "
-            f"i=$((i + 1)); [ \"$(date +%s%3N)\" -ge \"$end\" ] && break; sleep 0.05; done; {state}; "
+            "*ActiveState=failed*|*ActiveState=inactive*|*SubState=auto-restart*) f=1; break;; esac; fi; "
+            f"i=$((i + 1)); [ \"$(date +%s%3N)\" -ge \"$end\" ] && break; sleep 0.05; done; "
+            f"[ $f = 1 ] || {state}; "      # a crash answers with the state that showed it, not a later one
             "echo \"$c\"; echo \"$s\"" + after)
 
 

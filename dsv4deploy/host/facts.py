@@ -8,6 +8,7 @@ with fixtures of its output (tests/test_host_facts.py).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import stat
 from pathlib import Path
@@ -143,8 +144,8 @@ class Releases(FactBase):
     def command(self, releases_dir: str):
         # one awk for every record, each on one line (a process per record cost 1.5 ms each on the twin)
         # (an empty record prints nothing through awk: the shell names it, with no process of its own)
-        return (f"set -- {releases_dir}/[0-9]*/status.json; [ -f \"$1\" ] || exit 0; "
-                "for f; do [ -s \"$f\" ] || echo \"empty $f\"; done; "
+        return (f"set -- {releases_dir}/[0-9]*/status.json; {{ [ -e \"$1\" ] || [ -L \"$1\" ]; }} || exit 0; "
+                "for f; do { [ -f \"$f\" ] && [ -s \"$f\" ]; } || echo \"empty $f\"; done; "
                 "awk 'FNR == 1 && NR > 1 { print \"\" } { printf \"%s\", $0 } END { if (NR) print \"\" }' \"$@\"; true")
 
     def process(self, output):
@@ -152,7 +153,7 @@ class Releases(FactBase):
         docs = []
         for line in output:
             if line.startswith("empty "):
-                raise ValueError(f"a release record on the host is empty: {line[6:126]}: repair or remove that "
+                raise ValueError(f"a release record on the host is empty or not a file: {line[6:126]}: repair or remove that "
                                  "release's folder, then run again")
             try:
                 doc = json.loads(line)
@@ -213,9 +214,9 @@ class FileStates(FactBase):
         # digest is left out, so the file reads as differing and is written again)
         found, digests = {}, {}
         for line in output:
-            if "\t" in line:
-                raw, owner, path = line.split("\t", 2)
-                mode, user, group = owner.split(" ")
+            stat_line = _STAT_LINE.fullmatch(line)      # not "has a tab": sha256sum leaves a tab in a name as is
+            if stat_line:
+                raw, mode, user, group, path = stat_line.groups()
                 found[path] = {"type": _file_type(int(raw, 16)), "mode": mode, "user": user, "group": group,
                                "sha256": None}
             else:
@@ -226,6 +227,9 @@ class FileStates(FactBase):
             if entry["type"] == "file":
                 entry["sha256"] = digests.get(path)
         return found
+
+
+_STAT_LINE = re.compile(r"([0-9a-f]+)\t([0-7]+) (\S+) (\S+)\t(.*)", re.S)
 
 
 def _file_type(raw_mode: int) -> str:
@@ -365,7 +369,8 @@ class Checkpoint(FactBase):
     """Completeness of a checkpoint folder on the host."""
 
     def command(self, path: str, expected: str = ""):
-        return StringCommand("python3", "-c", shlex.quote(CHECK), shlex.quote(path), shlex.quote(expected or "{}"))
+        return StringCommand("python3", "-I", "-S", "-c", shlex.quote(CHECK), shlex.quote(path),
+                             shlex.quote(expected or "{}"))
 
     def process(self, output):
         try:
