@@ -373,10 +373,15 @@ class Checkpoint(FactBase):
                              shlex.quote(expected or "{}"))
 
     def process(self, output):
-        try:
-            return json.loads(output[-1])
-        except (IndexError, ValueError):      # python3 itself failed: its last lines say why
-            return {"complete": False, "problems": list(output)[-3:]}
+        return _verdict(output)
+
+
+def _verdict(output) -> dict:
+    """A checker's verdict: its last line's JSON, or (python3 itself failed) its last lines as problems."""
+    try:
+        return json.loads(output[-1])
+    except (IndexError, ValueError):
+        return {"complete": False, "problems": list(output)[-3:]}
 
 
 CHECKER = Path(weights_check.__file__).read_text()
@@ -395,7 +400,4 @@ class VerifiedCheckpoint(FactBase):
         return f"{checker_command(path, expected)} 2>&1 || true"
 
     def process(self, output):
-        try:
-            return json.loads(output[-1])
-        except (IndexError, ValueError):
-            return {"complete": False, "problems": list(output)[-3:]}
+        return _verdict(output)
