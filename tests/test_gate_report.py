@@ -74,3 +74,17 @@ def test_write_report_files(tmp_path):
         "C=64 output throughput 531.7 -> 498.0 tok/s (-6.3%)", "C=64 p99 TPOT 118.0 -> 125.0 ms (+5.9%)"]
     again = load_outcome(c.json)
     assert again.passed and again.result.level(64).output_throughput == 498.0
+
+
+@pytest.mark.slow
+def test_a_figure_made_ahead_draws_the_same_plot(tmp_path):
+    """host/gate.py makes the plot's figure while the server starts; the report drawn into it is
+    the one drawn from scratch, pixel for pixel."""
+    from dsv4deploy.gate.report import new_figure, plot
+    from PIL import Image
+
+    cur = outcome([lvl(64, 128, 498.0, 1950.0, 125.0), lvl(16, 48, 240.0, 560.0, 58.5), lvl(1, 8, 23.8, 76.0, 41.0)])
+    fresh = plot(cur, tmp_path / "fresh.png", PREV.result)
+    ahead = plot(cur, tmp_path / "ahead.png", PREV.result, figure=new_figure())
+    a, b = Image.open(fresh), Image.open(ahead)
+    assert a.size == b.size and a.convert("RGB").tobytes() == b.convert("RGB").tobytes()

@@ -76,3 +76,19 @@ def test_the_previous_report_is_read_from_that_release_and_part(tmp_path):
     assert gate.previous_report(h, target, 8) is None                     # it kept none
     h.commands.clear()
     assert gate.previous_report(h, target, None) is None and h.commands == []   # nothing to compare with
+
+
+@pytest.mark.slow
+def test_the_figure_made_while_the_server_starts_is_used_once(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(gate, "_warming", [])
+    monkeypatch.setattr(gate, "_spare", [])
+    assert gate.spare_figure() is None                  # nothing warmed: the report makes its own
+    gate.warm_plotting()
+    gate.warm_plotting()                                # once per run
+    assert len(gate._warming) == 1
+    gate._warming[0].join(60)
+    fig, axes = gate.spare_figure()
+    assert len(axes) == 3 and gate.spare_figure() is None
+    plt.close(fig)

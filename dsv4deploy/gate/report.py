@@ -226,15 +226,25 @@ def render_markdown(outcome: GateOutcome, comparison: Comparison | None = None, 
 
 
 # ------------------------------------------------------------------------------ plot
-def plot(outcome: GateOutcome, path: str | Path, previous: GateResult | None = None) -> Path:
+def new_figure():
+    """The plot's empty figure and its three axes (`plot` draws into one; host/gate.py makes one
+    while a server starts: a fifth of the plot's time, 20 ms, off the deploy's path)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(1, 3, figsize=(16, 4.8))
+
+
+def plot(outcome: GateOutcome, path: str | Path, previous: GateResult | None = None, figure=None) -> Path:
+    """gate.png: throughput against the floors, TTFT and TPOT percentiles against the ceilings.
+    FIGURE: a new_figure() made ahead (None: made now); it is used once and closed."""
+    import matplotlib.pyplot as plt
+
     r, spec = outcome.result, outcome.spec
     ran = sorted([lr for lr in r.levels if lr.status != SKIPPED], key=lambda x: x.concurrency)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, axes = figure or new_figure()
     title = f"dsv4deploy gate: {'PASS' if outcome.passed else 'FAIL'} ({r.runner})"
     fig.suptitle(title, fontsize=13, color="tab:green" if outcome.passed else "tab:red")
 
@@ -345,9 +355,10 @@ def report_document(outcome: GateOutcome, comparison: Comparison | None = None, 
 
 
 def write_report(outcome: GateOutcome, target_dir: str | Path, *, previous: Any = None, title: str | None = None,
-                 release: str | None = None, png: bool = True) -> ReportFiles:
+                 release: str | None = None, png: bool = True, figure=None) -> ReportFiles:
     """Write gate.json, gate.md and gate.png into target_dir (created).  ``previous``: the last
-    gate to compare with (a gate.json path, its dict, a GateOutcome or GateResult; None: none)."""
+    gate to compare with (a gate.json path, its dict, a GateOutcome or GateResult; None: none).
+    ``figure``: the plot's new_figure(), made ahead (None: made when drawn)."""
     d = Path(target_dir)
     d.mkdir(parents=True, exist_ok=True)
     loaded = load_previous(previous)
@@ -359,7 +370,8 @@ def write_report(outcome: GateOutcome, target_dir: str | Path, *, previous: Any 
     jp.write_text(json.dumps(doc, indent=2) + "\n")
     pp = None
     if png:
-        pp = plot(outcome, d / "gate.png", loaded[0] if (loaded and comparison and comparison.comparable) else None)
+        pp = plot(outcome, d / "gate.png", loaded[0] if (loaded and comparison and comparison.comparable) else None,
+                  figure=figure)
     mp = d / "gate.md"
     mp.write_text(render_markdown(outcome, comparison, title=title or release, png_name=pp.name if pp else None))
     return ReportFiles(jp, mp, pp, comparison)
@@ -380,5 +392,5 @@ def load_outcome(path: str | Path) -> GateOutcome:
     return GateOutcome(spec, result, judge(spec, result))
 
 
-__all__ = ["write_report", "compare", "render_markdown", "plot", "load_previous", "load_outcome",
+__all__ = ["write_report", "compare", "render_markdown", "plot", "new_figure", "load_previous", "load_outcome",
            "Comparison", "Change", "ReportFiles"]

@@ -41,21 +41,29 @@ def host_execute(h):
 
 def _warm_plotting() -> None:
     with contextlib.suppress(Exception):
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot  # noqa: F401
+        from ..gate.report import new_figure
+
+        _spare.append(new_figure())
 
 
 _warming: list[threading.Thread] = []
+_spare: list = []     # the report's figure, made ahead: the first gate's report draws into it
 
 
 def warm_plotting() -> None:
-    """Import the report's plotting library in the background (about 0.5 s of CPU that would
-    otherwise come after the gate): called when a server starts, so the import overlaps the wait
-    for its health, not the gate's setup. Once per run."""
+    """Import the report's plotting library and make the report's empty figure in the background
+    (about 0.5 s of CPU that would otherwise come after the gate): called when a server starts, so
+    it overlaps the wait for its health, not the gate's setup. Once per run."""
     if not _warming:
         _warming.append(threading.Thread(target=_warm_plotting, name="warm-plotting", daemon=True))
         _warming[0].start()
+
+
+def spare_figure():
+    """The figure warm_plotting made, once it is made and not yet used (None: the report makes its own)."""
+    if _warming and not _warming[0].is_alive() and _spare:
+        return _spare.pop()
+    return None
 
 
 def previous_report(h, target, previous: int | None, part: str | None = None) -> dict | None:
@@ -108,7 +116,7 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
     local = REPO_ROOT / "reports" / h.name / (f"{number}-{profile_name}" + (f"-{part}" if part else ""))
     prev_doc = previous_report(h, target, previous, part) if previous_doc is _READ else previous_doc
     title = f"{profile_name} release {number}" + (f" ({part})" if part else "") + f" on {h.name}"
-    files = write_report(outcome, local, previous=prev_doc, title=title)
+    files = write_report(outcome, local, previous=prev_doc, title=title, figure=spare_figure())
     if release:
         (keep or partial(keep_reports, h))(f"{store.folder(release)}/{gate_dir}",
                                            [Path(p) for p in (files.json, files.markdown, files.png) if p])
