@@ -167,14 +167,15 @@ class Releases(FactBase):
 
 
 class FreeDiskMib(FactBase):
-    """Free MiB on the filesystem that holds `path` (or its nearest existing parent)."""
+    """Free MiB on the filesystem that holds `path` (or its nearest existing parent); None when
+    `df` printed no number (a full disk is 0, a failed `df` is not)."""
 
     def command(self, path: str):
         return (f"p={path}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
                 f"df -Pm \"$p\" | awk 'NR==2 {{print $4}}'")
 
     def process(self, output):
-        return int(output[0]) if output and output[0].strip().isdigit() else 0
+        return int(output[0]) if output and output[0].strip().isdigit() else None
 
 
 class HostBasics(FactBase):

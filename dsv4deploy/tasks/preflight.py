@@ -48,10 +48,8 @@ def preflight(r: Rollout, state: HostState) -> dict:
 
     if not state.checkpoint_complete:
         need_gib = float(r.weights_source.get("size_gib") or catalog.model(data["model"]["repo"]).size_gib)
-        free = state["disk_mib"] or 0
-        if free < need_gib * 1024 * 1.05:
-            problems.append(f"not enough disk for the weights under {MODELS}: {free / 1024:.1f} GiB free, "
-                            f"{need_gib * 1.05:.1f} GiB needed")
+        if problem := disk_problem(state["disk_mib"], need_gib):
+            problems.append(problem)
 
     port = r.target.port
     owners = state["port"] or []
@@ -66,3 +64,15 @@ def preflight(r: Rollout, state: HostState) -> dict:
         raise DeployError("preflight refused the host:\n  - " + "\n  - ".join(problems)
                           + "\nNothing was changed on the host: fix the above, then deploy again.")
     return {"driver_needed": driver_needed, "gpus": gpus}
+
+
+def disk_problem(free_mib: int | None, need_gib: float) -> str | None:
+    """Pure: why NEED_GIB of weights (5% spare) do not fit under MODELS; None: they do. FREE_MIB
+    None: `df` told nothing (host/facts.py FreeDiskMib), which is said as such, not as a full disk."""
+    need = need_gib * 1.05
+    if free_mib is None:
+        return (f"could not read the free disk space under {MODELS} (df printed nothing usable); "
+                f"{need:.1f} GiB are needed for the weights")
+    if free_mib < need * 1024:
+        return f"not enough disk for the weights under {MODELS}: {free_mib / 1024:.1f} GiB free, {need:.1f} GiB needed"
+    return None
