@@ -127,3 +127,20 @@ def test_extra_indexes_are_searched_for_the_best_match_as_pip_does(profile_dir):
     profile_dir.write("idx", "extends: nvfp4-ctx8k\nsglang:\n  extra_index_urls: [https://download.pytorch.org/whl/cu130]\n")
     (cmd,) = installs(rollout(REAL, "idx"))
     assert "--extra-index-url https://download.pytorch.org/whl/cu130 --index-strategy unsafe-best-match " in cmd
+
+
+def test_the_twin_server_archive_is_the_same_bytes_every_run_and_holds_only_what_it_imports():
+    """Its hash decides whether the twin's server is replaced: built twice, the same bytes; inside,
+    the twin package and its data, no byte-code."""
+    import io
+    import tarfile
+
+    from dsv4deploy.tasks.venv import stand_in_archive
+
+    first = stand_in_archive()
+    assert stand_in_archive() == first
+    with tarfile.open(fileobj=io.BytesIO(first), mode="r:gz") as tar:
+        names = tar.getnames()
+    assert "dsv4deploy/twin/server.py" in names and "dsv4deploy/__init__.py" in names
+    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+    assert not any(n.startswith(("dsv4deploy/tasks/", "dsv4deploy/host/")) for n in names)

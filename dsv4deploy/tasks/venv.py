@@ -55,7 +55,9 @@ def stand_in_archive() -> bytes:
             data = path.read_bytes()
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
-    return gzip.compress(buf.getvalue(), mtime=0)       # same files, same bytes, same hash
+    # same files, same bytes, same hash; the fastest level: built on every run (2 ms, not 15 at
+    # the default level 9), 87 KB not 63 (loopback, uploaded only when the hash differs)
+    return gzip.compress(buf.getvalue(), compresslevel=1, mtime=0)
 
 
 def twin_parser_lock(r: Rollout) -> Path | None:
