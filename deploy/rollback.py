@@ -10,7 +10,11 @@ history entry points at the release it restored. An unknown release is refused.
 
 from pyinfra import host
 
-from dsv4deploy import tasks
+from dsv4deploy.host.io import open_session_early
+
+open_session_early(host)    # the host sets up the SSH session while the steps below load
+
+from dsv4deploy import tasks  # noqa: E402
 
 tasks.deploy_lock("rollback")
 tasks.manual_rollback(host.data.get("to"))

@@ -12,9 +12,13 @@ recorded `pending` before the switch, `deployed` or `failed` after its gate.
 
 from pyinfra import host
 
-from dsv4deploy import tasks
-from dsv4deploy.changes import Changes
-from dsv4deploy.rollout import rollout_for
+from dsv4deploy.host.io import open_session_early
+
+open_session_early(host)    # the host sets up the SSH session while the steps below load
+
+from dsv4deploy import tasks  # noqa: E402
+from dsv4deploy.changes import Changes  # noqa: E402
+from dsv4deploy.rollout import rollout_for  # noqa: E402
 
 rollout = rollout_for(host.data)                      # validate the profile, render its files
 state = tasks.read_locked(rollout, f"deploy {rollout.profile.name}")  # the host's state, one command, under

@@ -138,3 +138,32 @@ def test_the_first_command_turns_nagle_off_on_the_hosts_ssh_socket():
     finally:
         sock.close()
         server.close()
+
+
+def test_the_ssh_session_is_opened_ahead_without_waiting_for_the_host():
+    """The deploy files call open_session_early first: a channel is asked for at once, and the
+    call returns while the host is still setting the session up (the fake host answers only when
+    released); the channel is closed once it is up. No SSH connection: nothing happens."""
+    import threading
+
+    asked, answer, closed = threading.Event(), threading.Event(), threading.Event()
+
+    class Channel:
+        def close(self):
+            closed.set()
+
+    class Transport:
+        sock = None
+
+        def open_session(self, timeout=None):
+            asked.set()
+            answer.wait(10)
+            return Channel()
+
+    h = FakeHost()
+    h.connector = type("Connector", (), {"client": type("Client", (), {"get_transport": lambda self: Transport()})()})()
+    hostio.open_session_early(h)
+    assert asked.wait(10) and not closed.is_set()     # asked for, not waited for
+    answer.set()
+    assert closed.wait(10)
+    hostio.open_session_early(FakeHost())              # no connector: nothing to open

@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 import socket
+import threading
 import uuid
 
 from pyinfra.api import DeployError, FileUploadCommand
@@ -40,6 +41,28 @@ def no_delay(h) -> None:
     transport = client.get_transport() if client is not None else None
     with contextlib.suppress(AttributeError, OSError):
         transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def open_session_early(h) -> None:
+    """Have the host set up this connection's SSH session while this side loads the deploy.
+    sshd opens the PAM session (logind, motd: 52 ms on the twin, more on a busy host) when a
+    connection's first channel opens, and the host's read would wait for it. A channel opened
+    now (and closed once it is up) has the host do that work while the deploy's modules load and
+    its profile renders; the read's own channel then opens at once. Called first in the deploy
+    files; a failure here is left for the read to meet. Not an SSH connection: nothing."""
+    no_delay(h)
+    client = getattr(getattr(h, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None:
+        return
+
+    def opener() -> None:
+        with contextlib.suppress(Exception):
+            transport.open_session(timeout=60).close()
+
+    # under pyinfra's gevent, start() runs the opener until it waits for the host's answer: the
+    # request is on its way before this returns
+    threading.Thread(target=opener, name="ssh-session", daemon=True).start()
 
 
 def run(h, command: str, timeout: float | None = None):
