@@ -246,3 +246,18 @@ def test_a_gateway_started_from_other_files_than_those_in_place_reads_as_stale(t
     pid.write_text("5000\n")                                 # restarted since by systemd or by hand
     assert stale() is False
     assert GatewayStale().process(["0 abc", "0 def"]) is False    # not running
+
+
+def test_a_fact_asked_for_twice_runs_once_and_both_names_get_its_value(tmp_path):
+    """A deploy reads its server's unit as `unit` and as `unit:sglang`: one systemctl, two names."""
+    from test_release_store import FakeHost
+
+    doc = tmp_path / "owner.json"
+    doc.write_text(json.dumps({"pid": 7}))
+    h = FakeHost()
+    snap = snapshot.read(h, {"a": (JsonFile, {"path": str(doc)}), "b": (JsonFile, {"path": str(doc)}),
+                             "other": (JsonFile, {"path": str(tmp_path / "none.json")})})
+    assert snap["a"] == snap["b"] == {"pid": 7} and snap["other"] is None
+    assert snap["a"] is not snap["b"]                  # each name its own copy
+    assert len(h.commands) == 1 and h.commands[0].count(str(doc)) == 1
+    assert list(snap.values) == ["a", "b", "other"]

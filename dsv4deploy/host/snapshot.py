@@ -11,6 +11,7 @@ to its own `process`: the facts stay small and testable, the host sees one comma
 
 from __future__ import annotations
 
+import copy
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,12 +111,33 @@ class Snapshot:
         return self.values.get(key, default)
 
 
+def distinct(queries: dict[str, Query]) -> tuple[dict[str, Query], dict[str, str]]:
+    """QUERIES with each fact and arguments once: (those to run, {a repeat's key: the key that
+    runs it}). A deploy asks for its server's unit under two names (its own, and as one of the
+    units it may stop); systemctl then runs once."""
+    run: dict[str, Query] = {}
+    repeats: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for key, (fact_cls, kwargs) in queries.items():
+        signature = (fact_cls, repr(sorted(kwargs.items())))
+        if signature in seen:
+            repeats[key] = seen[signature]
+        else:
+            seen[signature] = key
+            run[key] = (fact_cls, kwargs)
+    return run, repeats
+
+
 def read(h, queries: dict[str, Query], timeout: float = 120, first: str = "") -> Snapshot:
-    """Run QUERIES on host H in one command (with the inventory's privileges), after FIRST."""
+    """Run QUERIES on host H in one command (with the inventory's privileges), after FIRST; a
+    fact asked for twice with the same arguments runs once (distinct)."""
     from .io import run
 
     nonce = "__dsv4_" + secrets.token_hex(8)
-    ok, output = run(h, batch_command(queries, nonce, first), timeout=timeout)
+    once, repeats = distinct(queries)
+    ok, output = run(h, batch_command(once, nonce, first), timeout=timeout)
     parts = split_output(list(output.stdout_lines), nonce) if ok else {}
-    return Snapshot(values=interpret(queries, parts), commands=1,
+    values = interpret(once, parts)
+    values = {key: copy.deepcopy(values[repeats[key]]) if key in repeats else values[key] for key in queries}
+    return Snapshot(values=values, commands=1,
                     first=parts.get(FIRST) if first else None)     # None: the command did not reach it
