@@ -10,9 +10,9 @@ history entry points at the release it restored. An unknown release is refused.
 
 from pyinfra import host
 
-from dsv4deploy.host.io import open_session_early
+from dsv4deploy.host.io import sessions_ahead
 
-open_session_early(host)    # the host sets up the SSH session while the steps below load
+sessions_ahead(host)        # SSH channels open one ahead: a round trip less per command
 
 from dsv4deploy import tasks  # noqa: E402
 

@@ -12,9 +12,9 @@ recorded `pending` before the switch, `deployed` or `failed` after its gate.
 
 from pyinfra import host
 
-from dsv4deploy.host.io import open_session_early
+from dsv4deploy.host.io import sessions_ahead
 
-open_session_early(host)    # the host sets up the SSH session while the steps below load
+sessions_ahead(host)        # SSH channels open one ahead: a round trip less per command
 
 from dsv4deploy import tasks  # noqa: E402
 from dsv4deploy.changes import Changes  # noqa: E402
