@@ -7,15 +7,15 @@ reads every frame again with getframeinfo(): 2.2 ms per operation here, 40 ms of
 operations, paid again for every host of a fleet. Only the frames' files and line numbers are
 used, and the frames hold both: `install()` puts in a function that reads them there, for the
 pyinfra versions whose function it was compared with (TESTED_ON: tests/test_op_order.py runs
-both on the same stacks, and every twin deploy runs its operations in this order). A pyinfra
-not listed keeps its own.
+both on the same stacks, and every twin deploy runs its operations in this order). A pyinfra or a
+Python not listed (frames and line numbers are Python's) keeps pyinfra's own.
 """
 
 from __future__ import annotations
 
 import sys
 
-TESTED_ON = ("3.10.0",)
+TESTED_ON = (("3.10.0", (3, 11)),)     # (pyinfra, Python)
 
 
 def order_from_stack(state) -> list[int]:
@@ -42,13 +42,14 @@ def order_from_stack(state) -> list[int]:
 
 
 def install() -> bool:
-    """Use order_from_stack for this run when pyinfra's version is one it was tested on."""
+    """Use order_from_stack for this run when pyinfra's and Python's versions are a pair it was
+    compared on."""
     import importlib
 
     import pyinfra
 
     operation = importlib.import_module("pyinfra.api.operation")   # pyinfra.api.operation is the decorator
-    if pyinfra.__version__ not in TESTED_ON:
+    if (pyinfra.__version__, sys.version_info[:2]) not in TESTED_ON:
         return False
     operation.get_operation_order_from_stack = order_from_stack
     return True

@@ -178,6 +178,7 @@ def test_a_channel_is_asked_for_at_once_without_waiting_for_the_host():
     while the deploy loads; the call does not wait for it."""
     t = Transport()
     hostio.sessions_ahead(ssh_host(t))
+    assert not t.dsv4deploy_sessions_ahead._spare[0].is_set()     # returned before the host answered
     deadline = time.monotonic() + 10
     while t.asked == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -217,3 +218,15 @@ def test_a_spare_that_failed_or_closed_is_replaced_and_sftp_opens_its_own():
     sftp = t.open_session(window_size=2 ** 21, max_packet_size=2 ** 15)
     assert sftp.n == 7 and t.calls[-1]["window_size"] == 2 ** 21    # SFTP's own sizes: opened as paramiko does
     assert t.open_session().n == 6                                  # the spare still waits for the next command
+
+
+def test_the_stand_in_transport_and_the_pool_take_paramikos_arguments():
+    """SessionsAhead stands in for paramiko's Transport.open_session: the same parameters."""
+    import inspect
+
+    import paramiko
+
+    theirs = list(inspect.signature(paramiko.Transport.open_session).parameters)
+    assert theirs == ["self", "window_size", "max_packet_size", "timeout"]
+    assert list(inspect.signature(hostio.SessionsAhead.open_session).parameters) == theirs
+    assert list(inspect.signature(Transport.open_session).parameters) == theirs

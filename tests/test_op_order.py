@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pyinfra
 import pytest
-from pyinfra.api.util import get_operation_order_from_stack
+from pyinfra.api.util import PYINFRA_INSTALL_DIR, get_operation_order_from_stack
 
 from dsv4deploy import op_order
 
@@ -20,7 +20,7 @@ SOURCE = """
 def task(depth):
     if depth:
         return task(depth - 1)
-    return both()
+    return through_pyinfra(both)
 
 
 results = [task(0),
@@ -35,7 +35,10 @@ def run_deploy(current_deploy_filename, is_cli, monkeypatch):
     def both():
         return get_operation_order_from_stack(state), op_order.order_from_stack(state)
 
-    scope = {"both": both}
+    # a frame of pyinfra's own between the deploy file and the operation, as there always is
+    helper: dict = {}
+    exec(compile("def through_pyinfra(f):\n    return f()\n", f"{PYINFRA_INSTALL_DIR}/fake_util.py", "exec"), helper)
+    scope = {"both": both, "through_pyinfra": helper["through_pyinfra"]}
     exec(compile(SOURCE, DEPLOY, "exec"), scope)
     return scope["results"]
 
@@ -51,11 +54,16 @@ def test_the_order_is_pyinfras_own(deploy_file, is_cli, monkeypatch):
         assert results[0][1] < results[1][1]
 
 
-def test_installed_only_on_the_pyinfra_it_was_compared_with(monkeypatch):
+def test_installed_only_on_the_pyinfra_and_python_it_was_compared_with(monkeypatch):
+    import sys
+
     monkeypatch.setattr(operation, "get_operation_order_from_stack", get_operation_order_from_stack)
     monkeypatch.setattr(pyinfra, "__version__", "0.0.0-untested")
     assert op_order.install() is False
     assert operation.get_operation_order_from_stack is get_operation_order_from_stack
-    monkeypatch.setattr(pyinfra, "__version__", op_order.TESTED_ON[0])
+    monkeypatch.setattr(pyinfra, "__version__", "3.10.0")
+    monkeypatch.setattr(op_order, "TESTED_ON", (("3.10.0", (2, 7)),))     # that pyinfra, another Python
+    assert op_order.install() is False
+    monkeypatch.setattr(op_order, "TESTED_ON", (("3.10.0", sys.version_info[:2]),))
     assert op_order.install() is True
     assert operation.get_operation_order_from_stack is op_order.order_from_stack

@@ -242,9 +242,16 @@ def plot(outcome: GateOutcome, path: str | Path, previous: GateResult | None = N
     FIGURE: a new_figure() made ahead (None: made now); it is used once and closed."""
     import matplotlib.pyplot as plt
 
+    fig, axes = figure or new_figure()
+    try:
+        return _draw(outcome, fig, axes, Path(path), previous)
+    finally:
+        plt.close(fig)
+
+
+def _draw(outcome: GateOutcome, fig, axes, path: Path, previous: GateResult | None) -> Path:
     r, spec = outcome.result, outcome.spec
     ran = sorted([lr for lr in r.levels if lr.status != SKIPPED], key=lambda x: x.concurrency)
-    fig, axes = figure or new_figure()
     title = f"dsv4deploy gate: {'PASS' if outcome.passed else 'FAIL'} ({r.runner})"
     fig.suptitle(title, fontsize=13, color="tab:green" if outcome.passed else "tab:red")
 
@@ -332,7 +339,6 @@ def plot(outcome: GateOutcome, path: str | Path, previous: GateResult | None = N
     # fixed margins: tight_layout measured every label first, a third of the plot's time (the
     # report is drawn while a deploy waits); these fit the longest labels the gate writes
     fig.subplots_adjust(left=0.045, right=0.99, bottom=0.15, top=0.86, wspace=0.2)
-    path = Path(path)
     fig.set_dpi(110)
     fig.canvas.draw()
     # a plot has few colours: a 256-colour palette looks the same at a third of the size (about
@@ -340,7 +346,6 @@ def plot(outcome: GateOutcome, path: str | Path, previous: GateResult | None = N
     # quantized straight from the canvas's pixels, not from a PNG encoded and decoded again
     from PIL import Image
     pixels = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-    plt.close(fig)
     pixels.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path)
     return path
 

@@ -51,9 +51,11 @@ _spare: list = []     # the report's figure, made ahead: the first gate's report
 
 
 def warm_plotting() -> None:
-    """Import the report's plotting library and make the report's empty figure in the background
-    (about 0.5 s of CPU that would otherwise come after the gate): called when a server starts, so
-    it overlaps the wait for its health, not the gate's setup. Once per run."""
+    """Import the report's plotting library and make the report's empty figure (about 0.5 s of
+    CPU that would otherwise come after the gate): called when a server starts, so it happens
+    while the host loads the server. Under pyinfra's gevent the thread is a greenlet that does
+    not yield, so this returns when it is done (the control node had nothing else to do); run
+    elsewhere it overlaps what follows. Once per run."""
     if not _warming:
         _warming.append(threading.Thread(target=_warm_plotting, name="warm-plotting", daemon=True))
         _warming[0].start()

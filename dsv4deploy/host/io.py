@@ -52,9 +52,11 @@ class SessionsAhead:
     open when it is sent: one round trip per command. The first is asked for at once: sshd sets
     up a connection's session (PAM, logind, motd: 52 ms on the twin) when its first channel
     opens, and that now overlaps the deploy's loading instead of delaying the host's read. A
-    spare that did not open, or closed, is replaced by a channel opened then; an SFTP channel
-    (its own window sizes) is opened as paramiko does. One spare at most: never near sshd's
-    MaxSessions (10)."""
+    spare that did not open, or closed, is replaced by a channel opened then; a call with its
+    own window or packet size is opened as paramiko does. The spare opens with paramiko's own
+    timeout, and a caller waits for it as long as its own timeout says (None: as paramiko
+    would). One spare at most: never near sshd's MaxSessions (10); one nobody takes is closed
+    with the connection."""
 
     def __init__(self, transport):
         self.transport = transport
@@ -63,11 +65,13 @@ class SessionsAhead:
         self._ask()
 
     def _ask(self) -> None:
+        if self._spare is not None:         # one is on its way already
+            return
         done, box = threading.Event(), []
 
         def opener() -> None:
             try:
-                box.append(self._open(timeout=60))
+                box.append(self._open())
             except Exception:  # noqa: BLE001 - a spare that did not open: the command opens its own
                 pass
             finally:
@@ -79,13 +83,13 @@ class SessionsAhead:
         threading.Thread(target=opener, name="ssh-session-ahead", daemon=True).start()
 
     def open_session(self, window_size=None, max_packet_size=None, timeout=None):
-        if window_size is not None or max_packet_size is not None:      # SFTP's: its own sizes
+        if window_size is not None or max_packet_size is not None:      # its own sizes: as asked
             return self._open(window_size=window_size, max_packet_size=max_packet_size, timeout=timeout)
         spare, self._spare = self._spare, None
         channel = None
         if spare is not None:
             done, box = spare
-            done.wait(60 if timeout is None else timeout)
+            done.wait(timeout)
             channel = box[0] if box and box[0].active and not box[0].closed else None
         try:
             return channel or self._open(timeout=timeout)
