@@ -34,9 +34,9 @@ def privileged(h) -> dict:
 def no_delay(h) -> None:
     """Send each SSH packet of H's connection at once (TCP_NODELAY). paramiko leaves Nagle's
     algorithm on, and a command's small packets then wait for the host's delayed ACK: about 40 ms
-    of every command (50 ms for `true` on the twin, 6-10 ms without). The first command of a run
-    sets it for every later one, pyinfra's own included; a connection that is not a TCP socket
-    (a local one, a ProxyCommand) is left as it is."""
+    of every command (50 ms for `true` on the twin, 6-10 ms without). sessions_ahead (the deploy
+    files' first call) and every command through here set it, for pyinfra's own commands too; a
+    connection that is not a TCP socket (a local one, a ProxyCommand) is left as it is."""
     client = getattr(getattr(h, "connector", None), "client", None)
     transport = client.get_transport() if client is not None else None
     with contextlib.suppress(AttributeError, OSError):
@@ -59,7 +59,6 @@ class SessionsAhead:
     with the connection."""
 
     def __init__(self, transport):
-        self.transport = transport
         self._open = transport.open_session       # paramiko's own
         self._spare: tuple[threading.Event, list] | None = None
         self._ask()
