@@ -41,9 +41,9 @@ def host_execute(h):
 
 def _warm_plotting() -> None:
     with contextlib.suppress(Exception):
-        from ..gate.report import new_figure
+        from ..gate.report import warm_figure
 
-        _spare.append(new_figure())
+        _spare.append(warm_figure())
 
 
 _warming: list[threading.Thread] = []
@@ -51,8 +51,9 @@ _spare: list = []     # the report's figure, made ahead: the first gate's report
 
 
 def warm_plotting() -> None:
-    """Import the report's plotting library and make the report's empty figure (about 0.5 s of
-    CPU that would otherwise come after the gate): called when a server starts, so it happens
+    """Import the report's plotting library and make and warm the report's figure
+    (report.warm_figure; about 0.5 s of CPU that would otherwise come after the gate): called
+    when a server starts, so it happens
     while the host loads the server. Under pyinfra's gevent the thread is a greenlet that does
     not yield, so this returns when it is done (the control node had nothing else to do); run
     elsewhere it overlaps what follows. Once per run."""
