@@ -3,13 +3,16 @@
 1. a no-op re-deploy of a profile next to a bare pyinfra deploy of two `files.directory`
    operations on the same twin (runs alternate, medians compared), and the remote commands a
    no-op sends, counted from pyinfra's own command log (`--debug`: "Running command on");
-2. a deploy that changes only the unit: its wall time minus the server's own start (the twin's
-   simulated load + warm-up) and minus the gate's own duration (from the release record). Its
-   gate is one short level (the profile's full gate adds 74 s of load and nothing to the
-   overhead: its own duration is subtracted), so it runs CHANGES times (the median counts);
+2. a deploy that changes only the unit: its wall time minus the server's own restart (the old
+   server's stop, the twin's simulated load + warm-up) and minus the gate's own duration, as the
+   control node timed it (the release's gate.json: `controller_wall_s`, the span every runner
+   shares; the figure with the built-in client's own clock, which starts after its python and
+   imports, is printed next to it). Its gate is one short level (the profile's full gate adds
+   74 s of load and nothing to the overhead: its own duration is subtracted), so it runs CHANGES
+   times (the median counts);
 3. an automatic rollback (a release whose server crashes at start, a new argv each time, so that
-   each pays the launch check): wall time minus the restored
-   server's own start and the crashing server's start, CHANGES times; from its `--debug` trace,
+   each pays the launch check): wall time minus the crashing server's own restart (the serving
+   server's stop included) and the restored server's own start, CHANGES times; from its `--debug` trace,
    how that splits into before the switch (the old release still serves: the launch check runs
    here), the time nothing serves, and after the restored server is healthy.
 
@@ -98,16 +101,26 @@ def commands_in(log: str) -> int:
     return sum("Running command on" in line for line in log.splitlines())
 
 
-def last_gate_wall_s(twin: SimHost) -> float:
-    """The gate's own wall time in the newest release (its gate.json)."""
+def last_gate_s(twin: SimHost) -> tuple[float, float]:
+    """The newest release's gate (its gate.json): (as the control node timed it, from the gate's
+    command to its answer; as its runner's own clock did). bench_serving's own clock is the
+    control node's; the built-in client's starts after its python and imports (about 0.07 s on
+    the twin), so only the first is the same span on the twin and on a host that runs
+    bench_serving."""
     out = twin.run("cat $(ls -d /var/lib/dsv4deploy/releases/[0-9]* | tail -n1)/gate/gate.json").stdout
-    return float(json.loads(out)["result"]["wall_s"])
+    result = json.loads(out)["result"]
+    own = float(result["wall_s"])
+    return float(result.get("client", {}).get("controller_wall_s", own)), own
 
 
-def own_start_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3) -> float:
-    """The server's own start, measured on the twin itself (no SSH in the loop): restart, then
-    /health polled every 50 ms. The median of RUNS."""
-    script = (f"systemctl reset-failed {unit}; systemctl restart {unit}; s=$(date +%s%N); i=0; "
+def own_start_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3, stopped: bool = False) -> float:
+    """The server's own restart, measured on the twin itself (no SSH in the loop): from
+    `systemctl restart` (the serving server's stop, then the start) to /health answering 200,
+    polled every 50 ms. STOPPED: a start with nothing to stop (a rollback restores after the
+    crashed server is gone). The median of RUNS."""
+    go = f"systemctl stop {unit}; systemctl reset-failed {unit}; s=$(date +%s%N); systemctl start {unit}" if stopped \
+        else f"systemctl reset-failed {unit}; s=$(date +%s%N); systemctl restart {unit}"
+    script = (f"{go}; i=0; "
               "until [ \"$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 http://127.0.0.1:30000/health)\" = 200 ]; "
               "do i=$((i+1)); [ $i -gt 1200 ] && exit 1; sleep 0.05; done; echo $(( ($(date +%s%N) - s) / 1000000 ))")
     return statistics.median(int(twin.run(script).stdout.strip()) / 1000 for _ in range(runs))
@@ -115,9 +128,10 @@ def own_start_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3) -> f
 
 def own_crash_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3) -> float:
     """How long a server that crashes at start (the twin's crash_on_start) runs before systemd
-    sees it exit, measured on the twin: restart, then the unit's state polled every 50 ms. The
-    median of RUNS; the serving release is started again afterwards."""
-    script = (f"systemctl reset-failed {unit}; systemctl restart {unit}; s=$(date +%s%N); i=0; "
+    sees it exit, measured on the twin: from `systemctl restart` (the serving server's stop
+    included) to the unit's state, polled every 50 ms, showing the exit. The median of RUNS; the
+    serving release is started again afterwards."""
+    script = (f"systemctl reset-failed {unit}; s=$(date +%s%N); systemctl restart {unit}; i=0; "
               f"until systemctl show -p ActiveState -p SubState {unit} | grep -qE '=(failed|auto-restart|inactive)$'; "
               "do i=$((i+1)); [ $i -gt 1200 ] && exit 1; sleep 0.05; done; echo $(( ($(date +%s%N) - s) / 1000000 ))")
     twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error"}))
@@ -193,23 +207,27 @@ def measure(args, twin: SimHost, inventory: str) -> int:
     # 2. only the unit changes: a profile that differs from the deployed one in the unit alone
     start_s = own_start_s(twin)
     crash_s = own_crash_s(twin)                          # crash_on_start exits after the load
-    print(f"the twin server's own start (restart -> /health 200, measured on the twin): {start_s:.2f} s; "
-          f"a crashing one's (restart -> exit seen by systemd): {crash_s:.2f} s")
+    restore_s = own_start_s(twin, stopped=True)          # a rollback's restored start: nothing left to stop
+    print(f"the twin server's own restart (systemctl restart -> /health 200, measured on the twin): {start_s:.2f} s; "
+          f"a crashing one's (restart -> exit seen by systemd): {crash_s:.2f} s; a start with nothing to stop: "
+          f"{restore_s:.2f} s")
     with tempfile.TemporaryDirectory() as tmp:
         env = {"DSV4_PROFILES_DIR": tmp}
         for name in os.listdir(REPO / "profiles"):
             (Path(tmp) / name).write_text((REPO / "profiles" / name).read_text())
-        overheads, rollbacks, downtimes = [], [], []
+        overheads, own_clock, rollbacks, downtimes = [], [], [], []
         contexts = random.Random().sample(range(16384, 32768, 64), args.changes)
         for i in range(args.changes):
             (Path(tmp) / "unit-only.yaml").write_text(
                 f"extends: {args.profile}\ndescription: unit-only change for bench/deploy_overhead.py\n"
                 f"service:\n  timeout_stop_s: {119 - i % 2}\n{SHORT_GATE}")
             took, _ = timed([PYINFRA, "-y", inventory, "deploy/serve.py", "--data", "profile=unit-only"], env)
-            gate_s = last_gate_wall_s(twin)
+            gate_s, gate_own_s = last_gate_s(twin)
             overheads.append(took - start_s - gate_s)
-            print(f"unit-only change: {took:.2f} s = server start {start_s:.1f} s + gate {gate_s:.1f} s + "
-                  f"overhead {overheads[-1]:.2f} s")
+            own_clock.append(took - start_s - gate_own_s)
+            print(f"unit-only change: {took:.2f} s = server restart {start_s:.2f} s + gate {gate_s:.2f} s + "
+                  f"overhead {overheads[-1]:.2f} s (the gate by its client's own clock: {gate_own_s:.2f} s, "
+                  f"overhead {own_clock[-1]:.2f} s)")
 
             # 3. automatic rollback: the next release crashes at start; the tool restores unit-only.
             # A new argv each time (an argv a release on this venv passed is not parsed again), so
@@ -227,19 +245,20 @@ def measure(args, twin: SimHost, inventory: str) -> int:
                 twin.run(f"rm -f {FAULTS}")
             out = "".join(line for _, line in lines)
             restored = "rolled back" in out or "restored" in out
-            rollbacks.append(took - crash_s - start_s)
+            rollbacks.append(took - crash_s - restore_s)
             print(f"automatic rollback ({'restored' if restored else 'NOT restored'}): {took:.2f} s = "
-                  f"crashing start {crash_s:.1f} s + restored start {start_s:.1f} s + overhead {rollbacks[-1]:.2f} s")
+                  f"crashing restart {crash_s:.2f} s + restored start {restore_s:.2f} s + overhead {rollbacks[-1]:.2f} s")
             ph = rollback_phases(lines)
             if ph["switch_at"] is not None and ph["served_at"] is not None:
                 down = ph["served_at"] - ph["switch_at"]
-                downtimes.append(down - crash_s - start_s)
+                downtimes.append(down - crash_s - restore_s)
                 check = f"{ph['launch_check_s']:.2f} s" if ph["launch_check_s"] is not None else "not run"
                 print(f"  of it: before the switch {ph['switch_at']:.2f} s (the launch check {check}; the old "
                       f"release serves), nothing serving {down:.2f} s (overhead {downtimes[-1]:.2f} s), after "
                       f"{took - ph['served_at']:.2f} s (the probe, the records; the restored release serves)")
     print(f"unit-only change overhead: median {statistics.median(overheads):.2f} s "
-          f"({', '.join(f'{t:.2f}' for t in overheads)}; a bare pyinfra run: {base:.2f} s)")
+          f"({', '.join(f'{t:.2f}' for t in overheads)}; a bare pyinfra run: {base:.2f} s; the gate "
+          f"by its client's own clock: median {statistics.median(own_clock):.2f} s)")
     print(f"automatic rollback overhead: median {statistics.median(rollbacks):.2f} s "
           f"({', '.join(f'{t:.2f}' for t in rollbacks)}; a bare pyinfra run: {base:.2f} s)")
     if downtimes:
