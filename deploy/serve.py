@@ -41,14 +41,16 @@ changes.notify("unit files", *differ)                 # NCCL env, manifest, unit
 downtime = tasks.cannot_roll(rollout, state, changes.reasons)  # replicas: a change that cannot roll needs allow_downtime
 gateway_restart = tasks.gateway_restart(rollout, state, differ, gateway_venv)  # replicas: why smg restarts, if it does
 tasks.show_plan(rollout, state, changes, downtime, gateway_restart)  # what follows and why (make plan prints it too)
+pending = None
 if changes:
     tasks.launch_check(rollout, state, changes.reasons)  # the host's own SGLang parses the argv first
     tasks.nccl_probe(rollout)                         # all-reduce with the new NCCL env, bounded in time
-    tasks.begin_release(rollout)                      # release NNNN: pending, before the switch
-tasks.config_files(rollout, state)                    # NCCL env, launch manifest, unit
+    pending = tasks.begin_release(rollout, state)     # release NNNN: pending, written first by the switch
 if rollout.target.is_set:                             # replicas behind the gateway: one at a time, each gated
+    tasks.config_files(rollout, state, pending)       # the record, NCCL env, launch manifest, units
     tasks.switch_set(rollout, state, changes.reasons, restart_gateway=gateway_restart)
 else:
-    started = tasks.restart_if_changed(rollout, state, changes.reasons)  # daemon-reload + restart only with a reason
+    # one command: the record, NCCL env, launch manifest, unit, then daemon-reload + restart only with a reason
+    started = tasks.switch(rollout, state, changes.reasons, pending)
     if changes or started.will_change:
         tasks.verify_and_record(rollout)              # health, identity, gate; a failure rolls back

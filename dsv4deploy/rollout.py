@@ -116,7 +116,7 @@ def _url(host: str, port: int) -> str:
 @dataclass
 class Run:
     """What this run learns while pyinfra executes its steps (their callbacks run after the
-    plan is made): the release it recorded, once begin_release has written it."""
+    plan is made): the release it recorded, once the switch has written begin_release's record."""
 
     release: Release | None = None
 

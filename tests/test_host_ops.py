@@ -10,7 +10,7 @@ import subprocess
 import tarfile
 
 import pytest
-from pyinfra.api import FileUploadCommand
+from pyinfra.api import FileUploadCommand, FunctionCommand
 
 from dsv4deploy.host import ops
 
@@ -31,7 +31,7 @@ def fake(monkeypatch):
 
 
 def _cmds(op, **kw) -> list:
-    return [c if isinstance(c, FileUploadCommand) else c.get_raw_value() for c in op._inner(**kw)]
+    return [c if isinstance(c, (FileUploadCommand, FunctionCommand)) else c.get_raw_value() for c in op._inner(**kw)]
 
 
 def _run(commands: list, uploads: dict) -> None:
@@ -191,9 +191,43 @@ def test_unit_running_and_restart(fake):
     assert _cmds(ops.unit_running, unit="s.service", info={"ActiveState": "active", "UnitFileState": "enabled"}) == []
     assert _cmds(ops.unit_running, unit="s.service", info={"ActiveState": "failed", "UnitFileState": "enabled"}) == [
         "systemctl reset-failed s.service || true", "systemctl enable --now s.service"]
-    assert _cmds(ops.restart, unit="s.service", reasons=[]) == []
-    assert _cmds(ops.restart, unit="s.service", reasons=["unit files changed"]) == [
-        "systemctl daemon-reload && { systemctl reset-failed s.service || true; } && systemctl restart s.service"]
+    assert ops.restart_command("s.service") == (
+        "systemctl daemon-reload && { systemctl reset-failed s.service || true; } && systemctl restart s.service")
+    assert ops.restart_command("s.service", first="systemctl stop g.service && ").startswith(
+        "systemctl stop g.service && systemctl daemon-reload && ")
+
+
+def test_the_switch_is_one_command_the_record_first_then_the_files_then_the_restart(fake, tmp_path):
+    """A release's pending record, the unit's files that differ and the restart ride in one
+    command, each only if the one before succeeded; DONE follows it (the run learns the record)."""
+    log, unit, same = tmp_path / "log", tmp_path / "unit", tmp_path / "same"
+    same.write_text("same\n")
+    items = [(str(same), b"same\n", _state(b"same\n")), (str(unit), b"[Service]\n", None)]
+    record, restart = f"echo record >> {log}", f"test -s {unit} && echo restart >> {log}"
+    cmds = _cmds(ops.files, items=items, before=record, after=restart, done=print)
+    assert len(cmds) == 2 and isinstance(cmds[0], str) and isinstance(cmds[1], FunctionCommand)
+    assert cmds[0].index(record) < cmds[0].index(str(unit)) < cmds[0].index(restart) and str(same) not in cmds[0]
+    _run(cmds[:1], {})
+    assert log.read_text() == "record\nrestart\n" and unit.read_bytes() == b"[Service]\n"
+    # the record cannot be written: no file changes, no restart
+    unit.unlink()
+    log.unlink()
+    failed = _cmds(ops.files, items=items, before=f"false && {record}", after=restart)
+    assert subprocess.run(["sh", "-c", failed[0]]).returncode != 0
+    assert not unit.exists() and not log.exists()
+    # nothing differs, no record, no reason: no command at all
+    assert _cmds(ops.files, items=items[:1], before="", after="") == []
+    # only the restart (a new venv: the files are the same)
+    assert _cmds(ops.files, items=items[:1], before=record, after=restart) == [f"{{ {record}; }} && {{ {restart}; }}"]
+
+
+def test_a_file_too_large_for_the_switch_command_is_uploaded_before_the_restart(fake, tmp_path):
+    big, log = tmp_path / "big", tmp_path / "log"
+    cmds = _cmds(ops.files, items=[(str(big), b"x" * (ops.INLINE_MAX + 1), None)], before=f"echo record >> {log}",
+                 after=f"test -s {big} && echo restart >> {log}")
+    assert "echo record" in cmds[0] and "restart" not in cmds[0] and cmds[-1].endswith(f"echo restart >> {log}")
+    _run(cmds, {})
+    assert log.read_text() == "record\nrestart\n" and big.stat().st_size == ops.INLINE_MAX + 1
 
 
 def test_api_key_only_prints_yes_no_and_is_made_once(fake):

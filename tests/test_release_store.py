@@ -106,6 +106,26 @@ def test_a_new_release_is_pending_with_its_folder_in_two_commands(h, store, tmp_
     assert begin(store, tmp_path).number == 2
 
 
+def test_a_pending_release_runs_nothing_until_the_switch_has_run_its_command(h, store, tmp_path):
+    """A deploy's switch carries the pending record in its own command: `pending` sends nothing,
+    numbers after the records it is given, and `begun` adds the record to the run's copy."""
+    store.mark_deployed(begin(store, tmp_path))
+    store.take_lock("deploy nvfp4-ctx8k")
+    try:
+        h.commands.clear()
+        venv = tmp_path / "venv"
+        rel, command = store.pending(store.records(), files={"/etc/x.service": "[Unit]\n"},
+                                     profile_doc={"name": "p", "files": [], "data": {}}, venv=str(venv),
+                                     profile="p", content_hash="c", manifest_sha256="m2", sglang_version="0.5.23")
+        assert rel.number == 2 and rel.record["status"] == releases.PENDING and h.commands == []
+        assert [r["release"] for r in store.records()] == [1]            # not written yet: not known
+        assert subprocess.run(["sh", "-c", command]).returncode == 0      # what the switch runs, first
+        store.begun(rel)
+        assert store.records()[-1] == on_disk(store, 2) == rel.record and h.commands == []
+    finally:
+        store.give_back_lock()
+
+
 def test_a_release_folder_is_written_by_its_one_command(tmp_path):
     """release_write_command, run here with sh -c: files, profile, the venv's freeze, status last."""
     venv = tmp_path / "venv"

@@ -15,7 +15,7 @@ import shlex
 from io import BytesIO
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 
 from .. import patching
 from . import installer
@@ -135,19 +135,29 @@ def file(dest: str, content: bytes, state: dict | None, user: str = "root", grou
 
 
 @operation()
-def files(items: list[tuple[str, bytes, dict | None]], user: str = "root", group: str = "root", mode: str = "644"):
+def files(items: list[tuple[str, bytes, dict | None]], user: str = "root", group: str = "root", mode: str = "644",
+          before: str = "", after: str = "", done=None):
     """Several files that hold no secret (a unit and the files it reads), each as `file` writes
-    it; those that take one command each all go in one: one round trip, however many change."""
+    it; those that take one command each all go in one: one round trip, however many change.
+    BEFORE and AFTER ride in that command, first and last (the switch: a release's pending
+    record, then daemon-reload and the restart: restart_command), each only if what precedes it
+    succeeded; a file too large for it is uploaded between. DONE(state, host): called once all
+    of it succeeded (the run learns its pending record is written)."""
     each = [_file_commands(dest, content, state, user, group, mode) for dest, content, state in items]
-    if not any(each):
+    if not (any(each) or before or after):
         host.noop(f"{', '.join(d for d, _, _ in items)} up to date")
         return
     single = [c[0] for c in each if len(c) == 1]
-    if single:
-        yield StringCommand(" && ".join(f"{{ {c}; }}" for c in single))
-    for commands in each:
-        if len(commands) > 1:
-            yield from _yield(commands)
+    uploaded = [commands for commands in each if len(commands) > 1]
+    first = ([before] if before else []) + single + ([after] if after and not uploaded else [])
+    if first:
+        yield StringCommand(" && ".join(f"{{ {c}; }}" for c in first))
+    for commands in uploaded:
+        yield from _yield(commands)
+    if after and uploaded:
+        yield StringCommand(after)
+    if done is not None:
+        yield FunctionCommand(done, (), {})
 
 
 @operation()
@@ -209,15 +219,11 @@ def unit_running(unit: str, info: dict):
     yield StringCommand(f"systemctl enable {'--now ' if not active else ''}{q(unit)}")
 
 
-@operation()
-def restart(unit: str, reasons: list[str], first: str = ""):
-    """daemon-reload, a fresh start-limit counter, restart: only with a reason (the collector's).
+def restart_command(unit: str, first: str = "") -> str:
+    """daemon-reload, a fresh start-limit counter, restart (files' AFTER, when there is a reason).
     FIRST: a command to run before (stopping a replica set that holds the port)."""
-    if not reasons:
-        host.noop(f"{unit}: nothing changed")
-        return
-    yield StringCommand(f"{first}systemctl daemon-reload && {{ systemctl reset-failed {q(unit)} || true; }} && "
-                        f"systemctl restart {q(unit)}")
+    return (f"{first}systemctl daemon-reload && {{ systemctl reset-failed {q(unit)} || true; }} && "
+            f"systemctl restart {q(unit)}")
 
 
 @operation()

@@ -115,16 +115,27 @@ class ReleaseStore:
                               f"{', '.join(format(d['release'], '04d') for d in docs)} under {self.dir}")
         self._remember(list(docs))
 
+    def pending(self, records: list[dict], *, files: dict[str, str], profile_doc: dict, venv: str,
+                **fields) -> tuple[Release, str]:
+        """The release after RECORDS as `pending`, and the command that writes it with its folder
+        (release_write_command); FIELDS are releases.new_record's. No command runs: a deploy's
+        switch carries it, first, and calls `begun` once it ran."""
+        rec = releases.new_record(records, **fields)
+        return Release(rec), release_write_command(self.folder(rec["release"]), venv, files, profile_doc, rec)
+
+    def begun(self, release: Release) -> None:
+        """RELEASE's pending record is on the host (the command `pending` made has run)."""
+        self._remember([release.record])
+
     def begin(self, *, files: dict[str, str], profile_doc: dict, venv: str, **fields) -> Release:
-        """Write the next release as `pending`, with its folder (see release_write_command);
-        FIELDS are releases.new_record's. Two commands: the records, the folder."""
-        rec = releases.new_record(self.records(), **fields)
-        folder = self.folder(rec["release"])
-        ok, out = sh(self.h, release_write_command(folder, venv, files, profile_doc, rec))
+        """Write the next release as `pending`, with its folder, now (`pending`, then `begun`).
+        Two commands: the records, the folder."""
+        rel, command = self.pending(self.records(), files=files, profile_doc=profile_doc, venv=venv, **fields)
+        ok, out = sh(self.h, command)
         if not ok:
-            raise DeployError(f"cannot write release {rec['release']:04d} under {folder}: {out.strip()[-300:]}")
-        self._remember([rec])
-        return Release(rec)
+            raise DeployError(f"cannot write {rel.name} under {self.folder(rel.number)}: {out.strip()[-300:]}")
+        self.begun(rel)
+        return rel
 
     def mark_deployed(self, release: Release, last: bool = False) -> Release:
         """RELEASE goes live as the handle holds it (its gate, its replicas' parts) and the one that

@@ -11,7 +11,7 @@ from .nccl_probe import nccl_probe
 from .system import host_packages, service_user
 from .venv import launch_check, sglang_venv
 from .weights import weights
-from .service import config_files, files_differ, restart_if_changed, secrets
+from .service import config_files, files_differ, secrets, switch
 from .replicas import cannot_roll, gateway_restart, gateway_venv, switch_set
 from .rollback import manual_rollback
 from .release import begin_release, deploy_lock, needs_release, read_locked, settle_interrupted, verify_and_record
@@ -19,6 +19,6 @@ from .plan import show_plan
 
 
 __all__ = ["manual_rollback", "preflight", "driver", "nccl_probe", "host_packages", "service_user", "sglang_venv",
-           "launch_check", "weights", "config_files", "files_differ", "secrets", "restart_if_changed",
+           "launch_check", "weights", "config_files", "files_differ", "secrets", "switch",
            "begin_release", "deploy_lock", "needs_release", "settle_interrupted", "verify_and_record",
            "show_plan", "read_locked", "gateway_venv", "switch_set", "cannot_roll", "gateway_restart"]

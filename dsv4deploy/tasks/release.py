@@ -10,6 +10,8 @@ operation ends or one fails, so a run that changes nothing reports no changed op
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 from pyinfra import host, logger
 from pyinfra.api import DeployError, deploy
@@ -18,6 +20,7 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
 from .. import releases
+from ..releases import Release
 from ..host.state import HostState, read_state
 from ..health import HealthError
 from ..host.release_store import ReleaseStore, last_step
@@ -106,21 +109,34 @@ def needs_release(r: Rollout, state: HostState) -> str | None:
     return None
 
 
-@deploy("Release")
-def begin_release(r: Rollout) -> None:
-    """Write release NNNN as pending, with the resolved profile, the rendered files and the venv's
-    `pip freeze`."""
+@dataclass(frozen=True)
+class Pending:
+    """Release NNNN as `pending`: the command that writes its record and folder, which the
+    switch's command carries first (nothing changes unless it was written), and DONE, which the
+    switch's operation calls once that command ran."""
 
-    def begin(state, host):  # noqa: pyinfra passes (state, host) by these names
-        profile_doc = {"name": r.profile.name, "files": list(r.profile.files), "data": r.profile.data}
-        rel = ReleaseStore(host, r.layout.releases_dir).begin(
-            files=r.rendered.files, profile_doc=profile_doc, venv=r.layout.venv, profile=r.profile.name,
-            content_hash=r.profile.content_hash, manifest_sha256=r.manifest_sha256,
-            sglang_version=r.data["sglang"]["version"], launch_check=launch_check_key(r))
+    release: Release
+    command: str
+    done: Callable
+
+
+def begin_release(r: Rollout, state: HostState) -> Pending:
+    """Release NNNN as pending, with the resolved profile, the rendered files and the venv's
+    `pip freeze`, numbered after the records the read found (the run holds the lock: nobody else
+    adds one). Nothing is written here: the switch's command writes it first (tasks/service.py)."""
+    profile_doc = {"name": r.profile.name, "files": list(r.profile.files), "data": r.profile.data}
+    store = ReleaseStore(host, r.layout.releases_dir)
+    rel, command = store.pending(
+        state["releases"] or [], files=r.rendered.files, profile_doc=profile_doc, venv=r.layout.venv,
+        profile=r.profile.name, content_hash=r.profile.content_hash, manifest_sha256=r.manifest_sha256,
+        sglang_version=r.data["sglang"]["version"], launch_check=launch_check_key(r))
+
+    def written(state, host):  # noqa: pyinfra passes (state, host) by these names
+        ReleaseStore(host, r.layout.releases_dir).begun(rel)
         r.run.release = rel
         print(f"[{host.name}] {rel.name} pending ({r.profile.name})")
 
-    python.call(name="record release (pending, before the switch)", function=reported(begin))
+    return Pending(rel, command, written)
 
 
 @deploy("Verify")

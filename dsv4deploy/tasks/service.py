@@ -1,5 +1,6 @@
 """The files the unit reads (NCCL env, secrets, launch manifest), the unit itself, and the
-restart: daemon-reload and restart only when the collector (host/changes.py) holds a reason.
+switch: a release's pending record, those files, then daemon-reload and restart only when the
+collector (changes.py) holds a reason, in one command.
 Every file is compared with the host's state by sha256, mode and owner (host/ops.py).
 """
 
@@ -20,6 +21,7 @@ from ..host import ops
 from ..host.io import sh
 from ..host.state import HostState
 from ..layout import ETC
+from .release import Pending
 from .rollback import stop_set_units
 from ..rollout import Rollout
 
@@ -80,13 +82,43 @@ def gateway_files_differ(labels: list[str]) -> bool:
 
 
 @deploy("Unit and its files")
-def config_files(r: Rollout, state: HostState) -> list[OperationMeta]:
+def config_files(r: Rollout, state: HostState, pending: Pending | None = None) -> list[OperationMeta]:
+    """The files a replica set's units read and the units (one command, after PENDING's record
+    when there is one); switch_set restarts them one at a time."""
+    return [ops.files(name=_files_name(r, state, pending), items=_items(r, state),
+                      before=pending.command if pending else "", done=pending.done if pending else None)]
+
+
+@deploy("Restart")
+def switch(r: Rollout, state: HostState, reasons: list[str], pending: Pending | None = None) -> OperationMeta:
+    """The switch, in one command: PENDING's record first, the unit's files that differ, then
+    daemon-reload and the restart, only with a reason from this run (each part only if the one
+    before it succeeded). A stopped or failed unit is started either way. Returns the "running"
+    operation: it changes when it had to start a stopped unit."""
+    unit = f"{r.layout.service}.service"
+    set_running = state.unit(r.layout.gateway_service).get("ActiveState") == "active"
+    first = stop_set_units(r.target) if set_running else ""    # a replica set gives back the port and GPUs
+    name = (f"restart {unit}" + (f" ({'; '.join(reasons)})" if reasons else "")
+            + (" after stopping the replica set" if set_running else "")) if reasons else _files_name(r, state, pending)
+    ops.files(name=name, items=_items(r, state), before=pending.command if pending else "",
+              after=ops.restart_command(unit, first) if reasons else "", done=pending.done if pending else None)
+    info = dict(state["unit"] or {})
+    if reasons:
+        info["ActiveState"] = "active"     # the restart starts it
+    return ops.unit_running(name=f"{unit} running and enabled", unit=unit, info=info)
+
+
+def _items(r: Rollout, state: HostState) -> list[tuple[str, bytes, dict | None]]:
     if "--diff" in sys.argv or "--dry" in sys.argv:      # make plan: show what would be written
         for label in files_differ(r, state):
             show_diff(r, state, label)
+    return [(path, content, state.file(path)) for _, path, content in unit_files(r)]
+
+
+def _files_name(r: Rollout, state: HostState, pending: Pending | None) -> str:
     differ = files_differ(r, state)
-    return [ops.files(name=", ".join(differ) if differ else "up to date",
-                      items=[(path, content, state.file(path)) for _, path, content in unit_files(r)])]
+    return ((f"{pending.release.name} pending, " if pending else "")
+            + (", ".join(differ) if differ else "unit files up to date"))
 
 
 def show_diff(r: Rollout, state: HostState, label: str) -> None:
@@ -96,21 +128,6 @@ def show_diff(r: Rollout, state: HostState, label: str) -> None:
     diff = difflib.unified_diff(old.splitlines(keepends=True), content.decode().splitlines(keepends=True),
                                 fromfile=f"{path} (on the host)", tofile=f"{path} ({r.profile.name})")
     print("".join(f"[{host.name}]   {line if line.endswith(chr(10)) else line + chr(10)}" for line in diff).rstrip("\n"))
-
-
-@deploy("Restart")
-def restart_if_changed(r: Rollout, state: HostState, reasons: list[str]) -> OperationMeta:
-    """Restart only with a reason from this run; a stopped or failed unit is started either way.
-    Returns the "running" operation: it changes when it had to start a stopped unit."""
-    unit = f"{r.layout.service}.service"
-    set_running = state.unit(r.layout.gateway_service).get("ActiveState") == "active"
-    first = stop_set_units(r.target) if set_running else ""    # a replica set gives back the port and GPUs
-    ops.restart(name=f"restart {unit}" + (f" ({'; '.join(reasons)})" if reasons else "")
-                + (" after stopping the replica set" if set_running else ""), unit=unit, reasons=reasons, first=first)
-    info = dict(state["unit"] or {})
-    if reasons:
-        info["ActiveState"] = "active"     # the restart starts it
-    return ops.unit_running(name=f"{unit} running and enabled", unit=unit, info=info)
 
 
 def files_differ(r: Rollout, state: HostState) -> list[str]:
