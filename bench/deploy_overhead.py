@@ -90,7 +90,9 @@ def rollback_phases(lines: list[tuple[float, str]]) -> dict[str, float | None]:
     identity check in the same command, returns)."""
     check = first(lines, "def sglang_parser()", within=True)     # launch_parser.py's source, in the command
     check_end = next((t for t, line in lines if check is not None and t > check and "Command exit status" in line), None)
-    switch = first(lines, "systemctl restart")
+    # the switch's one command: the pending record and the unit's files (the old server serves
+    # on meanwhile: a few ms counted as nothing serving), then daemon-reload and the restart
+    switch = first(lines, "systemctl daemon-reload && { systemctl reset-failed", within=True)
     restore = first(lines, "/files/. / &&", after=switch or 0.0, within=True)
     served = first(lines, PROBE_MARK, after=restore or 0.0, within=True) if restore is not None else None
     return {"launch_check_s": (check_end - check) if check is not None and check_end else None,
@@ -128,19 +130,23 @@ def own_start_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3, stop
 
 def own_crash_s(twin: SimHost, unit: str = "sglang.service", runs: int = 3) -> float:
     """How long a server that crashes at start (the twin's crash_on_start) runs before systemd
-    sees it exit, measured on the twin: from `systemctl restart` (the serving server's stop
-    included) to the unit's state, polled every 50 ms, showing the exit. The median of RUNS; the
-    serving release is started again afterwards."""
+    sees it exit, measured on the twin: from `systemctl restart` of a serving server (its stop
+    included, as in a deploy's switch) to the unit's state, polled every 50 ms, showing the exit.
+    The median of RUNS, each from a healthy server; the serving release is started again
+    afterwards."""
     script = (f"systemctl reset-failed {unit}; s=$(date +%s%N); systemctl restart {unit}; i=0; "
               f"until systemctl show -p ActiveState -p SubState {unit} | grep -qE '=(failed|auto-restart|inactive)$'; "
               "do i=$((i+1)); [ $i -gt 1200 ] && exit 1; sleep 0.05; done; echo $(( ($(date +%s%N) - s) / 1000000 ))")
-    twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error"}))
-    try:
-        took = statistics.median(int(twin.run(script).stdout.strip()) / 1000 for _ in range(runs))
-    finally:
-        twin.run(f"rm -f {FAULTS}")
+    took = []
+    for _ in range(runs):
+        own_start_s(twin, unit, runs=1)                 # a serving server, which the restart stops
+        twin.write_file(FAULTS, json.dumps({"crash_on_start": "simulated CUDA error"}))
+        try:
+            took.append(int(twin.run(script).stdout.strip()) / 1000)
+        finally:
+            twin.run(f"rm -f {FAULTS}")
     own_start_s(twin, unit, runs=1)
-    return took
+    return statistics.median(took)
 
 
 def slow_link(stack: contextlib.ExitStack, twin: SimHost, rtt_ms: float) -> str:

@@ -221,6 +221,19 @@ def test_the_switch_is_one_command_the_record_first_then_the_files_then_the_rest
     assert _cmds(ops.files, items=items[:1], before=record, after=restart) == [f"{{ {record}; }} && {{ {restart}; }}"]
 
 
+def test_a_switch_longer_than_one_shell_argument_is_split_into_commands_in_order(fake, tmp_path, monkeypatch):
+    """sshd hands the command to the shell as one argument (Linux: at most 128 KiB): past
+    COMMAND_MAX the parts go in as few commands as fit, in order."""
+    monkeypatch.setattr(ops, "COMMAND_MAX", 900)
+    log = tmp_path / "log"
+    items = [(str(tmp_path / f"f{i}"), b"x" * 100 + b"\n", None) for i in range(3)]
+    cmds = _cmds(ops.files, items=items, before=f"echo record >> {log}", after=f"echo restart >> {log}")
+    assert len(cmds) > 1 and all(len(c) <= 900 for c in cmds)
+    assert "echo record" in cmds[0] and cmds[-1].endswith(f"echo restart >> {log}; }}")
+    _run(cmds, {})
+    assert log.read_text() == "record\nrestart\n" and all((tmp_path / f"f{i}").stat().st_size == 101 for i in range(3))
+
+
 def test_a_file_too_large_for_the_switch_command_is_uploaded_before_the_restart(fake, tmp_path):
     big, log = tmp_path / "big", tmp_path / "log"
     cmds = _cmds(ops.files, items=[(str(big), b"x" * (ops.INLINE_MAX + 1), None)], before=f"echo record >> {log}",

@@ -243,6 +243,9 @@ def warm_figure():
     labels): the first plot of a process skips that work, 20 to 90 ms of its 0.12 to 0.24 s. A
     deploy calls this while its server starts (host/gate.py warm_plotting); the pixels are the
     same as a new_figure()'s (tests/test_gate_report.py)."""
+    import matplotlib
+
+    matplotlib.use("Agg")       # before pyplot picks a backend: no display's, in any thread
     import matplotlib.pyplot as plt
 
     scratch, ax = plt.subplots(figsize=(4, 3), dpi=110)

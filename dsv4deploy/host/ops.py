@@ -138,11 +138,12 @@ def file(dest: str, content: bytes, state: dict | None, user: str = "root", grou
 def files(items: list[tuple[str, bytes, dict | None]], user: str = "root", group: str = "root", mode: str = "644",
           before: str = "", after: str = "", done=None):
     """Several files that hold no secret (a unit and the files it reads), each as `file` writes
-    it; those that take one command each all go in one: one round trip, however many change.
-    BEFORE and AFTER ride in that command, first and last (the switch: a release's pending
-    record, then daemon-reload and the restart: restart_command), each only if what precedes it
-    succeeded; a file too large for it is uploaded between. DONE(state, host): called once all
-    of it succeeded (the run learns its pending record is written)."""
+    it; those that take one command each all go in one: one round trip, however many change
+    (more only past COMMAND_MAX). BEFORE and AFTER ride in that command, first and last (the
+    switch: a release's pending record, then daemon-reload and the restart: restart_command),
+    each only if what precedes it succeeded; a file too large for it is uploaded between.
+    DONE(state, host): called once every command of the operation succeeded (the run learns its
+    pending record is written)."""
     each = [_file_commands(dest, content, state, user, group, mode) for dest, content, state in items]
     if not (any(each) or before or after):
         host.noop(f"{', '.join(d for d, _, _ in items)} up to date")
@@ -150,14 +151,29 @@ def files(items: list[tuple[str, bytes, dict | None]], user: str = "root", group
     single = [c[0] for c in each if len(c) == 1]
     uploaded = [commands for commands in each if len(commands) > 1]
     first = ([before] if before else []) + single + ([after] if after and not uploaded else [])
-    if first:
-        yield StringCommand(" && ".join(f"{{ {c}; }}" for c in first))
+    for command in _chained(first):
+        yield StringCommand(command)
     for commands in uploaded:
         yield from _yield(commands)
     if after and uploaded:
         yield StringCommand(after)
     if done is not None:
         yield FunctionCommand(done, (), {})
+
+
+COMMAND_MAX = 96 << 10   # Linux takes one argument (the `sh -c` string sshd hands the shell) up to 128 KiB
+
+
+def _chained(commands: list[str]) -> list[str]:
+    """COMMANDS joined with `&&` (each grouped), as few as COMMAND_MAX allows, in order: pyinfra
+    stops at a command that fails, so a later one runs only if every earlier one succeeded."""
+    out: list[str] = []
+    for c in (f"{{ {c}; }}" for c in commands):
+        if out and len(out[-1]) + len(c) + 4 <= COMMAND_MAX:
+            out[-1] = f"{out[-1]} && {c}"
+        else:
+            out.append(c)
+    return out
 
 
 @operation()

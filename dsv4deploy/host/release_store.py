@@ -127,16 +127,6 @@ class ReleaseStore:
         """RELEASE's pending record is on the host (the command `pending` made has run)."""
         self._remember([release.record])
 
-    def begin(self, *, files: dict[str, str], profile_doc: dict, venv: str, **fields) -> Release:
-        """Write the next release as `pending`, with its folder, now (`pending`, then `begun`).
-        Two commands: the records, the folder."""
-        rel, command = self.pending(self.records(), files=files, profile_doc=profile_doc, venv=venv, **fields)
-        ok, out = sh(self.h, command)
-        if not ok:
-            raise DeployError(f"cannot write {rel.name} under {self.folder(rel.number)}: {out.strip()[-300:]}")
-        self.begun(rel)
-        return rel
-
     def mark_deployed(self, release: Release, last: bool = False) -> Release:
         """RELEASE goes live as the handle holds it (its gate, its replicas' parts) and the one that
         served before is superseded: the records, then one write of every changed record (LAST:

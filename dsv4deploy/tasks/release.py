@@ -113,7 +113,7 @@ def needs_release(r: Rollout, state: HostState) -> str | None:
 class Pending:
     """Release NNNN as `pending`: the command that writes its record and folder, which the
     switch's command carries first (nothing changes unless it was written), and DONE, which the
-    switch's operation calls once that command ran."""
+    switch's operation calls once all its commands succeeded (the restart included)."""
 
     release: Release
     command: str
@@ -123,7 +123,8 @@ class Pending:
 def begin_release(r: Rollout, state: HostState) -> Pending:
     """Release NNNN as pending, with the resolved profile, the rendered files and the venv's
     `pip freeze`, numbered after the records the read found (the run holds the lock: nobody else
-    adds one). Nothing is written here: the switch's command writes it first (tasks/service.py)."""
+    adds one). Nothing is written here: the switch's command writes it first (tasks/service.py).
+    Its `created` time is this run's plan, taken while the lock is taken, as the lock's own."""
     profile_doc = {"name": r.profile.name, "files": list(r.profile.files), "data": r.profile.data}
     store = ReleaseStore(host, r.layout.releases_dir)
     rel, command = store.pending(
@@ -134,7 +135,7 @@ def begin_release(r: Rollout, state: HostState) -> Pending:
     def written(state, host):  # noqa: pyinfra passes (state, host) by these names
         ReleaseStore(host, r.layout.releases_dir).begun(rel)
         r.run.release = rel
-        print(f"[{host.name}] {rel.name} pending ({r.profile.name})")
+        print(f"[{host.name}] {rel.name} ({r.profile.name}) recorded pending before the switch")
 
     return Pending(rel, command, written)
 

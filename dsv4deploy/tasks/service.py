@@ -98,8 +98,9 @@ def switch(r: Rollout, state: HostState, reasons: list[str], pending: Pending | 
     unit = f"{r.layout.service}.service"
     set_running = state.unit(r.layout.gateway_service).get("ActiveState") == "active"
     first = stop_set_units(r.target) if set_running else ""    # a replica set gives back the port and GPUs
-    name = (f"restart {unit}" + (f" ({'; '.join(reasons)})" if reasons else "")
-            + (" after stopping the replica set" if set_running else "")) if reasons else _files_name(r, state, pending)
+    name = (f"restart {unit} ({'; '.join(reasons)})" + (" after stopping the replica set" if set_running else "")
+            + (f", after {pending.release.name} recorded pending" if pending else "")) if reasons \
+        else _files_name(r, state, pending)
     ops.files(name=name, items=_items(r, state), before=pending.command if pending else "",
               after=ops.restart_command(unit, first) if reasons else "", done=pending.done if pending else None)
     info = dict(state["unit"] or {})
@@ -131,8 +132,9 @@ def show_diff(r: Rollout, state: HostState, label: str) -> None:
 
 
 def files_differ(r: Rollout, state: HostState) -> list[str]:
-    """Labels of the unit's files whose content differs on the host (what config_files will
-    upload), known before they are written: the release is recorded before the switch."""
+    """Labels of the unit's files whose content differs on the host (what the switch, or
+    config_files for a replica set, will write), known before they are written: the release is
+    recorded before the switch."""
     out = []
     for label, path, content in unit_files(r):
         have = state.file(path)
