@@ -744,6 +744,32 @@ def test_the_records_fact_reads_every_record_as_written_by_any_version(tmp_path)
     assert sh_here(fact.command(releases_dir=str(tmp_path / "none"))) == ""
 
 
+def test_a_deploy_reads_the_records_it_decides_from_not_the_whole_history(tmp_path, monkeypatch):
+    """RecentReleases (the deploy's read): the newest by number (5-digit numbers sort as numbers),
+    every release whose files are kept, every one deployed, pending or unverified however old;
+    not the pruned, ended ones. A damaged record anywhere still stops the read."""
+    from dsv4deploy.host import facts
+    monkeypatch.setattr(facts, "RECENT", 5)
+    store = tmp_path / "releases"
+    status = {2: "pending", 4: "unverified", 12: "deployed"}
+    for n in [*range(1, 13), 10000]:
+        folder = store / f"{n:04d}"
+        folder.mkdir(parents=True)
+        (folder / "status.json").write_text(json.dumps({"release": n, "status": status.get(n, "superseded"),
+                                                        "gate": {"levels": [{"status": "ok"}]}}, indent=2) + "\n")
+        if n in (6, 11):
+            (folder / "profile.json").write_text("{}\n")          # its files are kept: a rollback can restore it
+    recent, every = facts.RecentReleases(), facts.Releases()
+    read = recent.process(sh_here(recent.command(releases_dir=str(store))).splitlines())
+    assert [r["release"] for r in read] == [2, 4, 6, 9, 10, 11, 12, 10000]
+    assert len(every.process(sh_here(every.command(releases_dir=str(store))).splitlines())) == 13
+    assert releases.next_number(read) == 10001 and releases.current(read)["release"] == 12
+    (store / "0001" / "status.json").write_text("")
+    with pytest.raises(ValueError, match="0001/status.json"):
+        recent.process(sh_here(recent.command(releases_dir=str(store))).splitlines())
+    assert sh_here(recent.command(releases_dir=str(tmp_path / "none"))) == ""
+
+
 def test_a_manual_rollback_that_fails_after_its_switch_puts_the_release_that_served_back(h, tmp_path, monkeypatch):
     """`make rollback TO=1` put 0001's files in place and its server never became healthy: the
     release that served before (0002) comes back as a new entry, probed, so the host ends where it

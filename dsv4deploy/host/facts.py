@@ -144,9 +144,7 @@ class Releases(FactBase):
     def command(self, releases_dir: str):
         # one awk for every record, each on one line (a process per record cost 1.5 ms each on the twin)
         # (an empty record prints nothing through awk: the shell names it, with no process of its own)
-        return (f"set -- {releases_dir}/[0-9]*/status.json; {{ [ -e \"$1\" ] || [ -L \"$1\" ]; }} || exit 0; "
-                "for f; do { [ -f \"$f\" ] && [ -s \"$f\" ]; } || echo \"empty $f\"; done; "
-                "awk 'FNR == 1 && NR > 1 { print \"\" } { printf \"%s\", $0 } END { if (NR) print \"\" }' \"$@\"; true")
+        return f"{_every_record(releases_dir)}; {_RECORDS_AWK}; true"
 
     def process(self, output):
         # one line per record that holds anything: a blank line is a record of blank lines
@@ -164,6 +162,43 @@ class Releases(FactBase):
                                  f"{line[:120]!r}: repair that file, then run again") from None
             docs.append(doc)
         return sorted(docs, key=lambda d: d["release"])
+
+
+_RECORDS_AWK = "awk 'FNR == 1 && NR > 1 { print \"\" } { printf \"%s\", $0 } END { if (NR) print \"\" }' \"$@\""
+
+
+def _every_record(releases_dir: str) -> str:
+    """Shell: every status.json under RELEASES_DIR as "$@" (exit 0: none), each damaged one named."""
+    return (f"set -- {releases_dir}/[0-9]*/status.json; {{ [ -e \"$1\" ] || [ -L \"$1\" ]; }} || exit 0; "
+            "for f; do { [ -f \"$f\" ] && [ -s \"$f\" ]; } || echo \"empty $f\"; done")
+
+
+RECENT = 20     # twice releases.KEEP
+
+
+class RecentReleases(Releases):
+    """The records a deploy decides from, not the whole history: the newest RECENT by number
+    (the next number, what pruning keeps), every release whose files are still kept (what a
+    rollback can restore), and every one deployed, pending or unverified, however old (what
+    serves, what a cut-off run left). What it leaves out was pruned and ended: its files are gone
+    and nothing a deploy decides reads it. A host's history grows by a record per change, which
+    the read would print in full every run (0.3 MB after 500 on the twin); `make history` reads
+    every record (Releases)."""
+
+    def command(self, releases_dir: str):
+        # one awk reads every record once and prints, each on one line, those it keeps: a record
+        # is held until its file ends (a status line may come last), then printed or dropped
+        return (f"{_every_record(releases_dir)}; "
+                f"newest=$(ls -1 {shlex.quote(releases_dir)} | grep -xE '[0-9]+' | sort -n | tail -n {RECENT}); "
+                "awk -v newest=\"$newest\" '"
+                "function done() { if (FILENAME0 != \"\" && (want || active)) print buf } "
+                "BEGIN { n = split(newest, a, \"\\n\"); for (i = 1; i <= n; i++) keep[a[i]] = 1 } "
+                "FNR == 1 { done(); FILENAME0 = FILENAME; buf = \"\"; active = 0; dir = FILENAME; "
+                "sub(/\\/status\\.json$/, \"\", dir); base = dir; sub(/.*\\//, \"\", base); "
+                "want = (base in keep) || ((getline line < (dir \"/profile.json\")) > 0); close(dir \"/profile.json\") } "
+                "/\"status\": *\"(deployed|pending|unverified)\"/ { active = 1 } "
+                "{ buf = buf $0 } "
+                "END { done() }' \"$@\"; true")
 
 
 class FreeDiskMib(FactBase):

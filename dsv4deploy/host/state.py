@@ -18,7 +18,7 @@ from ..rollout import Rollout
 from . import installer, snapshot
 from .replicas import stale_query
 from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib, GatewayStale,
-                    GatewayWorkers, HostBasics, JsonFile, NvidiaSmi, PatchesApplied, PortOwners, Releases, UnitInfo,
+                    GatewayWorkers, HostBasics, JsonFile, NvidiaSmi, PatchesApplied, PortOwners, RecentReleases, UnitInfo,
                     VerifiedCheckpoint)
 
 # What the deploy runs on the host beyond a fresh server install (systemd, sshd, python3, sudo,
@@ -80,7 +80,7 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
         "gpus": (NvidiaSmi, {}),
         "unit": (UnitInfo, {"service": r.target.unit.removesuffix(".service")}),
         "port": (PortOwners, {"port": r.target.port}),
-        "releases": (Releases, {"releases_dir": L.releases_dir}),
+        "releases": (RecentReleases, {"releases_dir": L.releases_dir}),
         "lock": (JsonFile, {"path": f"{LOCK}/owner.json"}),
         "files": (FileStates, {"paths": managed_paths(r)}),
         "packages": (DebPackages, {"names": HOST_PACKAGES}),
