@@ -745,28 +745,35 @@ def test_the_records_fact_reads_every_record_as_written_by_any_version(tmp_path)
 
 
 def test_a_deploy_reads_the_records_it_decides_from_not_the_whole_history(tmp_path, monkeypatch):
-    """RecentReleases (the deploy's read): the newest by number (5-digit numbers sort as numbers),
+    """RecentReleases (the deploy's read): the newest by number (as numbers: 10000 after 9999),
     every release whose files are kept, every one deployed, pending or unverified however old;
-    not the pruned, ended ones. A damaged record anywhere still stops the read."""
+    not the pruned, ended ones. An empty record anywhere, or one awk cannot read, still stops it."""
     from dsv4deploy.host import facts
-    monkeypatch.setattr(facts, "RECENT", 5)
+    monkeypatch.setattr(facts, "RECENT", 3)
     store = tmp_path / "releases"
-    status = {2: "pending", 4: "unverified", 12: "deployed"}
-    for n in [*range(1, 13), 10000]:
+    status = {2: "pending", 3: "deployed", 4: "unverified"}
+    for n in [*range(1, 9), 9998, 9999, 10000, 10001]:
         folder = store / f"{n:04d}"
         folder.mkdir(parents=True)
         (folder / "status.json").write_text(json.dumps({"release": n, "status": status.get(n, "superseded"),
                                                         "gate": {"levels": [{"status": "ok"}]}}, indent=2) + "\n")
-        if n in (6, 11):
+        if n == 6:
             (folder / "profile.json").write_text("{}\n")          # its files are kept: a rollback can restore it
     recent, every = facts.RecentReleases(), facts.Releases()
-    read = recent.process(sh_here(recent.command(releases_dir=str(store))).splitlines())
-    assert [r["release"] for r in read] == [2, 4, 6, 9, 10, 11, 12, 10000]
-    assert len(every.process(sh_here(every.command(releases_dir=str(store))).splitlines())) == 13
-    assert releases.next_number(read) == 10001 and releases.current(read)["release"] == 12
+
+    def read(fact):
+        return fact.process(sh_here(fact.command(releases_dir=str(store))).splitlines())
+    got = read(recent)
+    assert [r["release"] for r in got] == [2, 3, 4, 6, 9999, 10000, 10001]
+    assert len(read(every)) == 12
+    assert releases.next_number(got) == 10002 and releases.current(got)["release"] == 3
+    (store / "0005" / "profile.json").mkdir()                   # something awk cannot read as a file
+    with pytest.raises(ValueError, match="could not all be read"):
+        read(recent)
+    (store / "0005" / "profile.json").rmdir()
     (store / "0001" / "status.json").write_text("")
     with pytest.raises(ValueError, match="0001/status.json"):
-        recent.process(sh_here(recent.command(releases_dir=str(store))).splitlines())
+        read(recent)
     assert sh_here(recent.command(releases_dir=str(tmp_path / "none"))) == ""
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from .. import gateway, patching, weights_check
+from .. import gateway, patching, releases, weights_check
 from ..preflight.gpus import QUERY_ARGS
 
 class NvidiaSmi(FactBase):
@@ -144,7 +144,7 @@ class Releases(FactBase):
     def command(self, releases_dir: str):
         # one awk for every record, each on one line (a process per record cost 1.5 ms each on the twin)
         # (an empty record prints nothing through awk: the shell names it, with no process of its own)
-        return f"{_every_record(releases_dir)}; {_RECORDS_AWK}; true"
+        return f"{_every_record(releases_dir)}; {_RECORDS_AWK} || {_AWK_FAILED}"
 
     def process(self, output):
         # one line per record that holds anything: a blank line is a record of blank lines
@@ -153,6 +153,9 @@ class Releases(FactBase):
             if line.startswith("empty "):
                 raise ValueError(f"a release record on the host is empty or not a file: {line[6:126]}: repair or remove that "
                                  "release's folder, then run again")
+            if line.startswith(UNREADABLE):
+                raise ValueError(f"the release records on the host could not all be read ({line[len(UNREADABLE):126]}): "
+                                 "a folder under the releases holds something that is not a file; repair it, then run again")
             try:
                 doc = json.loads(line)
                 if not isinstance(doc["release"], int) or isinstance(doc["release"], bool):
@@ -165,6 +168,10 @@ class Releases(FactBase):
 
 
 _RECORDS_AWK = "awk 'FNR == 1 && NR > 1 { print \"\" } { printf \"%s\", $0 } END { if (NR) print \"\" }' \"$@\""
+UNREADABLE = "unreadable: "
+# awk stops at a file it cannot read (a folder where a record or profile.json should be), having
+# printed part of the records: that must stop the run, not read as fewer records
+_AWK_FAILED = f"echo \"{UNREADABLE}awk exited $?\""
 
 
 def _every_record(releases_dir: str) -> str:
@@ -173,7 +180,7 @@ def _every_record(releases_dir: str) -> str:
             "for f; do { [ -f \"$f\" ] && [ -s \"$f\" ]; } || echo \"empty $f\"; done")
 
 
-RECENT = 20     # twice releases.KEEP
+RECENT = 2 * releases.KEEP
 
 
 class RecentReleases(Releases):
@@ -198,7 +205,7 @@ class RecentReleases(Releases):
                 "want = (base in keep) || ((getline line < (dir \"/profile.json\")) > 0); close(dir \"/profile.json\") } "
                 "/\"status\": *\"(deployed|pending|unverified)\"/ { active = 1 } "
                 "{ buf = buf $0 } "
-                "END { done() }' \"$@\"; true")
+                f"END {{ done() }}' \"$@\" || {_AWK_FAILED}")
 
 
 class FreeDiskMib(FactBase):

@@ -69,7 +69,9 @@ class ReleaseStore:
         return (self.h.name, self.dir)
 
     def records(self) -> list[dict]:
-        """Every record, oldest first (one command; none while this run holds the lock)."""
+        """Every record, oldest first (one command). While this run holds the lock: its own copy
+        (no command) of the records it read with the lock: a deploy's read, those it decides from
+        (facts.py RecentReleases); take_lock, every one."""
         held = _HELD.get(self._key())
         if held is None:
             return self.h.get_fact(Releases, releases_dir=self.dir)
