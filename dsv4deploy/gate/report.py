@@ -388,7 +388,7 @@ def write_report(outcome: GateOutcome, target_dir: str | Path, *, previous: Any 
                  release: str | None = None, png: bool = True, figure=None) -> ReportFiles:
     """Write gate.json, gate.md and gate.png into target_dir (created).  ``previous``: the last
     gate to compare with (a gate.json path, its dict, a GateOutcome or GateResult; None: none).
-    ``figure``: the plot's new_figure(), made ahead (None: made when drawn)."""
+    ``figure``: the plot's new_figure() or warm_figure(), made ahead (None: made when drawn)."""
     d = Path(target_dir)
     d.mkdir(parents=True, exist_ok=True)
     loaded = load_previous(previous)

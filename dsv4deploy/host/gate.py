@@ -53,10 +53,9 @@ _spare: list = []     # the report's figure, made ahead: the first gate's report
 def warm_plotting() -> None:
     """Import the report's plotting library and make and warm the report's figure
     (report.warm_figure; about 0.5 s of CPU that would otherwise come after the gate): called
-    when a server starts, so it happens
-    while the host loads the server. Under pyinfra's gevent the thread is a greenlet that does
-    not yield, so this returns when it is done (the control node had nothing else to do); run
-    elsewhere it overlaps what follows. Once per run."""
+    when a server starts, so it happens while the host loads the server. Under pyinfra's gevent
+    the thread is a greenlet that does not yield, so this returns when it is done (the control
+    node had nothing else to do); run elsewhere it overlaps what follows. Once per run."""
     if not _warming:
         _warming.append(threading.Thread(target=_warm_plotting, name="warm-plotting", daemon=True))
         _warming[0].start()

@@ -37,10 +37,14 @@ def no_delay(h) -> None:
     of every command (50 ms for `true` on the twin, 6-10 ms without). sessions_ahead (the deploy
     files' first call) and every command through here set it, for pyinfra's own commands too; a
     connection that is not a TCP socket (a local one, a ProxyCommand) is left as it is."""
-    client = getattr(getattr(h, "connector", None), "client", None)
-    transport = client.get_transport() if client is not None else None
     with contextlib.suppress(AttributeError, OSError):
-        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _transport(h).sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _transport(h):
+    """H's paramiko transport (None: not an SSH connection, or not connected)."""
+    client = getattr(getattr(h, "connector", None), "client", None)
+    return client.get_transport() if client is not None else None
 
 
 class SessionsAhead:
@@ -101,8 +105,7 @@ def sessions_ahead(h) -> None:
     deploy files call it first. Once per connection; not an SSH connection (a fake, a local
     one): nothing."""
     no_delay(h)
-    client = getattr(getattr(h, "connector", None), "client", None)
-    transport = client.get_transport() if client is not None else None
+    transport = _transport(h)
     if transport is None or getattr(transport, "dsv4deploy_sessions_ahead", None) is not None:
         return
     ahead = SessionsAhead(transport)

@@ -85,8 +85,7 @@ def gateway_files_differ(labels: list[str]) -> bool:
 def config_files(r: Rollout, state: HostState, pending: Pending | None = None) -> list[OperationMeta]:
     """The files a replica set's units read and the units (one command, after PENDING's record
     when there is one); switch_set restarts them one at a time."""
-    return [ops.files(name=_files_name(r, state, pending), items=_items(r, state),
-                      before=pending.command if pending else "", done=pending.done if pending else None)]
+    return [ops.files(name=_files_name(r, state, pending), items=_items(r, state), **_carried(pending))]
 
 
 @deploy("Restart")
@@ -98,15 +97,22 @@ def switch(r: Rollout, state: HostState, reasons: list[str], pending: Pending | 
     unit = f"{r.layout.service}.service"
     set_running = state.unit(r.layout.gateway_service).get("ActiveState") == "active"
     first = stop_set_units(r.target) if set_running else ""    # a replica set gives back the port and GPUs
-    name = (f"restart {unit} ({'; '.join(reasons)})" + (" after stopping the replica set" if set_running else "")
-            + (f", after {pending.release.name} recorded pending" if pending else "")) if reasons \
-        else _files_name(r, state, pending)
-    ops.files(name=name, items=_items(r, state), before=pending.command if pending else "",
-              after=ops.restart_command(unit, first) if reasons else "", done=pending.done if pending else None)
+    if reasons:
+        name = f"restart {unit} ({'; '.join(reasons)})" + (" after stopping the replica set" if set_running else "")
+        name += f", after {pending.release.name} recorded pending" if pending else ""
+    else:
+        name = _files_name(r, state, pending)
+    ops.files(name=name, items=_items(r, state), after=ops.restart_command(unit, first) if reasons else "",
+              **_carried(pending))
     info = dict(state["unit"] or {})
     if reasons:
         info["ActiveState"] = "active"     # the restart starts it
     return ops.unit_running(name=f"{unit} running and enabled", unit=unit, info=info)
+
+
+def _carried(pending: Pending | None) -> dict:
+    """ops.files' arguments that carry PENDING's record, first, and its callback (none: {})."""
+    return {"before": pending.command, "done": pending.done} if pending else {}
 
 
 def _items(r: Rollout, state: HostState) -> list[tuple[str, bytes, dict | None]]:
