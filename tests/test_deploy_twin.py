@@ -136,6 +136,7 @@ def test_plan_shows_the_unit_diff_and_changes_nothing(twin):
     assert out.returncode == 0, text[-3000:]
     assert "--- /etc/systemd/system/sglang.service (on the host)" in text
     assert "+Description=SGLang 0.5.23 serving deepseek-ai/DeepSeek-V4-Flash" in text
+    assert "-WantedBy=multi-user.target" not in text                  # an unchanged last line is not a change
     assert "plan: restart sglang.service because: " in text and "unit files: unit sglang.service" in text
     assert "plan: record release 0002 (fp8-ctx1m-baseline) as pending before the switch" in text
     assert "smoke gate C=64 >= 400 tok/s" in text and "failed: roll back to release 0001 (nvfp4-ctx8k)" in text

@@ -128,13 +128,31 @@ def _files_name(r: Rollout, state: HostState, pending: Pending | None) -> str:
             + (", ".join(differ) if differ else "unit files up to date"))
 
 
+_END = "@@dsv4deploy-end@@"
+
+
 def show_diff(r: Rollout, state: HostState, label: str) -> None:
     """Print the unified diff of one of the unit's files (none of them holds a secret)."""
     _, path, content = next(f for f in unit_files(r) if f[0] == label)
-    old = sh(host, f"cat {shlex.quote(path)} 2>/dev/null")[1] if state.file(path) else ""
-    diff = difflib.unified_diff(old.splitlines(keepends=True), content.decode().splitlines(keepends=True),
-                                fromfile=f"{path} (on the host)", tofile=f"{path} ({r.profile.name})")
-    print("".join(f"[{host.name}]   {line if line.endswith(chr(10)) else line + chr(10)}" for line in diff).rstrip("\n"))
+    old = ""
+    if state.file(path):
+        # pyinfra hands back output as lines, the last one's newline dropped: a mark after the
+        # content keeps it (else every plan showed the last line as removed and added again)
+        out = sh(host, f"cat {shlex.quote(path)} 2>/dev/null; echo {_END}")[1]
+        old = out[:-len(_END)] if out.endswith(_END) else out
+    print("\n".join(f"[{host.name}]   {line}" for line in file_diff(old, content.decode(), path, r.profile.name)))
+
+
+def file_diff(old: str, new: str, path: str, profile: str) -> list[str]:
+    """The unified diff of a file's text on the host (OLD) and as PROFILE renders it (NEW), one
+    line each, without their newlines; a side that lacks its final newline says so, as diff does."""
+    lines = []
+    for line in difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                     fromfile=f"{path} (on the host)", tofile=f"{path} ({profile})"):
+        lines.append(line.rstrip("\n"))
+        if not line.endswith("\n"):
+            lines.append("\\ No newline at end of file")
+    return lines
 
 
 def files_differ(r: Rollout, state: HostState) -> list[str]:
