@@ -16,6 +16,7 @@ import time
 import pytest
 
 from dsv4deploy.sim import host as simhost
+from dsv4deploy.twin.faults import DEFAULT_PATH as TWIN_FAULTS
 
 NOT_ROOT = os.geteuid() != 0
 NOT_ROOT_REASON = "the CT200 twin needs root (debootstrap, systemd-nspawn); CI runs as root"
@@ -40,11 +41,18 @@ def sim_twin():
             time.sleep(1)
         time.sleep(5)
         twin = simhost.up(1)[0]
-    twin.set_gpus(reset=True)
+    _calibrated(twin)
     yield twin
-    twin.set_gpus(reset=True)
+    _calibrated(twin)
     if not was_running and os.environ.get("DSV4_SIM_KEEP") != "1":
         simhost.down([1])
+
+
+def _calibrated(twin) -> None:
+    """CT200's GPUs and no fault file: what the tests start from, and what they leave (a twin that
+    `make deploy` boots next would otherwise start its server with the tests' fast load)."""
+    twin.set_gpus(reset=True)
+    twin.run(f"rm -f {TWIN_FAULTS}")
 
 
 LAB_FLEET = os.environ.get("DSV4_SIM_LAB_FLEET", "lab")    # another name: a lab twin of one's own
@@ -62,9 +70,9 @@ def _isolated_twin(fleet: str):
         pytest.skip(NOT_ROOT_REASON)
     was_running = simhost.SimHost(1, fleet).running()
     twin = simhost.up(1, fleet=fleet)[0]
-    twin.set_gpus(reset=True)
+    _calibrated(twin)
     yield twin
-    twin.set_gpus(reset=True)
+    _calibrated(twin)
     if not was_running and os.environ.get("DSV4_SIM_KEEP") != "1":
         simhost.down(fleet=fleet)
 

@@ -39,6 +39,23 @@ def test_addresses_and_state_layout(tmp_path, monkeypatch):
     assert simhost.sim_dir() == REPO / ".sim"
 
 
+def test_a_twin_with_a_fault_file_is_named_at_up(tmp_path, monkeypatch, caplog):
+    """A fault file left in a twin's root (a cut-off bench, the fault lab) changes how its server
+    starts and serves: `sim up` says so, with what it sets; a twin without one says nothing."""
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
+    twin = simhost.SimHost(1)
+    faults = twin.root / "etc/dsv4deploy-twin/faults.json"
+    faults.parent.mkdir(parents=True)
+    with caplog.at_level("WARNING", logger="dsv4deploy.sim"):
+        simhost._warn_faults(twin)
+        assert caplog.records == []
+        faults.write_text('{"load_seconds": 0.5,\n "warmup_seconds": 0.3}\n')
+        simhost._warn_faults(twin)
+    (record,) = caplog.records
+    assert record.getMessage().startswith('twin-1: /etc/dsv4deploy-twin/faults.json sets {"load_seconds": 0.5, '
+                                          '"warmup_seconds": 0.3}: its server starts and serves with them')
+
+
 def test_ssh_argv_keeps_host_key_checking(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
     argv = simhost.SimHost(1).ssh_argv("nvidia-smi -L")

@@ -36,6 +36,7 @@ from .processes import _CHILDREN, _cmdline, _container_inits, _is_nspawn_of, _ns
 from .rootfs import ensure_rootfs, prebuild_root, rootfs_dir, rootfs_ready
 from .twin_host import SimHost, existing_hosts, running_hosts
 from .twin_setup import _configure_twin, _create_twin, ensure_client_key
+from ..twin.faults import DEFAULT_PATH as TWIN_FAULTS
 
 # What the project imports from here (dsv4deploy.sim, sim/cli.py, inventory/sim.py, bench/, tests/,
 # the Makefile's prebuild_root).  The tests also reach for helpers this module uses itself
@@ -304,7 +305,20 @@ def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False, fleet
             for h in booted:
                 _stop(h, 20)
             raise
+    for h in twins:
+        _warn_faults(h)
     return twins
+
+
+def _warn_faults(h: SimHost) -> None:
+    """Say so when the twin's server starts with a fault file (a test, the fault lab or a bench
+    that was cut off leaves one): its start and serving then differ from the calibrated twin's."""
+    path = h.root / TWIN_FAULTS.lstrip("/")
+    with contextlib.suppress(OSError):
+        if path.is_file():
+            log.warning("%s: %s sets %s: its server starts and serves with them, not as calibrated "
+                        "(remove the file for the calibrated twin)", h.name, TWIN_FAULTS,
+                        " ".join(path.read_text()[:200].split()) or "nothing")
 
 
 # ------------------------------------------------------------------- down

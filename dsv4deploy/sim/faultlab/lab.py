@@ -7,12 +7,13 @@ import json
 import time
 from pathlib import Path
 
+from ...twin.faults import DEFAULT_PATH as TWIN_FAULTS
 from .reading import release_files, releases, wait_no_processes
 from .recovered import Serving, judge, passed, serving
 from .rows import Row
 from .tool import PYINFRA, Run, deploy, run
 
-FAULTS = "/etc/dsv4deploy-twin/faults.json"
+FAULTS = TWIN_FAULTS          # the twin server's fault file (twin/faults.py)
 # The twin's simulated weight load + warm-up (3 s + 1.5 s by default), shortened: every start,
 # restart and rollback waits for it, and none of them measures it.
 FAST_START = {"load_seconds": 0.5, "warmup_seconds": 0.3}
