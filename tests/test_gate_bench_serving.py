@@ -108,7 +108,7 @@ def test_command_shape_and_secret_handling():
     assert ("setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
             'tail -n 1 "$d/out/bench.jsonl"') in cmd
     assert ("timeout -k 10 300 setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
-            "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -m sglang.benchmark.serving --backend sglang "
+            "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -I -m sglang.benchmark.serving --backend sglang "
             "--host 127.0.0.1 --port 30000 --model /srv/models/DeepSeek-V4-Flash --tokenizer /srv/models/DeepSeek-V4-Flash "
             "--dataset-name random-ids --random-input-len 256 --random-output-len 256 --random-range-ratio 1.0 "
             "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/out/bench.jsonl\" --disable-tqdm") in cmd
@@ -116,7 +116,7 @@ def test_command_shape_and_secret_handling():
     assert "sglang.bench_serving" not in cmd   # the deprecated shim only where the module is absent
     legacy = bs.build_command(lv, venv_python="/v/bin/python", base_url="http://127.0.0.1:30000", model_path="/m",
                               warmup_requests=2, limit_s=300, module="sglang.bench_serving")
-    assert "/v/bin/python -m sglang.bench_serving --backend sglang " in legacy
+    assert "/v/bin/python -I -m sglang.bench_serving --backend sglang " in legacy
     with pytest.raises(ValueError, match="not a bench_serving module"):
         bs.bench_argv(lv, venv_python="/v", base_url="http://h:1", model_path="/m", warmup_requests=0,
                       output_file="/o", module="os; rm -rf /")
@@ -128,11 +128,12 @@ def test_command_shape_and_secret_handling():
 FAKE = r'''#!{python}
 import json, os, sys, time
 cfg = json.load(open({cfg!r}))
-if sys.argv[1] == "-c":           # the runner's probe: which module this venv has
+assert sys.argv[1] == "-I", sys.argv    # isolated: the login's PYTHONPATH and directory are not the unit's
+if sys.argv[2] == "-c":           # the runner's probe: which module this venv has
     print(cfg["module"] or "")
     sys.exit(0 if cfg["module"] else 3)
-assert sys.argv[1:3] == ["-m", cfg["module"] or "sglang.benchmark.serving"], sys.argv
-a = sys.argv[3:]
+assert sys.argv[2:4] == ["-m", cfg["module"] or "sglang.benchmark.serving"], sys.argv
+a = sys.argv[4:]
 opt = {{a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and not a[i + 1].startswith("--")}}
 with open({log!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv, "key": os.environ.get("OPENAI_API_KEY"),
@@ -184,7 +185,7 @@ def test_run_gate_auto_picks_bench_serving_and_passes(tmp_path):
     assert all("s3cret-key" not in c for c, _ in seen)            # never in the command text
     assert all("s3cret-key" not in " ".join(c["argv"]) for c in calls)
     assert seen[0][1] == PROBE_TIMEOUT_S                           # the probe
-    assert all(c["argv"][1:3] == ["-m", "sglang.benchmark.serving"] for c in calls)
+    assert all(c["argv"][1:4] == ["-I", "-m", "sglang.benchmark.serving"] for c in calls)
     assert out.result.client["module"] == "sglang.benchmark.serving"
     assert "has sglang.benchmark.serving" in out.result.client["runner_choice"]
     assert all(t <= 1800 + bs.SSH_SLACK_S for _, t in seen[1:])    # each level: limit + slack
@@ -201,7 +202,7 @@ def test_run_gate_falls_back_to_the_old_module_only_where_the_new_one_is_absent(
         out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
                        runner=runner, api_key_file=str(secrets))
         assert out.passed and out.result.runner == "bench_serving", out.verdict.failures
-        assert [json.loads(x)["argv"][2] for x in log.read_text().splitlines()] == ["sglang.bench_serving"]
+        assert [json.loads(x)["argv"][3] for x in log.read_text().splitlines()] == ["sglang.bench_serving"]
         assert out.result.client["module"] == "sglang.bench_serving"
         assert "sglang.benchmark.serving is absent" in out.result.client["runner_choice"]
     # neither module: auto takes the built-in client; the explicit runner tries the new module
@@ -210,7 +211,7 @@ def test_run_gate_falls_back_to_the_old_module_only_where_the_new_one_is_absent(
     py, log, secrets = fake_venv(d, levels, module=None)
     out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
                    runner="bench_serving", api_key_file=str(secrets))
-    assert [json.loads(x)["argv"][2] for x in log.read_text().splitlines()] == ["sglang.benchmark.serving"]
+    assert [json.loads(x)["argv"][3] for x in log.read_text().splitlines()] == ["sglang.benchmark.serving"]
     assert "has neither sglang.benchmark.serving nor sglang.bench_serving" in out.result.client["runner_choice"]
 
 

@@ -49,10 +49,17 @@ def test_choose_runner():
 
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory):
-    """A venv with nothing installed: the site dir given in PYTHONPATH is all it has."""
+    """A venv with nothing installed: the site dir that on_path() names in it is all it has."""
     venv = tmp_path_factory.mktemp("bare") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     return str(venv / "bin" / "python")
+
+
+def on_path(venv_python: str, site: Path) -> None:
+    """Put SITE on the venv's path as a package installed into it would be (a .pth in its
+    site-packages: the probe runs isolated, so PYTHONPATH is not read)."""
+    lib = Path(venv_python).parent.parent / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (lib / "site-packages" / "dsv4deploy-test-tree.pth").write_text(f"{site}\n")
 
 
 def sglang_tree(root: Path, *files: str, deps: tuple[str, ...] = PROBE_DEPENDENCIES) -> Path:
@@ -77,7 +84,7 @@ NEW, OLD = ("sglang/benchmark/serving.py", "sglang/bench_serving.py"), ("sglang/
 ])
 def test_probe_finds_the_module_without_importing_sglang(tmp_path, monkeypatch, bare_python, files, deps,
                                                          expected, module):
-    monkeypatch.setenv("PYTHONPATH", str(sglang_tree(tmp_path / "site", *files, deps=deps)))
+    on_path(bare_python, sglang_tree(tmp_path / "site", *files, deps=deps))
     rc, out, err = local_execute(probe_command(bare_python), PROBE_TIMEOUT_S)
     assert (rc, out.strip()) == expected, err
     assert "imported" not in out + err
@@ -85,11 +92,21 @@ def test_probe_finds_the_module_without_importing_sglang(tmp_path, monkeypatch, 
 
 
 def test_probe_when_sglang_is_absent_or_not_a_package(tmp_path, monkeypatch, bare_python):
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    on_path(bare_python, tmp_path)
     assert local_execute(probe_command(bare_python), PROBE_TIMEOUT_S)[:2] == (3, "\n")
     (tmp_path / "sglang.py").write_text("raise ImportError('the probe imported sglang')\n")
     assert local_execute(probe_command(bare_python), PROBE_TIMEOUT_S)[:2] == (3, "\n")
     assert choose_runner("auto", local_execute, bare_python)[::2] == ("builtin", None)
+
+
+def test_the_probe_sees_the_venv_not_the_logins_environment(tmp_path, monkeypatch, bare_python):
+    """A PYTHONPATH the login sets (/etc/environment) or a working directory holding an sglang
+    tree is not what the unit's python imports: the probe finds no bench_serving there."""
+    on_path(bare_python, tmp_path / "empty")
+    tree = sglang_tree(tmp_path / "site", *NEW)
+    monkeypatch.setenv("PYTHONPATH", str(tree))
+    monkeypatch.chdir(tree)
+    assert local_execute(probe_command(bare_python), PROBE_TIMEOUT_S)[:2] == (3, "\n")
 
 
 def test_builtin_command_checks_the_client_and_passes_the_key_by_fd():
@@ -100,7 +117,7 @@ def test_builtin_command_checks_the_client_and_passes_the_key_by_fd():
     assert cmd.startswith(f"echo '{digest}  /opt/dsv4deploy/gate/client.py' | sha256sum -c --status - || ")
     assert ("if [ -s /etc/dsv4deploy/secrets/sglang-api-key ]; then exec 3</etc/dsv4deploy/secrets/sglang-api-key; "
             "set -- --api-key-fd 3; else set --; fi; setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate "
-            "--clear-groups --no-new-privs -- python3 - --base-url http://127.0.0.1:30000 --levels ") in cmd
+            "--clear-groups --no-new-privs -- python3 -I -S - --base-url http://127.0.0.1:30000 --levels ") in cmd
     assert cmd.endswith(' "$@" </opt/dsv4deploy/gate/client.py')
     assert "--budget-s 590.000" in cmd and "--fail-fast" in cmd
     levels = json.loads(cmd.split("--levels ")[1].split(" --warmup-requests")[0].strip("'"))

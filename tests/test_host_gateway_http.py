@@ -85,3 +85,18 @@ def test_a_wrong_key_is_the_gateways_error_not_a_crash(server, tmp_path):
 def test_nothing_listening_is_an_oserror(tmp_path):
     with pytest.raises(OSError):
         local_http(None)("GET", "http://127.0.0.1:9/workers", {}, None, 2)
+
+
+def test_a_module_in_the_working_directory_never_sees_the_key(server, tmp_path, monkeypatch):
+    """Root runs the callable from the SSH login's directory: a json.py planted there, or a
+    PYTHONPATH the login sets, is not what the program imports (it runs isolated: -I -S)."""
+    key_file = tmp_path / "api-key"
+    key_file.write_text(SECRET + "\n")
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "json.py").write_text(f"open({str(tmp_path / 'stolen')!r}, 'w').write('imported')\n"
+                                     "raise SystemExit(9)\n")
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    workers = gateway.list_workers(local_http(str(key_file)), server, KEY)
+    assert [w.id for w in workers] == ["w1"] and not (tmp_path / "stolen").exists()

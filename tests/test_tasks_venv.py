@@ -37,7 +37,7 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
     assert cmd.endswith("-c /opt/dsv4deploy/venvs/" + r.layout.venv.rsplit("/", 1)[-1] + "/dsv4deploy.lock sglang==0.5.23")
     parse, what = launch_parser(r)
     assert what == "SGLang 0.5.23's own parser"
-    assert parse == (f"{r.layout.venv}/bin/python -c {shlex.quote(LAUNCH_PARSER)} check "
+    assert parse == (f"{r.layout.venv}/bin/python -I -c {shlex.quote(LAUNCH_PARSER)} check "   # isolated
                      f"{r.layout.venv}/{PARSER_TABLE} {parser_key(r)}")
 
 

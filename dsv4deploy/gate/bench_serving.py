@@ -56,7 +56,8 @@ def bench_argv(level: LevelSpec, *, venv_python: str, base_url: str, model_path:
     if module not in MODULES:
         raise ValueError(f"not a bench_serving module: {module!r} (one of {', '.join(MODULES)})")
     host, port = host_port(base_url)
-    return [venv_python, "-m", module, "--backend", "sglang", "--host", host, "--port", str(port),
+    # -I: isolated, as every python the deploy starts on the host (host/__init__.py)
+    return [venv_python, "-I", "-m", module, "--backend", "sglang", "--host", host, "--port", str(port),
             "--model", model_path, "--tokenizer", model_path, "--dataset-name", "random-ids",
             "--random-input-len", str(level.input_len), "--random-output-len", str(level.output_len),
             "--random-range-ratio", "1.0", "--num-prompts", str(level.num_prompts),

@@ -79,7 +79,7 @@ PROBE_CODE = (
 
 def probe_command(venv_python: str) -> str:
     """One command that prints which bench_serving module `venv_python` can run (see PROBE_CODE)."""
-    return f"{shlex.quote(venv_python)} -c {shlex.quote(PROBE_CODE)} 2>/dev/null"
+    return f"{shlex.quote(venv_python)} -I -c {shlex.quote(PROBE_CODE)} 2>/dev/null"   # -I: host/__init__.py
 
 
 def probe_module(execute: Execute, venv_python: str) -> tuple[str | None, bool, str]:
@@ -145,7 +145,7 @@ def builtin_command(spec: GateSpec, *, client_path: str, base_url: str, host_pyt
     digest = sha256 or client_sha256()
     budget = float(spec.budget_s if budget_s is None else budget_s)
     argv = bs.drop_privileges(run_as) + [
-        host_python, "-", "--base-url", base_url,
+        host_python, "-I", "-S", "-", "--base-url", base_url,     # isolated, stdlib only: host/__init__.py
         "--levels", json.dumps(client_levels(spec, order), separators=(",", ":")),
         "--warmup-requests", str(spec.warmup_requests),
         "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}", "--seed", str(seed),

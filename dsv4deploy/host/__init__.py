@@ -8,3 +8,12 @@ direct effects (host/io.py) and the release store with the deploy lock (host/rel
 HOST_PROGRAMS = ("gate/client.py", "preflight/nccl_probe.py", "sim/nvidia_smi.py", "weights_check.py", "uvpip.py",
                  "launch_parser.py")
 HOST_PROGRAM_MARK = "# dsv4deploy host program: runs on the GPU host with its own python3; standard library only."
+
+# How the deploy starts python on the host (as root, the service user or the gate's user):
+# isolated (-I), so that what it imports is what the unit's python imports, not the login's
+# environment (a PYTHONPATH in /etc/environment, PYTHONSTARTUP), user site or working directory
+# (`python -c`, `python -` and `python -m` put that first on sys.path, ahead of the standard
+# library). The host's python3 for a stdlib-only program also skips site packages (-S); a venv's
+# python keeps its own.
+HOST_PYTHON = "python3 -I -S"
+ISOLATED = "-I"

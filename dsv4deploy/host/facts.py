@@ -16,6 +16,7 @@ from pathlib import Path
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from .. import gateway, patching, releases, weights_check
+from . import HOST_PYTHON
 from ..preflight.gpus import QUERY_ARGS
 
 class NvidiaSmi(FactBase):
@@ -412,7 +413,7 @@ class Checkpoint(FactBase):
     """Completeness of a checkpoint folder on the host."""
 
     def command(self, path: str, expected: str = ""):
-        return StringCommand("python3", "-I", "-S", "-c", shlex.quote(CHECK), shlex.quote(path),
+        return StringCommand(HOST_PYTHON, "-c", shlex.quote(CHECK), shlex.quote(path),
                              shlex.quote(expected or "{}"))
 
     def process(self, output):
@@ -432,8 +433,7 @@ CHECKER = Path(weights_check.__file__).read_text()
 
 def checker_command(path: str, expected: str, *flags: str) -> str:
     q = shlex.quote
-    # -I -S: root runs the host's python3 without its environment, user or site packages
-    return f"printf '%s' {q(expected)} | python3 -I -S -c {q(CHECKER)} {q(path)} - {' '.join(flags)}".rstrip()
+    return f"printf '%s' {q(expected)} | {HOST_PYTHON} -c {q(CHECKER)} {q(path)} - {' '.join(flags)}".rstrip()
 
 
 class VerifiedCheckpoint(FactBase):

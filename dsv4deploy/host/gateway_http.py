@@ -12,6 +12,7 @@ import base64
 import json
 import shlex
 
+from . import HOST_PYTHON
 from .io import sh
 
 KEY = "@dsv4deploy-api-key@"   # stands for the key in headers and bodies; replaced on the host
@@ -47,7 +48,7 @@ def request_command(method: str, url: str, headers: dict, body: bytes | None, ti
     req = {"method": method, "url": url, "headers": headers, "timeout": timeout, "key_file": key_file,
            "placeholder": KEY, "body": base64.b64encode(body).decode() if body is not None else None}
     arg = base64.b64encode(json.dumps(req, sort_keys=True).encode()).decode()
-    return f"python3 -c {shlex.quote(_PROGRAM)} {arg}"
+    return f"{HOST_PYTHON} -c {shlex.quote(_PROGRAM)} {arg}"
 
 
 def parse_answer(out: str) -> tuple[int, bytes]:

@@ -24,7 +24,7 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, server
 
-from ..host import installer, ops
+from ..host import ISOLATED, installer, ops
 from .. import releases
 from ..host.state import PARSER_LOCK, PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from ..profiles import REPO_ROOT
@@ -188,11 +188,11 @@ def launch_parser(r: Rollout) -> tuple[str, str]:
     version = r.data["sglang"]["version"]
     if r.stand_ins.get("sglang") and not twin_parser_lock(r):
         module = r.stand_ins.get("launch_check_module", "dsv4deploy.twin.args")
-        return (f"{r.layout.python} -m {module}",
+        return (f"{r.layout.python} {ISOLATED} -m {module}",
                 f"the twin's parser (stand-in: SGLang {version}'s flags and their arity, no value checks)")
     q = shlex.quote
     table = f"{r.layout.venv}/{PARSER_TABLE}"
-    return (f"{r.layout.python} -c {q(LAUNCH_PARSER)} check {q(table)} {parser_key(r)}",
+    return (f"{r.layout.python} {ISOLATED} -c {q(LAUNCH_PARSER)} check {q(table)} {parser_key(r)}",
             f"SGLang {version}'s own parser")
 
 
