@@ -56,6 +56,38 @@ def test_a_twin_with_a_fault_file_is_named_at_up(tmp_path, monkeypatch, caplog):
                                           '"warmup_seconds": 0.3}: its server starts and serves with them')
 
 
+def test_a_fault_file_planted_as_a_link_or_a_fifo_is_not_read(tmp_path, monkeypatch, caplog):
+    """Code in the twin runs as root and may leave a link to a file of this machine (a key, a
+    token) where the fault file goes, or a FIFO that would block `sim up`: neither is read or
+    printed. Bytes that are not UTF-8 are printed replaced, not raised."""
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
+    twin = simhost.SimHost(1)
+    secret = tmp_path / "control-node-secret"
+    secret.write_text("hf_SECRET")
+    folder = twin.root / "etc/dsv4deploy-twin"
+    folder.mkdir(parents=True)
+    faults = folder / "faults.json"
+    with caplog.at_level("WARNING", logger="dsv4deploy.sim"):
+        faults.symlink_to(secret)
+        simhost._warn_faults(twin)
+        faults.unlink()
+        os.mkfifo(faults)
+        simhost._warn_faults(twin)                  # returns: the FIFO is opened non-blocking, not read
+        faults.unlink()
+        folder.rmdir()
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "elsewhere/faults.json").write_text("hf_SECRET")
+        folder.symlink_to(tmp_path / "elsewhere")   # a linked folder leads out of the root
+        simhost._warn_faults(twin)
+        assert caplog.records == []
+        folder.unlink()
+        folder.mkdir()
+        faults.write_bytes(b'{"load_seconds": \xff1}' + b" " * 400 + b"hf_SECRET")
+        simhost._warn_faults(twin)
+    (record,) = caplog.records
+    assert '"load_seconds": \ufffd1}' in record.getMessage() and "SECRET" not in record.getMessage()
+
+
 def test_ssh_argv_keeps_host_key_checking(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
     argv = simhost.SimHost(1).ssh_argv("nvidia-smi -L")

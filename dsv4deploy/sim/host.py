@@ -21,6 +21,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -312,13 +313,34 @@ def up(hosts: int = 1, timeout: float = SSH_WAIT_S, rebuild: bool = False, fleet
 
 def _warn_faults(h: SimHost) -> None:
     """Say so when the twin's server starts with a fault file (a test, the fault lab or a bench
-    that was cut off leaves one): its start and serving then differ from the calibrated twin's."""
-    path = h.root / TWIN_FAULTS.lstrip("/")
-    with contextlib.suppress(OSError):
-        if path.is_file():
-            log.warning("%s: %s sets %s: its server starts and serves with them, not as calibrated "
-                        "(remove the file for the calibrated twin)", h.name, TWIN_FAULTS,
-                        " ".join(path.read_text()[:200].split()) or "nothing")
+    that was cut off leaves one): its start and serving then differ from the calibrated twin's.
+    The twin's root is written by code running in it as root: a link there is not followed (it
+    could name a file of this machine), and a FIFO or device is not read."""
+    text = _twin_file_head(h.root, TWIN_FAULTS)
+    if text is not None:
+        log.warning("%s: %s sets %s: its server starts and serves with them, not as calibrated "
+                    "(remove the file for the calibrated twin)", h.name, TWIN_FAULTS,
+                    " ".join(text.split()) or "nothing")
+
+
+def _twin_file_head(root: Path, name: str, limit: int = 200) -> str | None:
+    """The first LIMIT bytes of the regular file NAME inside the twin ROOT, as text, or None when
+    it is absent, is a link, lies outside the root through a linked folder, or is not a file."""
+    path = root / name.lstrip("/")
+    try:
+        if path.parent.resolve() != root.resolve() / Path(name.lstrip("/")).parent:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------- down
