@@ -26,3 +26,14 @@ def test_a_file_that_lost_its_final_newline_says_so():
 def test_a_file_not_on_the_host_is_all_added():
     lines = file_diff("", NEW, "/etc/x", "p")
     assert lines[2] == "@@ -0,0 +1,3 @@" and lines[3:] == ["+" + line for line in NEW.splitlines()]
+
+
+def test_lines_end_at_newlines_only_and_the_hosts_controls_are_shown_escaped():
+    """A host file may hold a carriage return, a form feed or U+2028 inside a line (systemd reads
+    to "\\n"), or an escape sequence that would drive the operator's terminal: the plan shows one
+    changed line, escaped, not several and not raw."""
+    host = "Description=old\r\x0cpart\u2028two \x1b]0;pwned\x07\nKeep=1\n"
+    lines = file_diff(host, "Description=new\nKeep=1\n", "/etc/x", "p")
+    assert lines[2] == "@@ -1,2 +1,2 @@"
+    assert lines[3:] == ["-Description=old\\r\\x0cpart\\u2028two \\x1b]0;pwned\\x07", "+Description=new", " Keep=1"]
+    assert all(line.isprintable() for line in lines)

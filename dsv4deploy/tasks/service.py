@@ -145,14 +145,25 @@ def show_diff(r: Rollout, state: HostState, label: str) -> None:
 
 def file_diff(old: str, new: str, path: str, profile: str) -> list[str]:
     """The unified diff of a file's text on the host (OLD) and as PROFILE renders it (NEW), one
-    line each, without their newlines; a side that lacks its final newline says so, as diff does."""
+    line each, without their newlines; a side that lacks its final newline says so, as diff does.
+    Lines end at "\n" only, as systemd reads them (str.splitlines would also end one at \r, \f or
+    U+2028), and what the host's side holds that is not printable is shown escaped, so a file
+    on the host cannot drive the operator's terminal."""
     lines = []
-    for line in difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+    for line in difflib.unified_diff(_lines(old), _lines(new),
                                      fromfile=f"{path} (on the host)", tofile=f"{path} ({profile})"):
-        lines.append(line.rstrip("\n"))
+        body = line[:-1] if line.endswith("\n") else line
+        lines.append(body if body.isprintable() else "".join(
+            ch if ch.isprintable() or ch == "\t" else ascii(ch)[1:-1] for ch in body))
         if not line.endswith("\n"):
             lines.append("\\ No newline at end of file")
     return lines
+
+
+def _lines(text: str) -> list[str]:
+    """TEXT's lines, each with its "\n" (the last without one if the text lacks it)."""
+    pieces = text.split("\n")
+    return [piece + "\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
 
 
 def files_differ(r: Rollout, state: HostState) -> list[str]:
