@@ -77,8 +77,8 @@ def uv() -> Path:
         return path
     tmp = TOOLS.with_name(f".{TOOLS.name}.{os.getpid()}")
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True)
-        subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "--quiet",
+        subprocess.run([sys.executable, "-I", "-m", "venv", str(tmp)], check=True)
+        subprocess.run([str(tmp / "bin" / "python"), "-I", "-m", "pip", "install", "--quiet",
                         "--disable-pip-version-check", f"uv=={UV_VERSION}"], check=True)
         # renamed whole once complete: the venv's own scripts then name a folder that is gone,
         # but uv is a static binary and runs from anywhere
@@ -91,9 +91,14 @@ def uv() -> Path:
     return path
 
 
+# -I: on the host root runs this; a `pip/` in the login's directory or a PYTHONPATH would otherwise
+# answer for pip (its PIP_* variables and configuration files still count)
+PIP_CONFIG = [sys.executable, "-I", "-m", "pip", "config", "list"]
+
+
 def install_command(python: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of `uv pip install ARGS` into the venv of PYTHON, with pip's settings."""
-    listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    listing = subprocess.run(PIP_CONFIG, capture_output=True, text=True).stdout
     extra, env = uv_arguments(pip_settings(listing), args)
     return ([str(uv()), "pip", "install", "--quiet", "--python", python, "--cache-dir", str(CACHE), *extra, *args],
             {**os.environ, **env})

@@ -179,6 +179,11 @@ def test_uv_is_installed_once_by_pip_with_its_hashes_and_kept_while_the_pins_hol
     assert len(fresh) == 3 and installer.REQUIREMENTS in fresh[0] and installer.PROGRAM in fresh[1]
     assert "--no-deps --require-hashes -r /opt/dsv4deploy/tools/uv-0.13.9/uv.requirements" in fresh[2]
     assert fresh[2].endswith(f"cp {installer.REQUIREMENTS} {installer.INSTALLED}")      # the mark comes last
+    # root's pythons start isolated: the login's directory and PYTHONPATH reach neither venv nor pip
+    assert "python3 -I -m venv /opt/dsv4deploy/tools/uv-0.13.9/venv && " in fresh[2]
+    assert "/opt/dsv4deploy/tools/uv-0.13.9/venv/bin/python -I -m pip install " in fresh[2]
+    assert installer.install_command("/v", ["x"]).split(" install ")[0].endswith(
+        "/uv-0.13.9/venv/bin/python -I /opt/dsv4deploy/tools/uv-0.13.9/uvpip.py")
     same = dict(requirements_state=_state(req), program_state=_state(prog), installed_state=_state(req))
     assert _cmds(ops.uv_tool, requirements=req, program=prog, **same) == []
     newer = _cmds(ops.uv_tool, requirements=req, program=prog + b"\n", **same)      # uvpip.py only: no reinstall

@@ -67,7 +67,7 @@ def test_a_twin_told_so_or_a_release_without_a_parser_lock_keeps_the_twins_parse
     for r in (rollout(twin(own_parser=False)), rollout(twin(), "nvfp4-ctx8k-sglang0513post1")):
         assert not any(PARSER_LOCK in c for c in installs(r))
         parse, what = launch_parser(r)
-        assert parse.endswith("-m dsv4deploy.twin.args") and what.startswith("the twin's parser (stand-in")
+        assert parse.endswith("/bin/python -I -m dsv4deploy.twin.args") and what.startswith("the twin's parser (stand-in")
 
 
 def test_the_launch_checks_key_changes_with_the_argv_and_the_parser_not_with_the_unit(profile_dir):

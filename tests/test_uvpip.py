@@ -65,3 +65,25 @@ def test_a_bootstrap_that_cannot_reach_an_index_fails_with_a_message_not_a_trace
                          env=env, cwd=uvpip.REPO, timeout=120)
     assert out.returncode == 1 and "could not bootstrap uv" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "uv" / "bin" / "uv").exists()
+
+
+def test_pips_configuration_is_read_by_the_real_pip_not_one_the_directory_or_pythonpath_plants(tmp_path, monkeypatch):
+    """On the host root runs uvpip.py in the SSH login's directory, with whatever PYTHONPATH
+    /etc/environment sets: a `pip` package planted there must not answer `pip config list` (it
+    would choose the index the venvs are filled from, as root)."""
+    plant = tmp_path / "pip"
+    plant.mkdir()
+    (plant / "__init__.py").write_text("")
+    (plant / "__main__.py").write_text("print(\"global.index-url='http://planted.invalid/simple'\")\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(uvpip, "uv", lambda: tmp_path / "uv")
+    for var in [v for v in list(__import__("os").environ) if v.startswith("PIP_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://from-pip-env.example/simple")
+    argv, _ = uvpip.install_command("/v/bin/python", ["x==1"])
+    assert "http://planted.invalid/simple" not in argv
+    assert argv[argv.index("--extra-index-url") + 1] == "https://from-pip-env.example/simple"   # the real pip's
+    planted = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    assert "planted.invalid" in planted          # the plant works on a python that is not isolated

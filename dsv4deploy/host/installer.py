@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import uvpip
 from ..layout import OPT
+from . import ISOLATED
 
 TOOL = f"{OPT}/tools/uv-{uvpip.UV_VERSION}"
 VENV = f"{TOOL}/venv"
@@ -42,7 +43,8 @@ def paths() -> list[str]:
 def bootstrap_commands() -> list[str]:
     """A fresh tool venv with the pinned uv (REQUIREMENTS written before); INSTALLED last, so an
     interrupted bootstrap is redone."""
-    return [f"rm -rf {q(VENV)} {q(INSTALLED)} && python3 -m venv {q(VENV)} && {q(VENV)}/bin/pip install "
+    return [f"rm -rf {q(VENV)} {q(INSTALLED)} && python3 {ISOLATED} -m venv {q(VENV)} && "
+            f"{q(VENV)}/bin/python {ISOLATED} -m pip install "
             f"--disable-pip-version-check -q --no-deps --require-hashes -r {q(REQUIREMENTS)} && "
             f"cp {q(REQUIREMENTS)} {q(INSTALLED)}"]
 
@@ -53,8 +55,10 @@ def venv_command(path: str) -> str:
 
 
 def install_command(venv: str, args: list[str]) -> str:
-    """`uv pip install ARGS` into VENV, with what the host's pip configuration says."""
-    return (f"DSV4_UV_HOME={q(VENV)} UV_CACHE_DIR={q(CACHE)} {q(VENV)}/bin/python {q(PROGRAM)} install "
+    """`uv pip install ARGS` into VENV, with what the host's pip configuration says. Isolated,
+    as every python root starts here: the login's directory and PYTHONPATH reach neither uvpip.py
+    nor the `pip config list` it runs (uvpip.py passes -I on)."""
+    return (f"DSV4_UV_HOME={q(VENV)} UV_CACHE_DIR={q(CACHE)} {q(VENV)}/bin/python {ISOLATED} {q(PROGRAM)} install "
             f"--python {q(venv + '/bin/python')} {' '.join(q(a) for a in args)}")
 
 
