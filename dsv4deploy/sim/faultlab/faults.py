@@ -17,7 +17,7 @@ from .lab import Lab, start
 from .reading import GATE_USER, RELEASES_DIR, checkpoint_sha, health, live_venv, local_checkpoint_sha, main_pid
 from .recovered import serving
 from .rows import Row, add_case, did, fold
-from .tool import REPO, Run, changed_ops, deploy_and_strike, deploy_argv, deploy_watching, kill, operations
+from .tool import REPO, Run, changed_ops, deploy_and_strike, deploy_argv, deploy_watching, kill, operations, while_paused
 from .variants import REVISION_11, VARIANTS
 
 # A gate client must be gone this soon after its control process was killed (its heartbeat: 1 s).
@@ -301,7 +301,7 @@ def _fault_10b(lab, row):
     # server reads the GPUs when it starts, and a strike at the restart's own step (a command on
     # the twin, 0.1-0.3 s) could land after that (the server then started on 8 GPUs)
     first_b = deploy_and_strike("f10gpus-b", lambda s, _i: s.startswith(("Launch check |", "Restart | restart")),
-                                lambda _p, _s: lab.twin.set_gpus(count=2), **lab.where)
+                                while_paused(lambda: lab.twin.set_gpus(count=2)), **lab.where)
     state_b = lab.after(first_b)
     if first_b.struck is None:
         row.why_not.append("(b) the run never reached the restart")
@@ -322,15 +322,11 @@ def fault_11(lab) -> Row:
     lab.twin.run(f"umount {folder} 2>/dev/null; rm -rf {folder}", check=False)
     pid = main_pid(lab.twin)
 
-    def fill(p, _step):
-        # the deploy waits while the folder fills: at the step before the push, so no byte of the
-        # push can land under the mount (a mount racing the push hid what it had written so far,
-        # and the run then failed on a missing file, not on the full disk)
-        os.killpg(p.pid, signal.SIGSTOP)
-        try:
-            lab.twin.run(f"mkdir -p {folder} && mount -t tmpfs -o size=64k,mode=0755 dsv4deploy-fault-11 {folder}")
-        finally:
-            os.killpg(p.pid, signal.SIGCONT)
+    # the deploy waits while the folder fills: at the step before the push, so no byte of the
+    # push can land under the mount (a mount racing the push hid what it had written so far,
+    # and the run then failed on a missing file, not on the full disk)
+    fill = while_paused(lambda: lab.twin.run(
+        f"mkdir -p {folder} && mount -t tmpfs -o size=64k,mode=0755 dsv4deploy-fault-11 {folder}"))
 
     first = deploy_and_strike("f11disk", lambda s, _i: s == "Weights | model dir", fill, **lab.where)
     state = lab.after(first)

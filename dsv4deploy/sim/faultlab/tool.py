@@ -99,6 +99,21 @@ def deploy_watching(profile: str, on_line: Callable[[str], None], *, profiles_di
                              env=env, inventory=inventory)
 
 
+def while_paused(action: Callable[[], object]) -> Callable[[subprocess.Popen, str], None]:
+    """A strike that runs ACTION with the deploy stopped (SIGSTOP to its process group, SIGCONT
+    after): the deploy's next command waits for the fault, however slow this machine is. Without
+    it a fault struck at a step's start raced that step's own commands, and on a loaded 2-core
+    CI runner the restart won now and then (fault 10's GPUs vanished after the server had read
+    them)."""
+    def strike(p: subprocess.Popen, _step: str = "") -> None:
+        os.killpg(p.pid, signal.SIGSTOP)
+        try:
+            action()
+        finally:
+            os.killpg(p.pid, signal.SIGCONT)
+    return strike
+
+
 def kill(p: subprocess.Popen, _step: str = "") -> None:
     """The control process dies at once (SIGKILL to pyinfra: its SSH connection drops with it)."""
     os.kill(p.pid, signal.SIGKILL)
