@@ -108,10 +108,26 @@ def while_paused(action: Callable[[], object]) -> Callable[[subprocess.Popen, st
     def strike(p: subprocess.Popen, _step: str = "") -> None:
         os.killpg(p.pid, signal.SIGSTOP)
         try:
+            _wait_stopped(p.pid)
             action()
         finally:
             os.killpg(p.pid, signal.SIGCONT)
     return strike
+
+
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Until PID is seen stopped (kill() returns once the signal is sent, not once it has taken
+    effect: on a loaded machine the deploy ran on for a moment), or has ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in "TtZX":
+            return
+        time.sleep(0.002)
+    raise TimeoutError(f"the deploy (pid {pid}) did not stop within {timeout:.0f} s of SIGSTOP")
 
 
 def kill(p: subprocess.Popen, _step: str = "") -> None:
