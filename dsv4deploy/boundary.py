@@ -42,6 +42,16 @@ def first_unprintable(text: str) -> int | None:
     return next(i for i, ch in enumerate(text) if not ch.isprintable())
 
 
+def escaped(text: str, keep: str = "") -> str:
+    """TEXT as a terminal may show it: each character that is not printable (an escape sequence's
+    ESC, a carriage return, a bidi override) written as Python escapes it (\\x1b, \\r, \\u202e),
+    except those in KEEP. For what a host or its server wrote (a journal line, an HTTP answer, a
+    file's diff): model code runs there and must not drive the operator's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch in keep else ascii(ch)[1:-1] for ch in text)
+
+
 def shown(value, limit: int = 60) -> str:
     """A value quoted for a message: control characters escaped, long values cut."""
     text = ascii(value) if isinstance(value, str) else repr(value)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .boundary import escaped
+
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
@@ -41,10 +43,7 @@ class Problem:
         key = f" {self.path}:" if self.path else ""
         tag = "" if self.severity == "error" else f" {self.severity}:"
         text = f"{where}:{tag}{key} {self.message}"
-        if text.isprintable():
-            return text
-        # One problem, one line: whatever a message quotes, no control character reaches a terminal.
-        return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+        return escaped(text)     # one problem, one line: what a message quotes cannot drive a terminal
 
     def as_dict(self) -> dict:
         return {"severity": self.severity, "file": self.file, "line": self.line,

@@ -147,6 +147,26 @@ def test_a_journal_line_of_16_kb_is_cut_so_the_reason_above_it_stays_readable(mo
     assert len(tail[1]) < 500
 
 
+def test_what_the_server_wrote_to_its_journal_cannot_drive_the_operators_terminal(monkeypatch):
+    """Model code runs in the server and writes its journal: a line that clears the screen or
+    rewrites itself with a carriage return is shown escaped, on its own line; tabs stay."""
+    from dsv4deploy.host import checks
+    journal = "Loading weights\n\x1b[2J\x1b]0;owned\x07ok\n50%\rdone\u202etxt.exe\n\tat line 3\n"
+    monkeypatch.setattr(checks, "sh", lambda h, cmd: (True, journal))
+    tail = checks.journal_tail(None, Target.of(load_profile("nvfp4-ctx8k").data))
+    assert tail.split("\n") == ["Loading weights", "\\x1b[2J\\x1b]0;owned\\x07ok", "50%\\rdone\\u202etxt.exe",
+                                 "\tat line 3"]
+    assert tail.replace("\n", "").replace("\t", "").isprintable()
+
+
+def test_a_probe_answer_is_quoted_escaped():
+    out = (f"{PROBE_MARK} 1\n\x1b[31mInternal Server Error\x1b[0m\n"
+           f"{PROBE_MARK} 2\n" + json.dumps({"meta_info": {"completion_tokens": "8\x1b[2J"}}) + "\n")
+    assert probe_problems(out, requests=2, tokens=8) == [
+        "probe request 1/2 failed: \\x1b[31mInternal Server Error\\x1b[0m",
+        "probe request 2/2 returned 8\\x1b[2J tokens, expected 8"]
+
+
 def test_a_unit_that_fails_while_the_host_polls_ends_the_window_at_once(tmp_path):
     """The window's loop reads the unit's state every few polls, not only at its end: a crash
     during a 30 s window answers within a few seconds, with the state read after it."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from ..boundary import escaped
 from ..health import HealthError, Observation, identity_problems, wait_healthy
 from .io import sh
 from ..rollout import Target
@@ -66,10 +67,11 @@ JOURNAL_LINE_MAX = 400
 def journal_tail(h, t: Target, lines: int = 30) -> str:
     """The unit's last LINES journal lines, each cut at JOURNAL_LINE_MAX characters: SGLang logs
     its whole ServerArgs on one line (16.5 KB on the twin), which would bury the reason printed
-    above the tail."""
+    above the tail. The server runs model code and writes its journal: what a line holds that
+    is not printable (an escape sequence, a carriage return) is shown escaped."""
     _, out = sh(h, f"journalctl -u {t.unit} -n {lines} --no-pager -o cat 2>&1 || true")
-    return "\n".join(line if len(line) <= JOURNAL_LINE_MAX else f"{line[:JOURNAL_LINE_MAX]} ... ({len(line)} characters)"
-                     for line in out.splitlines())
+    return "\n".join(escaped(line if len(line) <= JOURNAL_LINE_MAX else f"{line[:JOURNAL_LINE_MAX]} ... ({len(line)} characters)",
+                             keep="\t") for line in out.removesuffix("\n").split("\n"))
 
 
 def _authorized_curl(t: Target, path: str, data: str | None = None) -> str:
@@ -146,10 +148,10 @@ def probe_problems(out: str, requests: int = 2, tokens: int = 8) -> list[str]:
         try:
             got = json.loads(text)["meta_info"]["completion_tokens"]
         except (ValueError, KeyError, TypeError):
-            problems.append(f"probe request {i}/{requests} failed: {text[:200] or 'no answer'}")
+            problems.append(f"probe request {i}/{requests} failed: {escaped(text[:200]) or 'no answer'}")
             continue
         if got != tokens:
-            problems.append(f"probe request {i}/{requests} returned {got} tokens, expected {tokens}")
+            problems.append(f"probe request {i}/{requests} returned {escaped(str(got))} tokens, expected {tokens}")
     return problems
 
 

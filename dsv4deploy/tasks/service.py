@@ -16,6 +16,7 @@ from pyinfra import host
 from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 
+from ..boundary import escaped
 from ..hftoken import HfTokenError, hf_token_from_env
 from ..host import ops
 from ..host.io import sh
@@ -153,8 +154,7 @@ def file_diff(old: str, new: str, path: str, profile: str) -> list[str]:
     for line in difflib.unified_diff(_lines(old), _lines(new),
                                      fromfile=f"{path} (on the host)", tofile=f"{path} ({profile})"):
         body = line[:-1] if line.endswith("\n") else line
-        lines.append(body if body.isprintable() else "".join(
-            ch if ch.isprintable() or ch == "\t" else ascii(ch)[1:-1] for ch in body))
+        lines.append(escaped(body, keep="\t"))
         if not line.endswith("\n"):
             lines.append("\\ No newline at end of file")
     return lines
