@@ -10,6 +10,13 @@ UNIT_PATH = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/loca
 # Environment the unit always sets; a profile's server.env may not repeat these.
 MANAGED_ENV = {"PATH": UNIT_PATH, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
+
+def unit_environment(data: dict) -> dict[str, str]:
+    """The unit's Environment=, in its order: MANAGED_ENV, then the profile's server.env (bools as
+    1/0). The unit's renderers and the NCCL probe's ranks read it from here."""
+    return {**MANAGED_ENV, **{k: ("1" if v is True else "0" if v is False else str(v))
+                              for k, v in sorted((data["server"].get("env") or {}).items())}}
+
 # Flags the profile manages, with every alias SGLang accepts for them: extra_args may not
 # repeat them (an override buried in extra_args is how a launch silently differs from its profile).
 MANAGED_FLAGS: dict[str, tuple[str, ...]] = {

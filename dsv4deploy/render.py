@@ -20,7 +20,8 @@ import jinja2
 from . import __version__, catalog, unitcheck
 from .boundary import RENDERED_LINE_MAX, first_unprintable
 from .errors import ProfileError
-from .flags import MANAGED_ENV, MANAGED_FLAGS, UNIT_PATH, UNREAD_FLAGS, flag, flag_owner  # noqa: F401 (re-exported)
+from .flags import (MANAGED_ENV, MANAGED_FLAGS, UNIT_PATH, UNREAD_FLAGS, flag, flag_owner,  # noqa: F401 (re-exported)
+                    unit_environment)
 from .layout import Layout
 from .nccl import nccl_environment, render_env_file
 from .profiles import Profile
@@ -151,7 +152,7 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
     layout = Layout.of(data)
     server, service = data["server"], data["service"]
     argv = launch_argv(profile, module)
-    env = {**MANAGED_ENV, **{k: _env_value(v) for k, v in sorted(server.get("env", {}).items())}}
+    env = unit_environment(data)
     nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"))
     nccl_env = render_env_file(nccl_vars, f"NCCL preset {data['nccl']['preset']} for profile {profile.name}")
     credentials = [(SGLANG_CONFIG_CREDENTIAL, layout.sglang_config_secret)] if server.get("api_key") else []
@@ -190,12 +191,6 @@ def manifest_text(doc: dict, files: dict[str, str]) -> str:
     """The manifest as written: DOC plus the sha256 of every other rendered file."""
     return json.dumps({**doc, "files": {path: hashlib.sha256(text.encode()).hexdigest()
                                         for path, text in sorted(files.items())}}, indent=2, sort_keys=True) + "\n"
-
-
-def _env_value(value) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
 
 
 # --- the guard: nothing reaches a host that systemd would read differently ---------------------

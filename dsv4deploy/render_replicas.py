@@ -17,10 +17,11 @@ from importlib.resources import files as package_files
 from . import gateway, replicas, unitcheck
 from .boundary import RENDERED_LINE_MAX
 from .errors import ProfileError
+from .flags import unit_environment
 from .layout import Layout
 from .nccl import nccl_environment, render_env_file
 from .profiles import Profile
-from .render import (MANAGED_ENV, SGLANG_CONFIG_CREDENTIAL, _blame, _check_template_inputs, _env_value,
+from .render import (SGLANG_CONFIG_CREDENTIAL, _blame, _check_template_inputs,
                      launch_argv, manifest_base, manifest_text, Rendered, systemd_env, systemd_exec,
                      systemd_word, _templates, unit_specifiers)
 from .sglang_versions import facts
@@ -80,7 +81,7 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
     template_argv = launch_argv(profile, module, port="${" + PORT_VAR + "}",
                                 config=f"%d/{SGLANG_CONFIG_CREDENTIAL}" if keyed else None)
     raw = {template_argv.index("--port") + 1} | ({template_argv.index("--config") + 1} if keyed else set())
-    env = {**MANAGED_ENV, **{k: _env_value(v) for k, v in sorted(server.get("env", {}).items())}}
+    env = unit_environment(data)
     nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"))
     inputs = dict(
         profile=profile.name, content_hash=profile.content_hash,

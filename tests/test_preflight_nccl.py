@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4deploy.flags import MANAGED_ENV
 from dsv4deploy.layout import Layout
 from dsv4deploy.nccl import PRESETS, nccl_environment, render_env_file
 from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_groups, format_result, launch,
@@ -89,6 +90,51 @@ def test_rank_environment_order_and_inheritance():
                     "kept_inherited": {"NCCL_NVLS_ENABLE": "0"}}
     env, note = rank_environment(BASE, {"NCCL_NVLS_ENABLE": "1"})
     assert env["NCCL_NVLS_ENABLE"] == "1" and note["kept_inherited"] == {}
+
+
+LOGIN = {**BASE, "PYTHONPATH": "/home/op/lib", "LD_PRELOAD": "/home/op/hook.so", "CUDA_VISIBLE_DEVICES": "3",
+         "LANG": "C.UTF-8", "USER": "root", "SSH_CONNECTION": "10.0.0.1 22 10.0.0.2 51000"}
+
+
+def test_as_a_service_a_rank_starts_from_what_systemd_gives_the_unit():
+    """The deploy's probe runs in an SSH login as the service's user: what that login sets
+    (PYTHONPATH, LD_PRELOAD, a CUDA_VISIBLE_DEVICES) never reaches the unit's server, so it
+    must not reach the ranks that stand in for it; the unit's own Environment= does."""
+    env, note = rank_environment(LOGIN, {"NCCL_PROTO": "LL"}, unit_env={"PATH": "/unit/bin", "PYTHONPATH": "/srv/x"},
+                                 service_user="sglang")
+    assert env == {"PATH": "/unit/bin", "HOME": "/root", "LANG": "C.UTF-8", "USER": "sglang", "LOGNAME": "sglang",
+                   "NCCL_NVLS_ENABLE": "0", "NCCL_PROTO": "LL", "PYTHONPATH": "/srv/x"}
+    assert note["dropped_inherited"] == ["CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PATH", "PYTHONPATH", "SSH_CONNECTION",
+                                         "TORCH_SYMM_MEM_DISABLE_MULTICAST", "USER"]
+    assert note["stripped_inherited"] == ["NCCL_DEBUG", "NCCL_P2P_DISABLE"]
+    env, _ = rank_environment(LOGIN, {}, service_user="sglang")
+    assert env["PATH"] == P.SERVICE_PATH and "PYTHONPATH" not in env            # systemd's PATH for a unit
+    env, note = rank_environment(LOGIN, {})                                      # by hand: the login's, as before
+    assert env["PYTHONPATH"] == "/home/op/lib" and "dropped_inherited" not in note
+
+
+def test_the_deploys_probe_runs_apart_from_the_logins_python_settings(tmp_path):
+    """The deploy's argv (probe_argv) on a login whose PYTHONPATH holds a json.py and a
+    sitecustomize.py: the launcher runs isolated and the ranks never see that folder; they get
+    the unit's PATH and run as the user they are."""
+    import pwd
+    planted = tmp_path / "login-lib"
+    planted.mkdir()
+    (planted / "json.py").write_text("raise SystemExit('the login json.py was imported')\n")
+    (planted / "sitecustomize.py").write_text("import os; os.environ['DSV4_PLANTED'] = 'yes'\n")
+    script = tmp_path / "nccl_probe.py"
+    script.write_text(Path(P.__file__).read_text())
+    data = load_profile("nvfp4-ctx8k").data
+    argv = probe_argv(data, script=str(script), python=sys.executable, nranks=2, timeout_s=30)
+    login = {**os.environ, "PYTHONPATH": str(planted), "LD_PRELOAD": "", "CUDA_VISIBLE_DEVICES": "7"}
+    proc = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, cwd=tmp_path, env=login, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] and {"PYTHONPATH", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES"} <= set(doc["dropped_inherited"])
+    for env in rank_envs(doc):
+        assert "PYTHONPATH" not in env and "LD_PRELOAD" not in env and "DSV4_PLANTED" not in env
+        assert "CUDA_VISIBLE_DEVICES" not in env and env["PATH"] == MANAGED_ENV["PATH"]
+        assert env["USER"] == env["LOGNAME"] == pwd.getpwuid(os.getuid()).pw_name
 
 
 def test_ranks_get_exactly_the_profiles_environment(profile_dir):
@@ -324,14 +370,15 @@ def test_format_result_table():
 def test_probe_argv_for_the_deploy():
     data = load_profile("nvfp4-ctx8k").data
     argv = probe_argv(data, script="/tmp/nccl_probe.py", env_file="/etc/dsv4deploy/sglang/nccl.env")
-    assert argv == [Layout.of(data).python, "/tmp/nccl_probe.py",
-                    "launch", "--json", "--timeout", "60", "--nranks", "4",
-                    "--env-file", "/etc/dsv4deploy/sglang/nccl.env"]
+    unit = [a for k, v in MANAGED_ENV.items() for a in ("--env", f"{k}={v}")]      # the unit's Environment=
+    assert argv == [Layout.of(data).python, "-I", "/tmp/nccl_probe.py",
+                    "launch", "--as-service", "--json", "--timeout", "60", "--nranks", "4",
+                    "--env-file", "/etc/dsv4deploy/sglang/nccl.env", *unit]
     argv = probe_argv(data, script="p.py", python="py", timeout_s=5, nranks=2)
     assert argv[argv.index("--nccl") + 1] == "NCCL_ALGO=Ring" and argv.count("--nccl") == 3
     # the argv parses with the probe's own parser
-    ns = P.build_parser().parse_args(argv[2:])
-    assert ns.nranks == 2 and ns.timeout == 5 and ns.json
+    ns = P.build_parser().parse_args(argv[3:])
+    assert ns.nranks == 2 and ns.timeout == 5 and ns.json and ns.as_service
 
 
 def _procs_running(marker: str) -> list[int]:
@@ -578,12 +625,12 @@ def test_groups_beyond_the_hosts_gpus_fail_before_spawning(tmp_path, capsys):
 def test_probe_argv_for_a_replicas_profile():
     data = load_profile("nvfp4-ctx8k-dp2").data
     argv = probe_argv(data, script="p.py", python="py", env_file="/e/nccl.env")
-    assert argv == ["py", "p.py", "launch", "--json", "--timeout", "60", "--groups", "0,1,2,3:4,5,6,7",
-                    "--env-file", "/e/nccl.env"]
-    ns = P.build_parser().parse_args(argv[2:])
+    assert argv[:11] == ["py", "-I", "p.py", "launch", "--as-service", "--json", "--timeout", "60",
+                         "--groups", "0,1,2,3:4,5,6,7", "--env-file"]
+    ns = P.build_parser().parse_args(argv[3:])
     assert ns.groups == "0,1,2,3:4,5,6,7" and ns.nranks is None and not ns.no_alone
-    assert probe_argv(data, script="p.py", python="py", nranks=4)[6:8] == ["--nranks", "4"]
-    assert probe_argv(data, script="p.py", python="py", groups=[[0], [1]])[6:8] == ["--groups", "0:1"]
+    assert probe_argv(data, script="p.py", python="py", nranks=4)[8:10] == ["--nranks", "4"]
+    assert probe_argv(data, script="p.py", python="py", groups=[[0], [1]])[8:10] == ["--groups", "0:1"]
 
 
 def test_standalone_script_with_groups(tmp_path):

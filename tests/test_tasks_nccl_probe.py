@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4deploy.flags import MANAGED_ENV
 from dsv4deploy.tasks.nccl_probe import probe_command
 
 FAKE_PROBE = "#!/bin/sh\necho \"uid=$(id -u) home=$HOME args=$*\"\n"
@@ -76,3 +77,35 @@ def test_the_command_proven_as_the_service_user_on_an_h200_is_the_one_the_deploy
     doc = json.loads((fix / "h200x1-service-user.json").read_text())
     assert doc["ok"] and doc["nranks"] == 1 and all(r["correct"] for r in doc["results"])
     assert doc["nccl_env"] == {"NCCL_ALGO": "Ring", "NCCL_IB_DISABLE": "1", "NCCL_PROTO": "LL"}
+
+
+def test_the_deploys_probe_as_a_service_on_an_h200_ran_apart_from_the_login():
+    """tests/fixtures/nccl/h200x1-as-service-*: on a 1-GPU H200 (2026-12-05) the deploy's probe
+    command for nvfp4-ctx8k (probe_argv with one rank: the launcher isolated, the ranks started
+    --as-service with the unit's Environment=), run from a login whose PYTHONPATH held a json.py
+    that fails on import and whose CUDA_VISIBLE_DEVICES named a GPU that is not there, passed
+    with every sum correct; the same login without -I and --as-service failed on that json.py.
+    The recorded command is what the deploy makes today for the same inputs."""
+    import json
+    from pathlib import Path
+
+    from dsv4deploy.layout import Layout
+    from dsv4deploy.preflight import probe_argv
+    from dsv4deploy.profiles import load_profile
+
+    fix = Path(__file__).parent / "fixtures" / "nccl"
+    recorded = (fix / "h200x1-as-service-command.sh").read_text().strip()
+    data = load_profile("nvfp4-ctx8k").data
+    layout = Layout.of(data)
+    script = f"{layout.venv}/nccl_probe.py"
+    argv = probe_argv(data, script=script, env_file=f"{layout.config_dir}/nccl.env.next", timeout_s=60, nranks=1)
+    sha = recorded.split("'")[1].split()[0]
+    assert probe_command(argv, script=script, sha256=sha, user=data["service"]["user"], home=layout.state_dir) == recorded
+    machine = (fix / "h200x1-as-service-machine.txt").read_text()
+    assert "good (login with PYTHONPATH, CUDA_VISIBLE_DEVICES=7): rc=0" in machine
+    assert "before (the same login, no -I, no --as-service): rc=1" in machine and "the login json.py was imported" in machine
+    assert "bad sha: rc=1" in machine and "--- left: 0" in machine
+    doc = json.loads((fix / "h200x1-as-service.json").read_text())
+    assert doc["ok"] and doc["nranks"] == 1 and all(r["correct"] for r in doc["results"]) and len(doc["results"]) == 8
+    assert {"PYTHONPATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES"} <= set(doc["dropped_inherited"])
+    assert doc["unit_env"]["PATH"] == MANAGED_ENV["PATH"] and doc["system"]["gpus"] == ["NVIDIA H200"]

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ProfileError
+from ..flags import unit_environment
 from . import gpus as G
 from . import nccl_probe as P
 from . import nccl_report as R
@@ -40,12 +41,6 @@ def _load(name: str):
 
 
 # --- pieces the deploy calls -------------------------------------------------------------------
-
-def unit_environment(data: dict) -> dict[str, str]:
-    """The profile's server.env as the unit's Environment= lines spell it (bools as 1/0)."""
-    return {k: ("1" if v is True else "0" if v is False else str(v))
-            for k, v in sorted((data["server"].get("env") or {}).items())}
-
 
 def profile_nccl_env(data: dict, preset: str | None = None) -> dict[str, str]:
     """What the profile's NCCL env file holds (or would, with `preset` instead of its own)."""
@@ -73,13 +68,15 @@ def probe_argv(data: dict, *, script: str, python: str | None = None, env_file: 
     """argv to run the probe on a host over SSH with the release's SGLang python:
     `script` is where nccl_probe.py was uploaded, `env_file` the rendered NCCL env file
     (default: the profile's NCCL settings passed with --nccl). Prints the JSON document.
+    The launcher (stdlib only) runs isolated (-I); its ranks start from what systemd gives the
+    unit's server (--as-service), plus the unit's environment, not the SSH login's.
     A profile with replicas is probed as `--groups` of its GPU sets (all at once, then each
     alone), unless `nranks` or other `groups` are given."""
     from ..layout import Layout
 
     server = data["server"]
     python = python or Layout.of(data).python
-    argv = [python, script, "launch", "--json", "--timeout", f"{timeout_s:g}"]
+    argv = [python, "-I", script, "launch", "--as-service", "--json", "--timeout", f"{timeout_s:g}"]
     groups = groups or (None if nranks else profile_groups(data))
     if groups:
         argv += ["--groups", groups_text(groups)]

@@ -12,7 +12,8 @@ this file to a GPU host and run it with the SGLang venv's python (dsv4deploy nee
 `launch` starts one process per rank (this file in `rank` mode), each in its own session and
 process group. A rank's environment: the launcher's minus every inherited NCCL_* (a systemd unit
 does not inherit the operator's shell) except KEEP_INHERITED (NVLink multicast stays off where it
-was turned off), + the unit's Environment= (--env), + the NCCL env file (--env-file, read as
+was turned off); with --as-service (the deploy's probe) only what systemd gives the unit's
+process (PATH, HOME, USER, LOGNAME, LANG) and KEEP_INHERITED; + the unit's Environment= (--env), + the NCCL env file (--env-file, read as
 systemd reads EnvironmentFile=; it wins) or --nccl, + MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/
 LOCAL_RANK. With --groups, each group also gets its GPU set as CUDA_VISIBLE_DEVICES (with
 CUDA_DEVICE_ORDER=PCI_BUS_ID, as a replica's env file sets them) and its own MASTER_PORT.
@@ -47,6 +48,10 @@ import time
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_SIZES = (8 << 10, 32 << 10, 128 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 KEEP_INHERITED = ("NCCL_NVLS_ENABLE",)
+# --as-service: what systemd gives a unit's process (User= set) before its Environment=; LANG
+# as the login's (systemd reads it from locale.conf, which sets the login's too)
+SERVICE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+SERVICE_INHERITS = ("HOME", "LANG")
 FAIL_GRACE_S = 3.0      # after a rank fails, how long the others get to finish on their own
 TERM_GRACE_S = 1.5      # SIGTERM -> SIGKILL
 REAP_S = 2.5            # after SIGKILL, how long to wait for processes to be gone
@@ -155,16 +160,32 @@ def read_env_file(text: str) -> dict[str, str]:
 
 def rank_environment(base: dict[str, str], nccl_env: dict[str, str],
                      unit_env: dict[str, str] | None = None,
-                     keep: tuple[str, ...] = KEEP_INHERITED) -> tuple[dict[str, str], dict]:
+                     keep: tuple[str, ...] = KEEP_INHERITED,
+                     service_user: str | None = None) -> tuple[dict[str, str], dict]:
     """The environment every rank gets (before the rendezvous variables), and a note of
-    what was dropped and kept from `base`. See the module docstring for the order."""
+    what was dropped and kept from `base`. See the module docstring for the order. With
+    SERVICE_USER, `base` gives only SERVICE_INHERITS and KEEP: a rank starts from what systemd
+    gives the unit's server, so a PYTHONPATH or LD_PRELOAD of the login that ran the probe does
+    not reach it (the note names what was dropped, never its value)."""
+    note: dict = {"stripped_inherited": sorted(k for k in base if k.startswith("NCCL_") and k not in keep)}
+    if service_user is not None:
+        service = {k: base[k] for k in (*SERVICE_INHERITS, *keep) if k in base}
+        note["dropped_inherited"] = sorted(k for k in base if k not in service and not k.startswith("NCCL_"))
+        base = {"PATH": SERVICE_PATH, "USER": service_user, "LOGNAME": service_user, **service}
     env = {k: v for k, v in base.items() if not k.startswith("NCCL_") or k in keep}
-    stripped = sorted(k for k in base if k.startswith("NCCL_") and k not in keep)
     kept = {k: base[k] for k in keep if k in base and k not in nccl_env
             and k not in (unit_env or {})}
     env.update({k: str(v) for k, v in (unit_env or {}).items()})
     env.update({k: str(v) for k, v in nccl_env.items()})
-    return env, {"stripped_inherited": stripped, "kept_inherited": kept}
+    return env, {**note, "kept_inherited": kept}
+
+
+def _user_name() -> str:
+    import pwd
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def busbw(nbytes: int, seconds: float, nranks: int) -> tuple[float, float]:
@@ -303,7 +324,7 @@ def run_groups(specs: list[dict], *, nccl_env: dict[str, str], unit_env: dict[st
                timeout_s: float = DEFAULT_TIMEOUT_S, label: str = "", dry_run: bool = False,
                nccl_debug: bool = False, program: str | None = None,
                base_env: dict[str, str] | None = None, workdir: str | None = None,
-               keep_inherited: tuple[str, ...] = KEEP_INHERITED) -> dict:
+               keep_inherited: tuple[str, ...] = KEEP_INHERITED, as_service: bool = False) -> dict:
     """Start every group of `specs` ({nranks, gpus, hang_rank}) at once and wait for all under
     one deadline; {ok, elapsed_s, cleanup_s, leftover, runs: [one result per group]}. A rank
     that fails ends its own group after FAIL_GRACE_S; the deadline ends every group still
@@ -312,7 +333,7 @@ def run_groups(specs: list[dict], *, nccl_env: dict[str, str], unit_env: dict[st
     python = python or sys.executable
     program = program or os.path.abspath(__file__)
     env, env_note = rank_environment(dict(os.environ if base_env is None else base_env), nccl_env, unit_env,
-                                     keep_inherited)
+                                     keep_inherited, service_user=_user_name() if as_service else None)
     env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"} if nccl_debug else {})
     own_dir = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="nccl-probe-")
@@ -523,8 +544,8 @@ def rank_main(config_path: str, rank: int) -> int:
     _mark(workdir, rank, "python")
     if cfg.get("dry_run"):
         env = {k: v for k, v in os.environ.items()
-               if k.startswith(("NCCL_", "MASTER_", "CUDA_", "TORCH_", "NVSHMEM_", "DSV4_"))
-               or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PATH")}
+               if k.startswith(("NCCL_", "MASTER_", "CUDA_", "TORCH_", "NVSHMEM_", "DSV4_", "PYTHON", "LD_"))
+               or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PATH", "HOME", "USER", "LOGNAME", "LANG")}
         if cfg.get("hang_rank") == rank:
             _mark(workdir, rank, "hang")
             # a child in the same process group: tests see the group (not only the rank) killed
@@ -648,6 +669,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--nccl-debug", action="store_true", help="add NCCL_DEBUG=INFO to report the transports NCCL chose")
     la.add_argument("--keep-env", action="append", default=[], metavar="NAME",
                     help="keep this inherited NCCL_* variable too (NCCL_NVLS_ENABLE always is)")
+    la.add_argument("--as-service", action="store_true",
+                    help="ranks start from what systemd gives a unit (PATH, HOME, USER, LOGNAME, LANG), "
+                         "not the whole inherited environment")
     la.add_argument("--json", action="store_true")
     ra = sub.add_parser("rank", help=argparse.SUPPRESS)
     ra.add_argument("--config", required=True)
@@ -688,7 +712,8 @@ def main(argv=None) -> int:
     exit_on_term()
     common = dict(nccl_env=nccl_env, unit_env=unit_env, python=args.python, sizes=sizes, dtype=args.dtype,
                   timeout_s=args.timeout, label=args.label, hang_rank=args.hang_rank, dry_run=args.dry_run,
-                  nccl_debug=args.nccl_debug, keep_inherited=KEEP_INHERITED + tuple(args.keep_env))
+                  nccl_debug=args.nccl_debug, keep_inherited=KEEP_INHERITED + tuple(args.keep_env),
+                  as_service=args.as_service)
     if groups is None:
         res = launch(nranks=args.nranks, **common)
         text = format_result(res)
