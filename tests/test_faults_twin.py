@@ -93,7 +93,7 @@ def test_gpus_that_vanish_after_the_deploy_started_end_in_a_clear_error(lab):
     """The restored release crashes at start too: the rollback fails, clearly, and says what to do."""
     row = faultlab.fault_10(lab, cases=("vanish",))
     recovered(row)
-    text = row.outputs["6 of 8 GPUs vanish at the restart"]
+    text = row.outputs["6 of 8 GPUs vanish after the preflight"]
     assert "4 needed)" in text and "NOTHING IS SERVING" in text
 
 
