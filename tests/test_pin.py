@@ -16,7 +16,8 @@ from dsv4deploy.errors import ProfileError  # noqa: E402
 from dsv4deploy.pin import PinError, insert_value, pin, replace_value  # noqa: E402
 from dsv4deploy.profiles import load_profile  # noqa: E402
 from dsv4deploy.sim.checkpoint import make_checkpoint  # noqa: E402
-from dsv4deploy.sim.hub import scan_repo, serve_hub  # noqa: E402
+from dsv4deploy.sim.hub import serve_hub  # noqa: E402
+from dsv4deploy.sim.hub_repo import scan_repo  # noqa: E402
 from hub_fixtures import no_agent_registry_fetch  # noqa: F401,E402
 
 NVFP4 = "nvidia/DeepSeek-V4-Flash-NVFP4"

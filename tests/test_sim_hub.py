@@ -29,7 +29,8 @@ from huggingface_hub.errors import (  # noqa: E402
 
 from dsv4deploy import weights_check  # noqa: E402
 from dsv4deploy.sim.checkpoint import make_checkpoint  # noqa: E402
-from dsv4deploy.sim.hub import HubFaults, scan_repo, serve_hub  # noqa: E402
+from dsv4deploy.sim.hub import HubFaults, serve_hub  # noqa: E402
+from dsv4deploy.sim.hub_repo import scan_repo  # noqa: E402
 from hub_fixtures import no_agent_registry_fetch  # noqa: F401,E402
 
 REPO = "nvidia/DeepSeek-V4-Flash-NVFP4"
@@ -113,18 +114,6 @@ def test_tree_paths_info_and_refs(hub, root):
     assert info.path == SHARD2 and info.lfs is not None
     refs = api.list_repo_refs(REPO)
     assert [(b.name, b.target_commit) for b in refs.branches] == [("main", commit)]
-
-
-def test_the_commit_follows_the_content(tmp_path):
-    folder = tmp_path / "a--b"
-    folder.mkdir()
-    (folder / "x.json").write_text("1")
-    first = scan_repo("a/b", folder).commit
-    assert scan_repo("a/b", folder).commit == first
-    (folder / "x.json").write_text("2")
-    assert scan_repo("a/b", folder).commit != first
-    (folder / ".hidden").write_text("not served")
-    assert ".hidden" not in scan_repo("a/b", folder).files
 
 
 # ---------------------------------------------------------------------------------- download
