@@ -143,6 +143,17 @@ class TwinServer:
             raise HTTPError(400, "Request body must be a JSON object")
         return body
 
+    async def _finish_group(self, group: ReqGroup) -> None:
+        """A non-streamed request's end: wait for every request of GROUP (what is unfinished is
+        aborted, whatever ends the wait), count them done, and answer 500 if one failed."""
+        try:
+            await self._wait_group(group)
+        finally:
+            group.abort_unfinished()
+        self._user_done(len(group.reqs))
+        if any(r.failed for r in group.reqs):
+            raise HTTPError(500, self._fault_message(), "InternalServerError")
+
     async def _wait_group(self, group: ReqGroup) -> None:
         while not all(r.finished for r in group.reqs):
             await group.event.wait()
@@ -380,13 +391,7 @@ class TwinServer:
                                      [self._gen_output(group, i) for i in range(len(group.reqs))])
         self._submit_group(group)
         if not stream:
-            try:
-                await self._wait_group(group)
-            finally:
-                group.abort_unfinished()
-            self._user_done(len(group.reqs))
-            if any(r.failed for r in group.reqs):
-                raise HTTPError(500, self._fault_message(), "InternalServerError")
+            await self._finish_group(group)
             outs = [self._gen_output(group, i) for i in range(len(group.reqs))]
             return web.json_response(outs if batched else outs[0])
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -491,13 +496,7 @@ class TwinServer:
         self._submit_group(group)
         stream = bool(body.get("stream"))
         if not stream:
-            try:
-                await self._wait_group(group)
-            finally:
-                group.abort_unfinished()
-            self._user_done(len(group.reqs))
-            if any(r.failed for r in group.reqs):
-                raise HTTPError(500, self._fault_message(), "InternalServerError")
+            await self._finish_group(group)
             choices = []
             for i, r in enumerate(group.reqs):
                 group.sync(i)
