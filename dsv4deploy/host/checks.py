@@ -70,8 +70,11 @@ def journal_tail(h, t: Target, lines: int = 30) -> str:
     above the tail. The server runs model code and writes its journal: what a line holds that
     is not printable (an escape sequence, a carriage return) is shown escaped."""
     _, out = sh(h, f"journalctl -u {t.unit} -n {lines} --no-pager -o cat 2>&1 || true")
-    return "\n".join(escaped(line if len(line) <= JOURNAL_LINE_MAX else f"{line[:JOURNAL_LINE_MAX]} ... ({len(line)} characters)",
-                             keep="\t") for line in out.removesuffix("\n").split("\n"))
+    return "\n".join(escaped(_cut(line), keep="\t") for line in out.removesuffix("\n").split("\n"))
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= JOURNAL_LINE_MAX else f"{line[:JOURNAL_LINE_MAX]} ... ({len(line)} characters)"
 
 
 def _authorized_curl(t: Target, path: str, data: str | None = None) -> str:

@@ -13,9 +13,9 @@ this file to a GPU host and run it with the SGLang venv's python (dsv4deploy nee
 process group. A rank's environment: the launcher's minus every inherited NCCL_* (a systemd unit
 does not inherit the operator's shell) except KEEP_INHERITED (NVLink multicast stays off where it
 was turned off); with --as-service (the deploy's probe) only what systemd gives the unit's
-process (PATH, HOME, USER, LOGNAME, LANG) and KEEP_INHERITED; + the unit's Environment= (--env), + the NCCL env file (--env-file, read as
-systemd reads EnvironmentFile=; it wins) or --nccl, + MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/
-LOCAL_RANK. With --groups, each group also gets its GPU set as CUDA_VISIBLE_DEVICES (with
+process (PATH, HOME, USER, LOGNAME, LANG) and KEEP_INHERITED; + the unit's Environment= (--env),
++ the NCCL env file (--env-file, read as systemd reads EnvironmentFile=; it wins) or --nccl,
++ MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK. With --groups, each group also gets its GPU set as CUDA_VISIBLE_DEVICES (with
 CUDA_DEVICE_ORDER=PCI_BUS_ID, as a replica's env file sets them) and its own MASTER_PORT.
 
 Rank r uses GPU r of what it sees (as SGLang places TP ranks), all-reduces each size (8 KiB to
