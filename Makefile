@@ -83,7 +83,7 @@ twin-debs: .cache/twin-debs.stamp
 
 # The control node's Python dependencies, exactly as locked (a fresh clone gets the same versions),
 # installed by uv (pinned, bootstrapped with pip under .cache; pip's own indexes, find-links, cert
-# and proxy carried over: dsv4deploy/uvpip.py), 17 s where pip takes 80. Byte-compiled at install,
+# and proxy carried over: dsv4deploy/host/uvpip.py), 17 s where pip takes 80. Byte-compiled at install,
 # as pip does: with PYTHONDONTWRITEBYTECODE=1 (these machines set it) an uncompiled venv compiles
 # pyinfra on every run (its import: 2.4 s instead of 1.3 s on a slow machine). Our own package is
 # installed editable, so nothing compiles it at install: `venv` byte-compiles it on every make (50 ms
@@ -92,7 +92,7 @@ venv: $(VENV)/.installed
 	@$(BIN)/python -m compileall -q dsv4deploy >/dev/null || echo "make: could not byte-compile dsv4deploy/ (it runs, each run compiles it)" >&2
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@python3 -m venv $(VENV) || { echo "python3 -m venv failed: on Debian/Ubuntu install python3-venv" >&2; exit 1; }
-	python3 -m dsv4deploy.uvpip install --python $(BIN)/python --compile-bytecode -c $(LOCK) -e '$(EXTRAS)'
+	python3 -m dsv4deploy.host.uvpip install --python $(BIN)/python --compile-bytecode -c $(LOCK) -e '$(EXTRAS)'
 	@touch $@
 
 # Refresh the lock: resolve pyproject.toml's ranges afresh in a throw-away venv, freeze it.
@@ -183,9 +183,9 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 # with each group's slowest tests, are printed when all are done.
 ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py
 test: twin-debs
-	@mkdir -p .cache; python3 -c 'from dsv4deploy.sim.host import prebuild_root; prebuild_root()' \
+	@mkdir -p .cache; python3 -c 'from ct200twin.host.machines import prebuild_root; prebuild_root()' \
 	  > .cache/rootfs-build.log 2>&1 &
-	@python3 -m dsv4deploy.uvpip path > /dev/null
+	@python3 -m dsv4deploy.host.uvpip path > /dev/null
 	@python3 tests/tools/sglang_parser.py prebuild > .cache/parser-build.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
 	@$(BIN)/pytest -m twin -p no:cacheprovider --durations=8 $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \

@@ -20,7 +20,7 @@
     .venv/bin/python bench/deploy_overhead.py [--profile nvfp4-ctx8k] [--runs 5] [--changes 3] [--rtt-ms 30]
 
 `--rtt-ms N`: every run reaches the twin through a relay on loopback that delays each byte by
-N/2 ms each way (`dsv4deploy/sim/link.py`), so each round trip costs what it would on a link to
+N/2 ms each way (`ct200twin/host/link.py`), so each round trip costs what it would on a link to
 a real host N ms away (the bare run pays it too).
 
 Prints figures; asserts nothing. The last line: `no-op: ratio=R commands=N`.
@@ -44,10 +44,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dsv4deploy.host.checks import PROBE_MARK  # noqa: E402
-from dsv4deploy.sim.faultlab import FAULTS  # noqa: E402
-from dsv4deploy.sim.host import SimHost  # noqa: E402
-from dsv4deploy.sim.layout import known_hosts_file  # noqa: E402
-from dsv4deploy.sim.link import DelayRelay  # noqa: E402
+from ct200twin.faultlab import FAULTS  # noqa: E402
+from ct200twin.host.machines import SimHost  # noqa: E402
+from ct200twin.host.layout import known_hosts_file  # noqa: E402
+from ct200twin.host.link import DelayRelay  # noqa: E402
 
 PYINFRA = str(REPO / ".venv" / "bin" / "pyinfra")
 SHORT_GATE = """gate:
@@ -184,7 +184,7 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         inventory = slow_link(stack, twin, args.rtt_ms) if args.rtt_ms else "inventory/sim.py"
         if args.rtt_ms:
-            print(f"every run through a relay adding {args.rtt_ms:g} ms to each round trip (dsv4deploy/sim/link.py)")
+            print(f"every run through a relay adding {args.rtt_ms:g} ms to each round trip (ct200twin/host/link.py)")
         return measure(args, twin, inventory)
 
 

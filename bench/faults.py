@@ -7,7 +7,7 @@ until a release that passed its gate served again.
     .venv/bin/python bench/faults.py [--only 1,6,12] [--keep]
 
 The first run wipes the twin's releases (venv and weights stay) and deploys nvfp4-ctx8k with its
-own gate; each fault then deploys its own variant (dsv4deploy/sim/faultlab/variants.py
+own gate; each fault then deploys its own variant (ct200twin/faultlab/variants.py
 VARIANTS: the baseline with another context length and a one-level gate) and runs the same deploy
 again once the fault is gone. "Recovered" is defined in docs/faults.md. Fault 14 deploys a replica
 set (nvfp4-ctx8k-dp2 behind smg) and strikes its gateway and a replica. Prints figures; asserts
@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dsv4deploy.sim import faultlab  # noqa: E402
-from dsv4deploy.sim.host import SimHost, down, up  # noqa: E402
+from ct200twin import faultlab  # noqa: E402
+from ct200twin.host.machines import SimHost, down, up  # noqa: E402
 
 COLUMNS = ["#", "fault", "strikes at", "what the tool did", "serving after", "history", "lost",
            "recover s", "recovered"]

@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dsv4deploy.gate import GateSpec, run_gate  # noqa: E402
 from dsv4deploy.gate.runner import local_execute, local_upload  # noqa: E402
-from dsv4deploy.profiles import load_profile  # noqa: E402
-from dsv4deploy.render import server_args  # noqa: E402
-from dsv4deploy.twin.args import VERSION_ENV  # noqa: E402
-from dsv4deploy.twin.faults import Faults  # noqa: E402
-from dsv4deploy.twin.perf import PerfConfig, simulate_bench  # noqa: E402
-from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
+from dsv4deploy.profile.load import load_profile  # noqa: E402
+from dsv4deploy.render.unit import server_args  # noqa: E402
+from ct200twin.server.args import VERSION_ENV  # noqa: E402
+from ct200twin.server.faults import Faults  # noqa: E402
+from ct200twin.server.perf import PerfConfig, simulate_bench  # noqa: E402
+from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
 
 
 def timed_gate(profile: str, context: int | None, early_stop: bool = True) -> tuple[float, object]:
@@ -85,7 +85,7 @@ def with_floors(spec: GateSpec, floors: dict[int, float]) -> GateSpec:
 def early_pass_table() -> None:
     """Each shipped profile's gate run full and with early pass on the twin: time and verdict; then
     the passing profile with floors placed 10% below and above what the twin serves at each level."""
-    from dsv4deploy.profiles import list_profiles
+    from dsv4deploy.profile.load import list_profiles
     print(f"{'profile / floors':44} {'full s':>7} {'early s':>8} {'ratio':>6}  full -> early verdict")
     for name in list_profiles():
         spec = GateSpec.from_profile(load_profile(name).data)

@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dsv4deploy.gate import GateSpec, LevelSpec, local_execute, local_upload, run_gate  # noqa: E402
-from dsv4deploy.profiles import load_profile  # noqa: E402
-from dsv4deploy.twin import perf  # noqa: E402
-from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
+from dsv4deploy.profile.load import load_profile  # noqa: E402
+from ct200twin.server import perf  # noqa: E402
+from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
 
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.1, "health_poll_seconds": 0.1}
 

@@ -30,14 +30,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dsv4deploy.layout import Layout  # noqa: E402
-from dsv4deploy.profiles import load_profile  # noqa: E402
-from dsv4deploy.replicas import plan as replica_plan  # noqa: E402
-from dsv4deploy.sim.faultlab import FAST_START, FAULTS  # noqa: E402
-from dsv4deploy.sim.faultlab.tool import Run, deploy, deploy_watching, run  # noqa: E402
-from dsv4deploy.sim.faultlab.variants import QUICK_GATE, write_profiles  # noqa: E402
-from dsv4deploy.sim.host import SimHost, up  # noqa: E402
-from dsv4deploy.sim.load import StreamingLoad, longest_gap, windows_over  # noqa: E402
+from dsv4deploy.render.layout import Layout  # noqa: E402
+from dsv4deploy.profile.load import load_profile  # noqa: E402
+from dsv4deploy.profile.replicas import plan as replica_plan  # noqa: E402
+from ct200twin.faultlab import FAST_START, FAULTS  # noqa: E402
+from ct200twin.faultlab.tool import Run, deploy, deploy_watching, run  # noqa: E402
+from ct200twin.faultlab.variants import QUICK_GATE, write_profiles  # noqa: E402
+from ct200twin.host.machines import SimHost, up  # noqa: E402
+from ct200twin.host.load import StreamingLoad, longest_gap, windows_over  # noqa: E402
 
 BASE, CHANGED = "rolling-a", "rolling-b"
 BOUND_S = 2.0        # issue 13's target: no gap between completions over 2 s

@@ -11,7 +11,7 @@ Without ``--url`` it starts one twin server per row (so rows can run in parallel
 campaign's reference argv (TP4, 0.70, decode graphs bs 32, marlin; ``--context-length 8192``
 for the last row; its ``--num-continuous-decode-steps 4`` is left out: SGLang never reads it),
 and a fake nvidia-smi when none is on PATH.
-The "model" column is dsv4deploy.twin.perf.simulate_bench (virtual time, same scheduler code).
+The "model" column is ct200twin.server.perf.simulate_bench (virtual time, same scheduler code).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dsv4deploy.twin import perf  # noqa: E402
-from dsv4deploy.twin.server import free_port, nvfp4_ctx8k_argv  # noqa: E402
+from ct200twin.server import perf  # noqa: E402
+from ct200twin.server.main import free_port, nvfp4_ctx8k_argv  # noqa: E402
 
 ROWS = [  # (label, context or None, C, campaign n, campaign tok/s, shown as)
     ("default context (~1M)", None, 1, 8, 14.0, "~14"),
@@ -89,7 +89,7 @@ class Twins:
     def start(self, context: int | None) -> str:
         port = free_port()
         log = open(self.tmp / f"server-{port}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "dsv4deploy.twin.server",
+        proc = subprocess.Popen([sys.executable, "-m", "ct200twin.server.main",
                                  *reference_argv(port, str(self.model), context)],
                                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)

@@ -6,7 +6,7 @@ Reads top to bottom like the job. The host's state is read once, in the one comm
 the host's deploy lock; every step below compares the profile with it and changes only what
 differs. Until the switch's steps, everything only reads: a bad profile or a refused preflight
 stops with nothing changed (and the lock given back). The server
-restarts only for a reason this run found (dsv4deploy/changes.py), and then a release is
+restarts only for a reason this run found (dsv4deploy/release/changes.py), and then a release is
 recorded `pending` before the switch, `deployed` or `failed` after its gate.
 """
 
@@ -17,8 +17,8 @@ from dsv4deploy.host.io import sessions_ahead
 sessions_ahead(host)        # SSH channels open one ahead: a round trip less per command
 
 from dsv4deploy import tasks  # noqa: E402
-from dsv4deploy.changes import Changes  # noqa: E402
-from dsv4deploy.rollout import rollout_for  # noqa: E402
+from dsv4deploy.release.changes import Changes  # noqa: E402
+from dsv4deploy.release.rollout import rollout_for  # noqa: E402
 
 rollout = rollout_for(host.data)                      # validate the profile, render its files
 state = tasks.read_locked(rollout, f"deploy {rollout.profile.name}")  # the host's state, one command, under

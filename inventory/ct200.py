@@ -27,7 +27,7 @@ _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from dsv4deploy.inventories import cli_data, pyinfra_cli_params, profile_data, refuse  # noqa: E402
+from dsv4deploy.cli.inventories import cli_data, pyinfra_cli_params, profile_data, refuse  # noqa: E402
 
 _INVENTORY = "inventory/ct200.py"
 _cli = pyinfra_cli_params()

@@ -21,11 +21,11 @@ _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from dsv4deploy.errors import EXIT_BAD_INPUT, EXIT_FAILED  # noqa: E402
-from dsv4deploy.inventories import profile_data, pyinfra_cli_params, refuse  # noqa: E402
-from dsv4deploy.sim import stand_ins  # noqa: E402
-from dsv4deploy.sim.host import SimError, inventory_hosts  # noqa: E402
-from dsv4deploy.sim.layout import DEFAULT_FLEET, check_fleet  # noqa: E402
+from dsv4deploy.profile.errors import EXIT_BAD_INPUT, EXIT_FAILED  # noqa: E402
+from dsv4deploy.cli.inventories import profile_data, pyinfra_cli_params, refuse  # noqa: E402
+from ct200twin.host import stand_ins  # noqa: E402
+from ct200twin.host.machines import SimError, inventory_hosts  # noqa: E402
+from ct200twin.host.layout import DEFAULT_FLEET, check_fleet  # noqa: E402
 
 _INVENTORY = "inventory/fleet-sim.py"
 _CLI = pyinfra_cli_params() is not None

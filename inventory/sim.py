@@ -17,14 +17,14 @@ _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from dsv4deploy.errors import EXIT_FAILED  # noqa: E402
-from dsv4deploy.inventories import profile_data, pyinfra_cli_params, refuse  # noqa: E402
-from dsv4deploy.sim import stand_ins  # noqa: E402
-from dsv4deploy.sim.host import SimError, inventory_hosts  # noqa: E402
+from dsv4deploy.profile.errors import EXIT_FAILED  # noqa: E402
+from dsv4deploy.cli.inventories import profile_data, pyinfra_cli_params, refuse  # noqa: E402
+from ct200twin.host import stand_ins  # noqa: E402
+from ct200twin.host.machines import SimError, inventory_hosts  # noqa: E402
 
 _INVENTORY = "inventory/sim.py"
 
-# What the twin cannot hold, and the stand-in it uses instead (dsv4deploy/sim/stand_ins.py):
+# What the twin cannot hold, and the stand-in it uses instead (ct200twin/host/stand_ins.py):
 # the SGLang twin server for SGLang with CUDA torch, the twin's nvidia-smi for the driver, no NCCL
 # probe, and a small checkpoint of the same layout (pushed over SSH, or from a local hub with
 # DSV4_SIM_HUB) for 149 GiB of weights. The profiles stay identical.

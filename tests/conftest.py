@@ -75,7 +75,7 @@ def pytest_collection_finish(session):
     parser = any(not item.get_closest_marker("twin") and not item.get_closest_marker("fleet") for item in slow)
 
     def build_root():
-        from dsv4deploy.sim import host as simhost
+        from ct200twin.host import machines as simhost
         with simhost._locked():                 # `up` waits on the same lock, then finds it built
             simhost.ensure_rootfs()
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from dsv4deploy.sim import host as simhost
-from dsv4deploy.twin.faults import DEFAULT_PATH as TWIN_FAULTS
+from ct200twin.host import machines as simhost
+from ct200twin.server.faults import DEFAULT_PATH as TWIN_FAULTS
 
 NOT_ROOT = os.geteuid() != 0
 NOT_ROOT_REASON = "the CT200 twin needs root (debootstrap, systemd-nspawn); CI runs as root"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dsv4deploy.cli import main
+from dsv4deploy.cli.main import main
 
 
 def run(*args, env=None):

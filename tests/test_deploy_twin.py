@@ -16,10 +16,10 @@ import pytest
 
 from sim_fixtures import sim_twin  # noqa: F401
 
-from dsv4deploy.patches import MASK_SECRETS_PATCH as MASK
+from dsv4deploy.sglang.patches import MASK_SECRETS_PATCH as MASK
 
-from dsv4deploy.sim.faultlab import (FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, changed_ops, deploy,  # noqa: F401
-                                     health, live_venv, main_pid, releases, run, served_context)
+from ct200twin.faultlab import (FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, changed_ops, deploy, health,
+                                live_venv, main_pid, releases, run, served_context)
 
 pytestmark = pytest.mark.slow
 
@@ -200,7 +200,7 @@ def test_sglangs_own_parser_refuses_an_argv_the_twins_parser_would_pass(twin, pr
     assert "usage: sglang serve" not in text
     assert changed_ops(text) == [] and len(releases(twin)) == count and main_pid(twin) == pid
     venv = live_venv(twin)
-    passes = twin.run(f"{venv}/bin/python -m dsv4deploy.twin.args --model-path m --attention-backend bogus", check=False)
+    passes = twin.run(f"{venv}/bin/python -m ct200twin.server.args --model-path m --attention-backend bogus", check=False)
     assert passes.returncode == 0, "the twin's parser has no choices: only SGLang's own catches this"
     # that verdict came from the parser table an earlier check captured in the venv; without the
     # table SGLang is imported, says the same, and captures it again
@@ -243,7 +243,7 @@ def test_stale_server_on_the_port_is_detected(twin):
     twin.write_file("/etc/dsv4deploy-twin/stale.json", json.dumps({"stale_model_path": "/srv/old-model"}))
     twin.run("systemd-run --unit stale-sglang -E DSV4_TWIN_FAULTS=/etc/dsv4deploy-twin/stale.json "
              f"-E PATH=/usr/bin:/bin {live_venv(twin)}/bin/python "
-             "-m dsv4deploy.twin.server --model-path /srv/old-model --port 30000")
+             "-m ct200twin.server.main --model-path /srv/old-model --port 30000")
     try:
         for _ in range(50):
             if health(twin) == "200":
@@ -302,13 +302,13 @@ def test_a_sha256_mismatch_in_a_patch_is_refused_before_any_change(twin, profile
 def test_the_085_profile_forced_past_validation_crashes_at_graph_capture(twin, profiles):
     """The validator refuses TP4 at 0.85 with decode graphs up to 32; forced onto the twin as a
     unit anyway, the server OOMs at CUDA-graph capture, as the campaign's did."""
-    from dsv4deploy.profiles import load_profile
-    from dsv4deploy.render import render
+    from dsv4deploy.profile.load import load_profile
+    from dsv4deploy.render.unit import render
 
     (profiles / "oom085.yaml").write_text("extends: nvfp4-ctx8k\nserver:\n  mem_fraction_static: 0.85\n  port: 30085\n")
     os.environ["DSV4_PROFILES_DIR"] = str(profiles)
     try:
-        argv = render(load_profile("oom085"), module="dsv4deploy.twin.server").argv
+        argv = render(load_profile("oom085"), module="ct200twin.server.main").argv
     finally:
         del os.environ["DSV4_PROFILES_DIR"]
     twin.run("systemctl reset-failed oom085 2>/dev/null", check=False)

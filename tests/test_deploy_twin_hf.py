@@ -1,5 +1,5 @@
 """`source: hf` on the CT200 twin, through the real huggingface_hub download code: a local hub
-(dsv4deploy.sim.hub) serves the stand-in checkpoint, the profile is pinned against it with
+(ct200twin.host.hub) serves the stand-in checkpoint, the profile is pinned against it with
 `dsv4deploy pin`, and the deploy downloads, verifies every file by size and sha256, and never
 downloads a complete checkpoint again. A corrupted byte from the hub fails the deploy before any
 restart; a connection cut mid-file is retried within the run.
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from dsv4deploy.sim.checkpoint import CHECKPOINTS, make_checkpoint
-from dsv4deploy.sim.hub import HubFaults, serve_hub
+from ct200twin.host.checkpoint import CHECKPOINTS, make_checkpoint
+from ct200twin.host.hub import HubFaults, serve_hub
 from sim_fixtures import sim_twin  # noqa: F401
 from test_deploy_twin import FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, changed_ops, main_pid, run
 

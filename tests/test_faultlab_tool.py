@@ -1,4 +1,4 @@
-"""The fault lab's strike (dsv4deploy/sim/faultlab/tool.py): a fault struck with the deploy
+"""The fault lab's strike (ct200twin/faultlab/tool.py): a fault struck with the deploy
 paused lands before the deploy's next command, however slow the machine."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.sim.faultlab.tool import while_paused
+from ct200twin.faultlab.tool import while_paused
 
 
 def _state(pid: int) -> str:

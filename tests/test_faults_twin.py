@@ -5,7 +5,7 @@ crash mid-gate, stale server, too few GPUs are there), one test each, from a goo
 Every test asserts what an operator sees: the exit and the message, the release serving after the
 same deploy is run again, a history with nothing pending and nothing `deployed` that did not pass
 its gate, earlier releases' files intact, and no process of ours left on the host
-(dsv4deploy/sim/faultlab/recovered.py judges all of it: `Row.recovered`, `Row.why_not`).
+(ct200twin/faultlab/recovered.py judges all of it: `Row.recovered`, `Row.why_not`).
 
 They run on an isolated twin (`sim up --fleet lab`, its own network namespace, shared with the
 replica tests) in `make test`'s isolated-twin process; the reboot (fault 12) last, as it boots the
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4deploy.sim import faultlab
-from dsv4deploy.sim import host as simhost
+from ct200twin import faultlab
+from ct200twin.host import machines as simhost
 from sim_fixtures import LAB_ENV, LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]

@@ -1,12 +1,12 @@
-"""The flag table (dsv4deploy/flags.py) drives both sides: what the renderer writes and what the
+"""The flag table (dsv4deploy/sglang/flags.py) drives both sides: what the renderer writes and what the
 validator refuses in extra_args are the same spellings."""
 
 from __future__ import annotations
 
-from dsv4deploy.flags import MANAGED_FLAGS, flag, flag_owner
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.render import server_args
-from dsv4deploy.validate import validate
+from dsv4deploy.sglang.flags import MANAGED_FLAGS, flag, flag_owner
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.render.unit import server_args
+from dsv4deploy.profile.validate import validate
 
 
 def test_every_flag_the_renderer_writes_is_managed_by_its_profile_key():

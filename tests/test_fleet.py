@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy import cli, fleet
-from dsv4deploy.errors import ProfileError
-from dsv4deploy.sim import host_env, layout, netns, proxy, proxyctl
-from dsv4deploy.sim.errors import SimError
-from dsv4deploy.sim.twin_host import SimHost, existing_hosts
+from dsv4deploy.cli import main as cli, fleet
+from dsv4deploy.profile.errors import ProfileError
+from ct200twin.host import host_env, layout, netns, proxy, proxyctl
+from ct200twin.host.errors import SimError
+from ct200twin.host.twin_host import SimHost, existing_hosts
 
 SIM = {"stand_ins": {"sglang": {}}, "weights_source": {"type": "rsync"}}
 
@@ -336,7 +336,7 @@ def test_stop_never_signals_a_process_its_record_does_not_match(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         record = tmp_path / "proxy.json"
-        from dsv4deploy.sim.processes import _proc_stat
+        from ct200twin.host.processes import _proc_stat
         start = _proc_stat(sleeper.pid)[1]
         # Popen returns when exec closes its close-on-exec pipe, which the kernel does before it
         # lays out the new argv: under load /proc/PID/cmdline reads empty for a few ms (CI saw it)
@@ -443,7 +443,7 @@ def test_an_isolated_twin_is_pointed_at_its_proxy(tmp_path):
 
 
 def test_the_sim_commands_take_a_fleet(sim_dir, monkeypatch, capsys):
-    from dsv4deploy.sim import cli as simcli
+    from ct200twin import cli as simcli
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert simcli.main(["sim", "up", "--fleet", "twin"]) == 2
     assert "not 'twin'" in capsys.readouterr().err

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from dsv4deploy.sim import faultlab
-from dsv4deploy.sim import host as simhost
+from ct200twin import faultlab
+from ct200twin.host import machines as simhost
 from sim_fixtures import NOT_ROOT, NOT_ROOT_REASON
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]

@@ -9,10 +9,10 @@ import time
 from dsv4deploy.gate.result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED
 from dsv4deploy.gate.runner import local_execute, local_upload, run_gate
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.twin import perf
-from dsv4deploy.twin.faults import Faults
-from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
+from dsv4deploy.profile.load import load_profile
+from ct200twin.server import perf
+from ct200twin.server.faults import Faults
+from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv
 
 import pytest
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy import gateway
+from dsv4deploy.gateway import model as gateway
 from dsv4deploy.gate import client, split
 from dsv4deploy.gate.result import GateResult, LevelResult
 from dsv4deploy.gate.runner import GateOutcome
@@ -20,8 +20,8 @@ from dsv4deploy.gate.spec import GateSpec, LevelSpec
 from dsv4deploy.gate.verdict import judge
 from dsv4deploy.host import gate as host_gate
 from dsv4deploy.host import replicas as hr
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.rollout import Target
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.release.rollout import Target
 from dsv4deploy.tasks import replicas as tr
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smg"

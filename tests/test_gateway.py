@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy import gateway
-from dsv4deploy.gateway import GatewayError
+from dsv4deploy.gateway import model as gateway
+from dsv4deploy.gateway.model import GatewayError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smg"
 GW = "http://127.0.0.1:30000"
@@ -275,8 +275,8 @@ def test_readmit_reports_any_other_refusal():
 
 
 def test_the_venv_is_named_by_release_and_lock_and_installs_under_the_lock():
-    from dsv4deploy.render import render
-    from dsv4deploy.profiles import load_profile
+    from dsv4deploy.render.unit import render
+    from dsv4deploy.profile.load import load_profile
 
     inst = gateway.venv_install("1.13.0")
     assert inst.spec == "smg==1.13.0" and inst.pip_args == ["-c", f"{inst.venv}/dsv4deploy.lock"]
@@ -319,7 +319,7 @@ def test_a_refused_connection_through_the_hosts_program_reads_as_refused():
 
 
 def test_strays_are_the_workers_no_replica_of_the_set_answers_for():
-    from dsv4deploy.gateway import Worker
+    from dsv4deploy.gateway.model import Worker
     workers = [Worker(id="a", url="http://127.0.0.1:31101", status="ready", healthy=False, load=0),
                Worker(id="b", url="http://127.0.0.1:30001", status="ready", healthy=True, load=0)]
     assert [w.id for w in gateway.strays(workers, ["http://127.0.0.1:30001/", "http://127.0.0.1:30002"])] == ["a"]

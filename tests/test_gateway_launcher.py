@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy import gateway_launcher as gl
+from dsv4deploy.gateway import launcher as gl
 
 LAUNCHER = Path(gl.__file__)
 KEY = "sk-launcher-test-0123456789"

@@ -1,4 +1,4 @@
-"""dsv4deploy.gateway against the real smg binary, in front of two local twin servers on loopback:
+"""dsv4deploy.gateway.model against the real smg binary, in front of two local twin servers on loopback:
 the drain a rolling update runs lets an in-flight stream finish, and readmit brings the replica
 back. Opt-in: needs a venv with smg (DSV4_SMG_PYTHON=.cache/smg-venv/bin/python; see
 tests/tools/smg_measure.py for how it was made); skipped otherwise."""
@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import requests
 
-from dsv4deploy import gateway
-from dsv4deploy.twin.server import LocalTwin, free_port, nvfp4_ctx8k_argv
+from dsv4deploy.gateway import model as gateway
+from ct200twin.server.main import LocalTwin, free_port, nvfp4_ctx8k_argv
 
 SMG_PYTHON = os.environ.get("DSV4_SMG_PYTHON")
 # Not marked slow: that marker starts the twin/parser prebuilds (tests/conftest.py), which this needs neither of.
 pytestmark = pytest.mark.skipif(not SMG_PYTHON, reason="DSV4_SMG_PYTHON (a python with smg installed) not set")
 KEY = "sk-live-test-5d1c0e7a"
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}
-LAUNCHER = Path(gateway.__file__).with_name("gateway_launcher.py")
+LAUNCHER = Path(gateway.__file__).with_name("launcher.py")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dsv4deploy.health import HealthError, Observation, identity_problems, wait_healthy
+from dsv4deploy.sglang.health import HealthError, Observation, identity_problems, wait_healthy
 
 
 def obs(http=0, active="active", sub="running", pid=100, restarts=0):

@@ -12,12 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dsv4deploy import layout
-from dsv4deploy.health import HealthError
+from dsv4deploy.render import layout
+from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.host import checks
 from dsv4deploy.host.checks import PROBE_MARK, probe_command, probe_problems
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.rollout import Target
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.release.rollout import Target
 
 KEY = "sk-probe-test"
 

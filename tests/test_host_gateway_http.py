@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dsv4deploy import gateway
+from dsv4deploy.gateway import model as gateway
 from dsv4deploy.host.gateway_http import KEY, parse_answer, request_command
 
 SECRET = "k3y-Abc_123"

@@ -15,7 +15,12 @@ from dsv4deploy.host import HOST_PROGRAM_MARK, HOST_PROGRAMS
 PKG = Path(__file__).resolve().parent.parent / "dsv4deploy"
 
 
-@pytest.mark.parametrize("rel", HOST_PROGRAMS)
+# the twin's own host program (its nvidia-smi) follows the same convention
+TWIN_PROGRAMS = ("host/nvidia_smi.py",)
+TWIN = PKG.parent / "ct200twin"
+
+
+@pytest.mark.parametrize("rel", HOST_PROGRAMS + tuple(f"../ct200twin/{p}" for p in TWIN_PROGRAMS))
 def test_host_program_is_marked_and_stdlib_only(rel):
     text = (PKG / rel).read_text()
     head = text.splitlines()[:2]
@@ -33,7 +38,7 @@ def test_host_program_is_marked_and_stdlib_only(rel):
             top = name.split(".")[0]
             # torch is imported inside the NCCL probe's ranks only, sglang inside the launch check's
             # fallback only (both run in the SGLang venv)
-            if (rel, top) in (("preflight/nccl_probe.py", "torch"), ("launch_parser.py", "sglang")):
+            if (rel, top) in (("preflight/nccl_probe.py", "torch"), ("sglang/launch_parser.py", "sglang")):
                 continue
             assert top in sys.stdlib_module_names or top == "__future__", f"{rel}:{node.lineno}: imports {name}"
 

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from dsv4deploy.health import HealthError
+from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.host import replicas as hr
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.rollout import Target
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.release.rollout import Target
 
 
 class FakeHost:

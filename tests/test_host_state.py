@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import hashlib
 
-from dsv4deploy.changes import Changes
+from dsv4deploy.release.changes import Changes
 from dsv4deploy.host.state import HostState, managed_paths, queries
-from dsv4deploy.rollout import rollout_for
+from dsv4deploy.release.rollout import rollout_for
 from dsv4deploy.tasks.plan import plan_lines
 from dsv4deploy.tasks.service import files_differ, unit_files
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.cli import main
-from dsv4deploy.patches import MASK_SECRETS_PATCH
+from dsv4deploy.cli.main import main
+from dsv4deploy.sglang.patches import MASK_SECRETS_PATCH
 
 BASE = "extends: nvfp4-ctx8k\n"
 # the shipped profiles carry an API key, which needs the mask patch next to any other patch

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy import inventories
-from dsv4deploy.errors import rerun_with
+from dsv4deploy.cli import inventories
+from dsv4deploy.profile.errors import rerun_with
 from dsv4deploy.host.connect import describe
-from dsv4deploy.validate import PLACEHOLDER_REVISION
+from dsv4deploy.profile.validate import PLACEHOLDER_REVISION
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / ".venv" / "bin"
@@ -416,7 +416,7 @@ def test_placeholder_is_an_error_only_without_a_weights_stand_in(pinned, monkeyp
 def test_rollout_for_refuses_the_placeholder_without_a_weights_source():
     from pyinfra.api import DeployError
 
-    from dsv4deploy.rollout import rollout_for
+    from dsv4deploy.release.rollout import rollout_for
 
     with pytest.raises(DeployError, match="placeholder revision"):
         rollout_for({"profile": "nvfp4-ctx8k"})
@@ -480,7 +480,7 @@ def test_describe_never_breaks():
 def test_rerun_messages_name_the_make_form():
     assert rerun_with("allow_reboot=true", "deploy PROFILE=p") == (
         'run again with --data allow_reboot=true (through make: make deploy PROFILE=p ARGS="--data allow_reboot=true")')
-    from dsv4deploy.errors import make_target
+    from dsv4deploy.profile.errors import make_target
 
     assert make_target("deploy nvfp4-ctx8k") == "deploy PROFILE=nvfp4-ctx8k" and make_target("rollback") == "rollback"
     for path in (REPO / "dsv4deploy" / "tasks").glob("*.py"):

@@ -1,4 +1,4 @@
-"""The launch check's parser table (dsv4deploy/launch_parser.py) on a parser made here, no SGLang:
+"""The launch check's parser table (dsv4deploy/sglang/launch_parser.py) on a parser made here, no SGLang:
 captured once by the check that imports the real parser, then used for the next argv (same
 verdict, same message), not used when the venv's key changed or the file is damaged, and handing
 any argv that touches a flag it cannot rebuild to the real parser. Against SGLang's own parser:
@@ -15,7 +15,7 @@ import stat
 import pytest
 import yaml
 
-from dsv4deploy import launch_parser as lp
+from dsv4deploy.sglang import launch_parser as lp
 
 
 def size(value: str) -> int:

@@ -1,4 +1,4 @@
-"""The launch check's captured parser (dsv4deploy/launch_parser.py) against SGLang 0.5.23's own, in
+"""The launch check's captured parser (dsv4deploy/sglang/launch_parser.py) against SGLang 0.5.23's own, in
 the CPU parser venv (tests/tools/sglang_parser.py): every shipped profile's rendered argv, and for
 every flag of the 532 argparse actions SGLang defines, the flag bare and with a handful of values
 (good and bad), must get the same verdict and the same message from both, or be handed to SGLang's
@@ -17,13 +17,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 import sglang_parser  # noqa: E402
 
-from dsv4deploy.profiles import list_profiles, load_profile  # noqa: E402
-from dsv4deploy.render import server_args  # noqa: E402
+from dsv4deploy.profile.load import list_profiles, load_profile  # noqa: E402
+from dsv4deploy.render.unit import server_args  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
-PROGRAM = REPO / "dsv4deploy" / "launch_parser.py"
+PROGRAM = REPO / "dsv4deploy" / "sglang" / "launch_parser.py"
 COMPARE = REPO / "tests" / "tools" / "launch_parser_compare.py"
 VERSION = "0.5.23"
 VALUES = ["x", "1", "0", "-1", "1.5", "128k", "1.5Ki", "[1, 2]", '{"a": 1}', "None", ""]

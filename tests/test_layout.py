@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4deploy.layout import venv_id
+from dsv4deploy.render.layout import venv_id
 
 
 def test_plain_pypi_venvs_keep_their_patch_set_name():
@@ -24,9 +24,9 @@ def test_extras_index_urls_and_the_lock_change_the_name():
 def test_the_0523_lock_pins_what_sglang_pins():
     """The lock holds the venv's whole closure, each `name==version`, agreeing with the wheel's
     own pins (torch and flashinfer for CUDA 13); it names the venv."""
-    from dsv4deploy.profiles import load_profile
-    from dsv4deploy.layout import Layout
-    from dsv4deploy.sglang_versions import lock_file, lock_sha256
+    from dsv4deploy.profile.load import load_profile
+    from dsv4deploy.render.layout import Layout
+    from dsv4deploy.sglang.versions import lock_file, lock_sha256
 
     lines = [line for line in lock_file("0.5.23").read_text().splitlines() if line and not line.startswith("#")]
     pins = dict(line.split("==", 1) for line in lines)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4deploy import catalog
-from dsv4deploy.memory import budget
+from dsv4deploy.profile import catalog
+from dsv4deploy.profile.memory import budget
 
 RTX = catalog.gpu("rtx-pro-6000-blackwell")
 FLASH = catalog.model("nvidia/DeepSeek-V4-Flash-NVFP4")

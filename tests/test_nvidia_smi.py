@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.sim import nvidia_smi as smi
+from ct200twin.host import nvidia_smi as smi
 
 SCRIPT = Path(smi.__file__)
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"

@@ -1,4 +1,4 @@
-"""dsv4deploy/op_order.py gives pyinfra's own operation order, from the same stacks."""
+"""dsv4deploy/host/op_order.py gives pyinfra's own operation order, from the same stacks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyinfra
 import pytest
 from pyinfra.api.util import PYINFRA_INSTALL_DIR, get_operation_order_from_stack
 
-from dsv4deploy import op_order
+from dsv4deploy.host import op_order
 
 operation = importlib.import_module("pyinfra.api.operation")
 

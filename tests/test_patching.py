@@ -1,4 +1,4 @@
-"""dsv4deploy.patching: the commands the venv step sends to apply a patch, run here with `sh -c`
+"""dsv4deploy.sglang.patching: the commands the venv step sends to apply a patch, run here with `sh -c`
 (as pyinfra runs them) on small trees: all or nothing, idempotent, quoted."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy import patching
+from dsv4deploy.sglang import patching
 from dsv4deploy.host.facts import PatchApplied
 
 A = "line 1\nline 2\nline 3\nline 4\nline 5\n"

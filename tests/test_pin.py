@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("huggingface_hub")
 
-from dsv4deploy.errors import ProfileError  # noqa: E402
-from dsv4deploy.pin import PinError, insert_value, pin, replace_value  # noqa: E402
-from dsv4deploy.profiles import load_profile  # noqa: E402
-from dsv4deploy.sim.checkpoint import make_checkpoint  # noqa: E402
-from dsv4deploy.sim.hub import serve_hub  # noqa: E402
-from dsv4deploy.sim.hub_repo import scan_repo  # noqa: E402
+from dsv4deploy.profile.errors import ProfileError  # noqa: E402
+from dsv4deploy.cli.pin import PinError, insert_value, pin, replace_value  # noqa: E402
+from dsv4deploy.profile.load import load_profile  # noqa: E402
+from ct200twin.host.checkpoint import make_checkpoint  # noqa: E402
+from ct200twin.host.hub import serve_hub  # noqa: E402
+from ct200twin.host.hub_repo import scan_repo  # noqa: E402
 from hub_fixtures import no_agent_registry_fetch  # noqa: F401,E402
 
 NVFP4 = "nvidia/DeepSeek-V4-Flash-NVFP4"
@@ -172,7 +172,7 @@ def test_a_profile_that_would_be_invalid_is_refused_unchanged(hub, profile_dir, 
     assert "fix it first" in str(err.value) and unchanged(profile_dir, before)
     assert hub.request_log() == [], "an invalid profile is refused before the hub is asked"
     # A hub answering a sha that is not a commit: the validator refuses it, nothing is written.
-    monkeypatch.setattr("dsv4deploy.pin.resolve_commit", lambda *a, **k: "main")
+    monkeypatch.setattr("dsv4deploy.cli.pin.resolve_commit", lambda *a, **k: "main")
     with pytest.raises(PinError) as err:
         pin("fp8-ctx1m-baseline")
     assert err.value.exit_code == 2 and "model.revision" in str(err.value) and unchanged(profile_dir, before)

@@ -6,7 +6,7 @@ never skipped). Its ``sglang`` package is copied into temp dirs (checked file by
 wheel's RECORD; the shared cache is never touched). The venv step's own code applies the patch:
 ``dsv4deploy.tasks.venv.patch_applied`` (the pyinfra operation, its body called with a host
 stand-in that runs its PatchApplied fact here) yields the command, which runs here with ``sh -c``
-as pyinfra runs it on the host. Both come from dsv4deploy.patching.
+as pyinfra runs it on the host. Both come from dsv4deploy.sglang.patching.
 
 Shown:
 - the backport goes in on the first run (exactly the seven files of the diff change, no
@@ -42,8 +42,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 import sglang_parser  # noqa: E402
 
-from dsv4deploy import patching  # noqa: E402
-from dsv4deploy.patches import PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM  # noqa: E402
+from dsv4deploy.sglang import patching  # noqa: E402
+from dsv4deploy.sglang.patches import PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM  # noqa: E402
 from dsv4deploy.host import ops  # noqa: E402
 from dsv4deploy.host.facts import PatchApplied  # noqa: E402
 

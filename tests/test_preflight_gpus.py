@@ -13,11 +13,11 @@ from dsv4deploy.preflight import (QUERY_FIELDS, QUERY_FIELDS_MIG, GpuInfo, Nvidi
                                   check_gpus, driver_branch, format_table, parse_query,
                                   profile_expectations, query_args)
 from dsv4deploy.preflight.cli import main
-from dsv4deploy.profiles import load_profile
+from dsv4deploy.profile.load import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "nvidia-smi"
-SIM = REPO / "dsv4deploy" / "sim" / "nvidia_smi.py"
+SIM = REPO / "ct200twin" / "host" / "nvidia_smi.py"
 H200_UUIDS = ["GPU-13ce07fd-e804-9dcd-ccd5-fbb085353f39", "GPU-7faec530-f63c-e1d2-cc62-56a890ff514c"]
 
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.flags import MANAGED_ENV
-from dsv4deploy.layout import Layout
-from dsv4deploy.nccl import PRESETS, nccl_environment, render_env_file
+from dsv4deploy.sglang.flags import MANAGED_ENV
+from dsv4deploy.render.layout import Layout
+from dsv4deploy.render.nccl import PRESETS, nccl_environment, render_env_file
 from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_groups, format_result, launch,
                                   probe_argv, rank_environment, read_env_file)
 from dsv4deploy.preflight import nccl_probe as P
 from dsv4deploy.preflight.cli import main
-from dsv4deploy.profiles import load_profile
+from dsv4deploy.profile.load import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "nccl"

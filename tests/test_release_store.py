@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from pyinfra.api import DeployError
 
-from dsv4deploy import releases
+from dsv4deploy.release import records as releases
 from dsv4deploy.host.io import sh
 from dsv4deploy.host.release_store import LockCallback, ReleaseStore, RollbackError, release_write_command
-from dsv4deploy.layout import Layout
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.releases import Release
+from dsv4deploy.render.layout import Layout
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.release.records import Release
 from dsv4deploy.tasks import rollback
 
 FIXTURES = Path(__file__).parent / "fixtures" / "releases"
@@ -781,7 +781,7 @@ def test_a_manual_rollback_that_fails_after_its_switch_puts_the_release_that_ser
     """`make rollback TO=1` put 0001's files in place and its server never became healthy: the
     release that served before (0002) comes back as a new entry, probed, so the host ends where it
     was; the failed attempt stays in the history."""
-    from dsv4deploy.health import HealthError
+    from dsv4deploy.sglang.health import HealthError
     store = ReleaseStore(h, str(tmp_path / "releases"))
     monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)

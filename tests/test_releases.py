@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4deploy import releases as rel
+from dsv4deploy.release import records as rel
 
 
 def record(n, status, sha="s"):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.layout import Layout
-from dsv4deploy.profiles import list_profiles, load_profile
-from dsv4deploy.render import render, server_args, systemd_exec, systemd_word
+from dsv4deploy.render.layout import Layout
+from dsv4deploy.profile.load import list_profiles, load_profile
+from dsv4deploy.render.unit import render, server_args, systemd_exec, systemd_word
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -124,8 +124,8 @@ def test_unit_runs_as_service_user_with_long_start_timeout():
 
 def test_the_twin_swaps_only_the_module():
     real = render(load_profile("nvfp4-ctx8k")).argv
-    twin = render(load_profile("nvfp4-ctx8k"), module="dsv4deploy.twin.server").argv
-    assert real[2] == "sglang.launch_server" and twin[2] == "dsv4deploy.twin.server"
+    twin = render(load_profile("nvfp4-ctx8k"), module="ct200twin.server.main").argv
+    assert real[2] == "sglang.launch_server" and twin[2] == "ct200twin.server.main"
     assert real[:2] + real[3:] == twin[:2] + twin[3:]
 
 

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsv4deploy import gateway, unitcheck
-from dsv4deploy.errors import ProfileError
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.render import render
-from dsv4deploy.render_replicas import instance_specifiers
-from dsv4deploy.unitcheck import SyntaxProblem, env_file, exec_argv, unit_directives
-from dsv4deploy.validate import validate
+from dsv4deploy.gateway import model as gateway
+from dsv4deploy.render import unitcheck
+from dsv4deploy.profile.errors import ProfileError
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.render.unit import render
+from dsv4deploy.render.replicas import instance_specifiers
+from dsv4deploy.render.unitcheck import SyntaxProblem, env_file, exec_argv, unit_directives
+from dsv4deploy.profile.validate import validate
 
 DP2 = "nvfp4-ctx8k-dp2"
 
@@ -110,7 +111,7 @@ def test_no_key_anywhere_but_credentials(profile_dir):
 def test_the_gateway_runs_the_shipped_launcher_and_a_change_to_it_changes_the_manifest():
     rendered = render(load_profile(DP2))
     launcher = rendered.files[rendered.gateway.launcher]
-    assert launcher == open(gateway.__file__.replace("gateway.py", "gateway_launcher.py")).read()
+    assert launcher == open(gateway.__file__.replace("model.py", "launcher.py")).read()
     manifest = json.loads(rendered.manifest)
     assert rendered.gateway.launcher in manifest["files"]
     assert manifest["endpoint"] == {"host": "127.0.0.1", "port": 30000}

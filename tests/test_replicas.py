@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4deploy import replicas
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.validate import validate
+from dsv4deploy.profile import replicas
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.profile.validate import validate
 
 DP2 = "extends: nvfp4-ctx8k\n"
 
@@ -157,7 +157,7 @@ def test_loopback(host, loop):
 def test_a_replica_set_rollout_targets_the_gateway_and_each_instance():
     """The rollout of a replicas profile is a set: users reach it through the gateway, each replica
     on its own port and unit; a profile without replicas keeps its single unit."""
-    from dsv4deploy.rollout import rollout_for
+    from dsv4deploy.release.rollout import rollout_for
 
     t = rollout_for({"profile": "nvfp4-ctx8k-dp2", "weights_source": {"type": "hf"}}).target
     assert t.is_set and t.unit == "sglang-gateway.service" and t.base_url == "http://127.0.0.1:30000"
@@ -170,8 +170,8 @@ def test_a_replica_set_rollout_targets_the_gateway_and_each_instance():
 
 def test_a_set_rolls_only_when_every_replica_keeps_its_address_and_its_gpus():
     import copy
-    from dsv4deploy.profiles import load_profile
-    from dsv4deploy.replicas import roll_problem
+    from dsv4deploy.profile.load import load_profile
+    from dsv4deploy.profile.replicas import roll_problem
     base = load_profile("nvfp4-ctx8k-dp2").data
     assert roll_problem(base, copy.deepcopy(base)) is None
     moved = copy.deepcopy(base)

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from dsv4deploy.sim import faultlab
+from ct200twin import faultlab
 from sim_fixtures import LAB_ENV, LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
@@ -76,13 +76,13 @@ def argv_context(twin, unit: str) -> int:
 
 
 class Load:
-    """dsv4deploy.sim.load inside the twin's network namespace: streaming requests on the gateway
+    """ct200twin.host.load inside the twin's network namespace: streaming requests on the gateway
     until stop(), then its figures (sent, completed, failed, errors)."""
 
     def __init__(self, twin):
         key = twin.run("cat /etc/dsv4deploy/secrets/sglang-api-key").stdout.strip()
         python = str(faultlab.REPO / ".venv" / "bin" / "python")
-        self.p = subprocess.Popen(["ip", "netns", "exec", twin.net()["netns"], python, "-m", "dsv4deploy.sim.load",
+        self.p = subprocess.Popen(["ip", "netns", "exec", twin.net()["netns"], python, "-m", "ct200twin.host.load",
                                    "--url", GATEWAY, "--concurrency", "8", "--input-len", "64", "--output-len", "64",
                                    "--stagger-s", "2", "--key-stdin"], cwd=faultlab.REPO, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from dsv4deploy.patches import MASK_SECRETS_PATCH as MASK
-from dsv4deploy.sim import faultlab
-from dsv4deploy.sim.faultlab import FAST_START, FAULTS, QUICK_GATE, changed_ops, health, releases, served_context
+from dsv4deploy.sglang.patches import MASK_SECRETS_PATCH as MASK
+from ct200twin import faultlab
+from ct200twin.faultlab import FAST_START, FAULTS, QUICK_GATE, changed_ops, health, releases, served_context
 from sim_fixtures import ROLLBACK_ENV, rollback_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]

@@ -16,12 +16,12 @@ import shlex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsv4deploy.errors import ProfileError
-from dsv4deploy.nccl import env_file_value
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.render import render, systemd_env, systemd_exec, unit_specifiers
-from dsv4deploy.unitcheck import env_file, environment_assignments, exec_argv, split_words, unit_directives
-from dsv4deploy.validate import validate
+from dsv4deploy.profile.errors import ProfileError
+from dsv4deploy.render.nccl import env_file_value
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.render.unit import render, systemd_env, systemd_exec, unit_specifiers
+from dsv4deploy.render.unitcheck import env_file, environment_assignments, exec_argv, split_words, unit_directives
+from dsv4deploy.profile.validate import validate
 
 SPECIAL = list("\n\r\t\x00\x0b\x0c\x1b\x7f\x85\xa0\u2028\u2029\u202e\ufeff\"'\\$%;#=` {}[]:,&*!|>@-") + [
     "$$", "%%", "%n", "%d", "${X}", "$X", "\\n", "\\x41", "--", "-h", "é", "日本", "\U0001f600"]

@@ -27,7 +27,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 import sglang_parser  # noqa: E402
 
-from dsv4deploy import patches  # noqa: E402
+from dsv4deploy.sglang import patches  # noqa: E402
 from dsv4deploy.host.facts import PatchApplied  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 import sglang_parser  # noqa: E402
 
-from dsv4deploy.sglang_versions import facts  # noqa: E402
+from dsv4deploy.sglang.versions import facts  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -62,12 +62,12 @@ CONTROLS = {
 def _renderer():
     """The project's renderer API, or a failure that says what is missing (never a skip)."""
     try:
-        from dsv4deploy.profiles import list_profiles, load_profile
-        from dsv4deploy.render import server_args
+        from dsv4deploy.profile.load import list_profiles, load_profile
+        from dsv4deploy.render.unit import server_args
     except ImportError as exc:  # pragma: no cover - only while the renderer is being written
         pytest.fail("the renderer API this test checks is missing: need "
-                    "`from dsv4deploy.profiles import load_profile, list_profiles` and "
-                    f"`from dsv4deploy.render import server_args` ({exc})", pytrace=False)
+                    "`from dsv4deploy.profile.load import load_profile, list_profiles` and "
+                    f"`from dsv4deploy.render.unit import server_args` ({exc})", pytrace=False)
     return list_profiles, load_profile, server_args
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.sim import cli as simcli
-from dsv4deploy.sim import host as simhost
+from ct200twin import cli as simcli
+from ct200twin.host import machines as simhost
 from sim_fixtures import needs_root, sim_twin  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def test_a_twin_with_a_fault_file_is_named_at_up(tmp_path, monkeypatch, caplog):
     twin = simhost.SimHost(1)
     faults = twin.root / "etc/dsv4deploy-twin/faults.json"
     faults.parent.mkdir(parents=True)
-    with caplog.at_level("WARNING", logger="dsv4deploy.sim"):
+    with caplog.at_level("WARNING", logger="ct200twin.host"):
         simhost._warn_faults(twin)
         assert caplog.records == []
         faults.write_text('{"load_seconds": 0.5,\n "warmup_seconds": 0.3}\n')
@@ -67,7 +67,7 @@ def test_a_fault_file_planted_as_a_link_or_a_fifo_is_not_read(tmp_path, monkeypa
     folder = twin.root / "etc/dsv4deploy-twin"
     folder.mkdir(parents=True)
     faults = folder / "faults.json"
-    with caplog.at_level("WARNING", logger="dsv4deploy.sim"):
+    with caplog.at_level("WARNING", logger="ct200twin.host"):
         faults.symlink_to(secret)
         simhost._warn_faults(twin)
         faults.unlink()

@@ -27,10 +27,10 @@ from huggingface_hub.errors import (  # noqa: E402
     RevisionNotFoundError,
 )
 
-from dsv4deploy import weights_check  # noqa: E402
-from dsv4deploy.sim.checkpoint import make_checkpoint  # noqa: E402
-from dsv4deploy.sim.hub import HubFaults, serve_hub  # noqa: E402
-from dsv4deploy.sim.hub_repo import scan_repo  # noqa: E402
+from dsv4deploy.weights import check as weights_check  # noqa: E402
+from ct200twin.host.checkpoint import make_checkpoint  # noqa: E402
+from ct200twin.host.hub import HubFaults, serve_hub  # noqa: E402
+from ct200twin.host.hub_repo import scan_repo  # noqa: E402
 from hub_fixtures import no_agent_registry_fetch  # noqa: F401,E402
 
 REPO = "nvidia/DeepSeek-V4-Flash-NVFP4"

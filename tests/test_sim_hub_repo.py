@@ -1,10 +1,10 @@
-"""dsv4deploy/sim/hub_repo.py: a folder as one model repo at one commit, hashed as the real hub
+"""ct200twin/host/hub_repo.py: a folder as one model repo at one commit, hashed as the real hub
 and git name its files (the client checks a download against these)."""
 
 import hashlib
 import subprocess
 
-from dsv4deploy.sim.hub_repo import lfs_pointer, repo_id_of, scan_repo
+from ct200twin.host.hub_repo import lfs_pointer, repo_id_of, scan_repo
 
 
 def test_the_commit_follows_the_content(tmp_path):

@@ -1,4 +1,4 @@
-"""dsv4deploy/sim/link.py: the relay that gives the twin a real link's round trips
+"""ct200twin/host/link.py: the relay that gives the twin a real link's round trips
 (bench/deploy_overhead.py --rtt-ms)."""
 
 import socket
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dsv4deploy.sim.link import DelayRelay
+from ct200twin.host.link import DelayRelay
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
-"""dsv4deploy/sim/load.py: the longest gap a streaming load saw (bench/rolling.py's figure)."""
+"""ct200twin/host/load.py: the longest gap a streaming load saw (bench/rolling.py's figure)."""
 
 import pytest
 
-from dsv4deploy.sim.load import LoadResult, longest_gap, windows_over
+from ct200twin.host.load import LoadResult, longest_gap, windows_over
 
 
 def test_the_longest_gap_counts_the_window_edges_and_says_where_it_starts():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.flags import MANAGED_ENV
+from dsv4deploy.sglang.flags import MANAGED_ENV
 from dsv4deploy.tasks.nccl_probe import probe_command
 
 FAKE_PROBE = "#!/bin/sh\necho \"uid=$(id -u) home=$HOME args=$*\"\n"
@@ -89,9 +89,9 @@ def test_the_deploys_probe_as_a_service_on_an_h200_ran_apart_from_the_login():
     import json
     from pathlib import Path
 
-    from dsv4deploy.layout import Layout
+    from dsv4deploy.render.layout import Layout
     from dsv4deploy.preflight import probe_argv
-    from dsv4deploy.profiles import load_profile
+    from dsv4deploy.profile.load import load_profile
 
     fix = Path(__file__).parent / "fixtures" / "nccl"
     recorded = (fix / "h200x1-as-service-command.sh").read_text().strip()

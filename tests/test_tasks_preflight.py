@@ -1,6 +1,6 @@
 """Preflight's judgements that need no host (tasks/preflight.py)."""
 
-from dsv4deploy.layout import MODELS
+from dsv4deploy.render.layout import MODELS
 from dsv4deploy.tasks.preflight import disk_problem
 
 

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from dsv4deploy.gate import GateOutcome, GateResult, GateSpec, LevelResult, LevelSpec, judge
-from dsv4deploy.health import HealthError
-from dsv4deploy.history import gate_summary
+from dsv4deploy.sglang.health import HealthError
+from dsv4deploy.cli.history import gate_summary
 from dsv4deploy.host.gate import rolling_gate_record
-from dsv4deploy.layout import Layout
-from dsv4deploy.profiles import load_profile
-from dsv4deploy.releases import Release
-from dsv4deploy.rollout import Target
+from dsv4deploy.render.layout import Layout
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.release.records import Release
+from dsv4deploy.release.rollout import Target
 from dsv4deploy.tasks import replicas as tr
 
 SPEC = GateSpec(levels=(LevelSpec(64, 64, 256, 64, min_output_throughput=300),))
@@ -198,7 +198,7 @@ def test_a_restore_takes_the_stopped_surplus_out_of_the_gateway_at_once_and_move
     """After a failed larger set, sglang@2 is stopped and leaves the gateway before the roll (users
     routed there would get errors for the whole restore); a stray that still answers (a replica
     that moved and serves) stays until the restored replicas are back."""
-    from dsv4deploy.gateway import Worker
+    from dsv4deploy.gateway.model import Worker
     from dsv4deploy.tasks import rollback as rb
 
     t = Target.of(load_profile("nvfp4-ctx8k-dp2").data)

@@ -9,11 +9,11 @@ import shlex
 
 import pytest
 
-from dsv4deploy import releases
+from dsv4deploy.release import records as releases
 from dsv4deploy.host.state import PARSER_LOCK
-from dsv4deploy.rollout import rollout_for
-from dsv4deploy.sglang_versions import parser_lock_file
-from dsv4deploy.sim.stand_ins import STAND_INS
+from dsv4deploy.release.rollout import rollout_for
+from dsv4deploy.sglang.versions import parser_lock_file
+from ct200twin.host.stand_ins import STAND_INS
 from dsv4deploy.tasks.venv import LAUNCH_PARSER, PARSER_TABLE, installs, launch_check_key, launch_parser, parser_key
 
 REAL = {"weights_source": {"type": "hf"}}
@@ -67,7 +67,7 @@ def test_a_twin_told_so_or_a_release_without_a_parser_lock_keeps_the_twins_parse
     for r in (rollout(twin(own_parser=False)), rollout(twin(), "nvfp4-ctx8k-sglang0513post1")):
         assert not any(PARSER_LOCK in c for c in installs(r))
         parse, what = launch_parser(r)
-        assert parse.endswith("/bin/python -I -m dsv4deploy.twin.args") and what.startswith("the twin's parser (stand-in")
+        assert parse.endswith("/bin/python -I -m ct200twin.server.args") and what.startswith("the twin's parser (stand-in")
 
 
 def test_the_launch_checks_key_changes_with_the_argv_and_the_parser_not_with_the_unit(profile_dir):
@@ -111,7 +111,7 @@ def test_a_rollback_record_keeps_the_launch_check_of_the_release_it_restores():
 def test_an_unknown_launch_check_choice_is_refused(value, monkeypatch):
     import importlib
 
-    import dsv4deploy.sim.stand_ins as stand_ins
+    import ct200twin.host.stand_ins as stand_ins
     before = os.environ.get("DSV4_SIM_LAUNCH_CHECK")
     monkeypatch.setenv("DSV4_SIM_LAUNCH_CHECK", value)
     assert "DSV4_SIM_LAUNCH_CHECK" in importlib.reload(stand_ins).launch_check_problem()
@@ -141,6 +141,6 @@ def test_the_twin_server_archive_is_the_same_bytes_every_run_and_holds_only_what
     assert stand_in_archive() == first
     with tarfile.open(fileobj=io.BytesIO(first), mode="r:gz") as tar:
         names = tar.getnames()
-    assert "dsv4deploy/twin/server.py" in names and "dsv4deploy/__init__.py" in names
+    assert "ct200twin/server/main.py" in names and "dsv4deploy/__init__.py" in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     assert not any(n.startswith(("dsv4deploy/tasks/", "dsv4deploy/host/")) for n in names)

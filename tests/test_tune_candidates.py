@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.profiles import load_profile
+from dsv4deploy.profile.load import load_profile
 from dsv4deploy.tune.candidates import build_candidates
 from dsv4deploy.tune.space import build_space
-from dsv4deploy.validate import validate
+from dsv4deploy.profile.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsv4deploy.profiles import load_profile
+from dsv4deploy.profile.load import load_profile
 from dsv4deploy.tune.backend import Backend
 from dsv4deploy.tune.command import prepare, run_tune
-from dsv4deploy.validate import validate
+from dsv4deploy.profile.validate import validate
 
 from tune_fakes import FakeClock, TableMeasure
 

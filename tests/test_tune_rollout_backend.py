@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsv4deploy.profiles import REPO_ROOT, load_profile
+from dsv4deploy.profile.load import REPO_ROOT, load_profile
 from dsv4deploy.tune import rollout_backend as rb
 from dsv4deploy.tune.candidates import Candidate, candidate_profile
 from dsv4deploy.tune.objective import Level
@@ -40,7 +40,7 @@ def test_the_candidate_profile_extends_the_base_with_its_overrides_and_one_gate_
     for p in (REPO_ROOT / "profiles").glob("*.yaml"):
         shutil.copyfile(p, tmp_path / p.name)
     (tmp_path / "cand.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    from dsv4deploy.validate import validate
+    from dsv4deploy.profile.validate import validate
     prof = load_profile("cand", tmp_path)
     assert prof.data["server"]["context_length"] == 8192 and not validate(prof).errors
 

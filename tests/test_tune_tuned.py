@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dsv4deploy.errors import ProfileError
-from dsv4deploy.profiles import load_profile
+from dsv4deploy.profile.errors import ProfileError
+from dsv4deploy.profile.load import load_profile
 from dsv4deploy.tune import tuned
 from dsv4deploy.tune.command import prepare
 from dsv4deploy.tune.tuned import MARKER, write_tuned
-from dsv4deploy.validate import validate
+from dsv4deploy.profile.validate import validate
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dsv4deploy.twin import args as targs
+from ct200twin.server import args as targs
 
 
 def parse(*argv):
@@ -98,10 +98,10 @@ def test_version_without_flag_file_is_refused(monkeypatch):
 
 
 def test_cli_exit_codes():
-    r = subprocess.run([sys.executable, "-m", "dsv4deploy.twin.server", "--model-path", "/m",
+    r = subprocess.run([sys.executable, "-m", "ct200twin.server.main", "--model-path", "/m",
                         "--cuda-graph-max-bs", "32"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "ambiguous option: --cuda-graph-max-bs" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "dsv4deploy.twin.server", "--model-path", "/m"],
+    r = subprocess.run([sys.executable, "-m", "ct200twin.server.main", "--model-path", "/m"],
                        capture_output=True, text=True, timeout=30,
                        env={"DSV4_TWIN_SGLANG_VERSION": "0.1.0", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "no flag file for SGLang 0.1.0" in r.stderr
@@ -116,7 +116,7 @@ def test_the_twin_answers_as_the_sglang_wheel_installed_next_to_it(tmp_path):
     dist = tmp_path / "sglang-0.5.13.post1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.13.post1\n")
-    code = ("from dsv4deploy.twin.args import parse_args, resolve_version; print(resolve_version()); "
+    code = ("from ct200twin.server.args import parse_args, resolve_version; print(resolve_version()); "
             "print(parse_args(['--model-path', '/m', '--cuda-graph-max-bs', '32']).version)")
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

@@ -7,8 +7,8 @@ import pytest
 
 import requests
 
-from dsv4deploy.twin.faults import Faults, load_faults
-from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
+from ct200twin.server.faults import Faults, load_faults
+from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv
 
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from dsv4deploy.twin import memory as m
-from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
+from ct200twin.server import memory as m
+from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv
 
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}
 GPU = 97887

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from dsv4deploy.twin import args as targs
-from dsv4deploy.twin import perf
-from dsv4deploy.twin import resolved as tresolved
-from dsv4deploy.twin.faults import Faults
-from dsv4deploy.twin.logs import Log
-from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
+from ct200twin.server import args as targs
+from ct200twin.server import perf
+from ct200twin.server import resolved as tresolved
+from ct200twin.server.faults import Faults
+from ct200twin.server.logs import Log
+from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv
 
 pytestmark = pytest.mark.timing
 

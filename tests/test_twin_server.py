@@ -7,9 +7,9 @@ import time
 import pytest
 import requests
 
-from dsv4deploy.patches import MASK_SECRETS_MARKERS
-from dsv4deploy.twin.args import has_ready_endpoint
-from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv
+from dsv4deploy.sglang.patches import MASK_SECRETS_MARKERS
+from ct200twin.server.args import has_ready_endpoint
+from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv
 
 KEY = "sk-twin-test"
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.profiles import list_profiles, load_profile
-from dsv4deploy.render import render
-from dsv4deploy.validate import validate
+from dsv4deploy.profile.load import list_profiles, load_profile
+from dsv4deploy.render.unit import render
+from dsv4deploy.profile.validate import validate
 
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed (make bootstrap installs systemd)")

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from dsv4deploy import render as render_module
-from dsv4deploy.errors import ProfileError
-from dsv4deploy.profiles import load_profile, schema
-from dsv4deploy.render import render
-from dsv4deploy.unitcheck import (SyntaxProblem, env_file, environment_assignments, exec_argv, split_words,
-                                  unit_directives)
+from dsv4deploy.render import unit as render_module
+from dsv4deploy.profile.errors import ProfileError
+from dsv4deploy.profile.load import load_profile, schema
+from dsv4deploy.render.unit import render
+from dsv4deploy.render.unitcheck import (SyntaxProblem, env_file, environment_assignments, exec_argv, split_words,
+                                         unit_directives)
 
 SPEC = {"n": "sglang.service", "N": "sglang", "d": "/run/credentials/sglang.service"}
 
@@ -113,7 +113,7 @@ def test_a_broken_env_file_is_caught(profile_dir, monkeypatch):
 
 
 def test_a_template_input_that_would_start_a_directive_is_caught(profile_dir, monkeypatch):
-    from dsv4deploy.layout import Layout
+    from dsv4deploy.render.layout import Layout
     monkeypatch.setattr(Layout, "state_dir", property(lambda self: "/var/lib/x\nExecStartPre=+/bin/sh"))
     with pytest.raises(ProfileError, match="state_dir holds an unprintable character"):
         render(load_profile("nvfp4-ctx8k"))
@@ -175,7 +175,7 @@ def test_a_braced_variable_is_one_word_from_the_instance_environment():
 
 
 def test_a_replica_renderer_that_forgets_to_escape_is_caught(profile_dir, monkeypatch):
-    from dsv4deploy import render_replicas
+    from dsv4deploy.render import replicas as render_replicas
     profile_dir.write("q", "extends: nvfp4-ctx8k-dp2\nserver:\n  extra_args: [--chat-template, 'a $X %i']\n")
     profile = load_profile("q")
     assert [r.argv[-1] for r in render(profile).replicas] == ["a $X %i"] * 2
@@ -187,7 +187,7 @@ def test_a_replica_renderer_that_forgets_to_escape_is_caught(profile_dir, monkey
 
 
 def test_a_replica_env_file_without_the_port_is_caught(profile_dir, monkeypatch):
-    from dsv4deploy import render_replicas
+    from dsv4deploy.render import replicas as render_replicas
     real = render_replicas.replica_env_text
     monkeypatch.setattr(render_replicas, "replica_env_text",
                         lambda env, header: real({k: v for k, v in env.items() if k != "DSV4_REPLICA_PORT"}, header))
@@ -196,7 +196,7 @@ def test_a_replica_env_file_without_the_port_is_caught(profile_dir, monkeypatch)
 
 
 def test_a_gateway_argv_that_would_not_read_back_is_caught(monkeypatch):
-    from dsv4deploy import render_replicas
+    from dsv4deploy.render import replicas as render_replicas
     monkeypatch.setattr(render_replicas, "systemd_exec", lambda argv, raw=frozenset(): " ".join(argv)
                         if "--worker-urls" in argv else render_module.systemd_exec(argv, raw))
     monkeypatch.setattr(render_replicas.gateway, "launch_flags", lambda *a: ["--worker-urls", "a b"])

@@ -1,11 +1,11 @@
-"""The control node's installer (dsv4deploy/uvpip.py): pip's configuration, as `pip config list`
+"""The control node's installer (dsv4deploy/host/uvpip.py): pip's configuration, as `pip config list`
 prints it, carried to uv, so that a machine set up for pip (a mirror, a wheel folder, a
 corporate CA) installs the control venv from the same places."""
 
 import subprocess
 import sys
 
-from dsv4deploy import uvpip
+from dsv4deploy.host import uvpip
 
 LISTING = """:env:.cert='/etc/ssl/certs/ca-certificates.crt'
 :env:.default-timeout='180'
@@ -53,7 +53,7 @@ def test_a_proxy_in_pip_conf_reaches_uv_as_https_proxy():
 
 
 def test_the_command_line_refuses_what_it_does_not_know():
-    out = subprocess.run([sys.executable, "-m", "dsv4deploy.uvpip", "instal"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "dsv4deploy.host.uvpip", "instal"], capture_output=True, text=True)
     assert out.returncode == 2 and "usage:" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -61,7 +61,7 @@ def test_a_bootstrap_that_cannot_reach_an_index_fails_with_a_message_not_a_trace
     env = {"DSV4_UV_HOME": str(tmp_path / "uv"), "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_NO_INDEX": "",
            "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "", "PIP_RETRIES": "0", "PIP_TIMEOUT": "1",
            "PIP_CONFIG_FILE": "/dev/null", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "dsv4deploy.uvpip", "path"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "dsv4deploy.host.uvpip", "path"], capture_output=True, text=True,
                          env=env, cwd=uvpip.REPO, timeout=120)
     assert out.returncode == 1 and "could not bootstrap uv" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "uv" / "bin" / "uv").exists()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4deploy.profiles import list_profiles, load_profile
-from dsv4deploy.validate import validate
+from dsv4deploy.profile.load import list_profiles, load_profile
+from dsv4deploy.profile.validate import validate
 
 
 def report_for(profile_dir, text: str):
@@ -73,7 +73,7 @@ def test_extra_args_may_not_override_a_managed_flag(profile_dir):
 def test_num_continuous_decode_steps_is_a_warning_at_any_value(profile_dir, value):
     """SGLang 0.5.12-0.5.23 declare the flag but never read it: the key is not rendered, and an old
     profile that still sets it (even to 1) is told so, without failing."""
-    from dsv4deploy.render import server_args
+    from dsv4deploy.render.unit import server_args
 
     report = report_for(profile_dir, f"server:\n  num_continuous_decode_steps: {value}\n")
     assert report.ok, errors(report)
@@ -146,7 +146,7 @@ def test_extra_args_take_what_each_flag_takes(profile_dir, args):
 
 @pytest.mark.parametrize("version", ["0.5.13.post1", "0.5.17", "0.5.20", "0.5.22", "0.5.23"])
 def test_arity_data_covers_exactly_the_flags(version):
-    from dsv4deploy.sglang_versions import facts
+    from dsv4deploy.sglang.versions import facts
     f = facts(version)
     assert set(f.arity) == set(f.flags) and set(f.arity.values()) <= {"0", "1", "?", "*", "+"}
     assert f.takes("--tp-size") == "1" and f.takes("--enable-metrics") == "0" and f.takes("-h") == "0"
@@ -161,8 +161,8 @@ PR_OLD = "extends: nvfp4-ctx8k-sglang0513post1\n"
 def test_pr25820_floor_is_0_5_14_for_every_known_release():
     """versions.yaml's nvfp4_dsv4_moe is the floor, release by release; a release below it names
     the backport made for it, one at or above it names none."""
-    from dsv4deploy.patches import PR25820_PATCH, PR25820_SINCE
-    from dsv4deploy.sglang_versions import facts, known_versions, version_key
+    from dsv4deploy.sglang.patches import PR25820_PATCH, PR25820_SINCE
+    from dsv4deploy.sglang.versions import facts, known_versions, version_key
     assert PR25820_SINCE == "0.5.14"
     assert "0.5.13.post1" in known_versions()
     for version in known_versions():
@@ -183,14 +183,14 @@ def test_pre_pr25820_release_needs_its_backport(profile_dir):
 def test_the_upstream_diff_is_not_the_backport(profile_dir):
     """Any patch used to satisfy the check; now only the backport made for that release does
     (the upstream diff itself does not apply to 0.5.13.post1)."""
-    from dsv4deploy.patches import PR25820_UPSTREAM
+    from dsv4deploy.sglang.patches import PR25820_UPSTREAM
     profile_dir.write("case", PR_OLD + "sglang:\n  patches:\n    - {name: up, file: " + PR25820_UPSTREAM["file"]
                       + ", sha256: " + PR25820_UPSTREAM["sha256"] + ", strip: 2}\n")
     assert "predates PR #25820" in errors(validate(load_profile("case")))
 
 
 def test_a_release_with_pr25820_refuses_the_backport(profile_dir):
-    from dsv4deploy.patches import PR25820_PATCH, profile_entry
+    from dsv4deploy.sglang.patches import PR25820_PATCH, profile_entry
     e = profile_entry(PR25820_PATCH)
     msg = errors(report_for(profile_dir, "server:\n  api_key: false\nsglang:\n  patches:\n"
                                          f"    - {{name: {e['name']}, file: {e['file']}, sha256: {e['sha256']}, strip: 2}}\n"))

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from dsv4deploy import weights_check
+from dsv4deploy.weights import check as weights_check
 
 
 def expected_for(folder) -> dict:

@@ -7,7 +7,7 @@ import socket
 import pytest
 from pyinfra.api import DeployError
 
-from dsv4deploy.weights_source import hub_expectation
+from dsv4deploy.weights.source import hub_expectation
 
 
 def test_an_unreachable_hub_is_a_message_naming_it_not_a_traceback():

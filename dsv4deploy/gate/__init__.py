@@ -7,22 +7,22 @@ built-in stdlib client) with one result format, a pure verdict, and reports.
     write_report(outcome, "reports/0007", previous="reports/0006/gate.json")
 """
 
-from .result import GateResult, LevelResult, Stats
-from .runner import GateOutcome, local_execute, local_upload, run_gate
-from .spec import GateSpec, LevelSpec
-from .verdict import GateVerdict, judge
+from dsv4deploy.gate.result import GateResult, LevelResult, Stats
+from dsv4deploy.gate.runner import GateOutcome, local_execute, local_upload, run_gate
+from dsv4deploy.gate.spec import GateSpec, LevelSpec
+from dsv4deploy.gate.verdict import GateVerdict, judge
 
 __all__ = ["GateSpec", "LevelSpec", "GateResult", "LevelResult", "Stats", "GateVerdict", "judge",
            "GateOutcome", "run_gate", "local_execute", "local_upload", "write_report", "compare"]
 
 
 def write_report(*args, **kwargs):
-    from .report import write_report as _w  # matplotlib is imported only when a report is written
+    from dsv4deploy.gate.report import write_report as _w  # matplotlib is imported only when a report is written
 
     return _w(*args, **kwargs)
 
 
 def compare(*args, **kwargs):
-    from .report import compare as _c
+    from dsv4deploy.gate.report import compare as _c
 
     return _c(*args, **kwargs)

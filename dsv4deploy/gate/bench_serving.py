@@ -31,8 +31,8 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
-from .result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED, GateResult, LevelResult, Stats
-from .spec import GateSpec, LevelSpec
+from dsv4deploy.gate.result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED, GateResult, LevelResult, Stats
+from dsv4deploy.gate.spec import GateSpec, LevelSpec
 
 Execute = Callable[[str, float], "tuple[int, str, str]"]
 

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .result import EARLY_STOP, OK, SKIPPED, GateResult
-from .runner import GateOutcome
-from .split import routing_lines, warnings as split_warnings
+from dsv4deploy.gate.result import EARLY_STOP, OK, SKIPPED, GateResult
+from dsv4deploy.gate.runner import GateOutcome
+from dsv4deploy.gate.split import routing_lines, warnings as split_warnings
 
 REPORT_SCHEMA = "dsv4deploy.gate.report/1"
 REGRESSION_PCT = 5.0
@@ -409,8 +409,8 @@ def write_report(outcome: GateOutcome, target_dir: str | Path, *, previous: Any 
 
 def load_outcome(path: str | Path) -> GateOutcome:
     """A GateOutcome back from a gate.json (for `history`, re-rendering)."""
-    from .spec import GateSpec, LevelSpec
-    from .verdict import judge
+    from dsv4deploy.gate.spec import GateSpec, LevelSpec
+    from dsv4deploy.gate.verdict import judge
 
     doc = json.loads(Path(path).read_text())
     sd = doc["spec"]

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .spec import LevelShape
+from dsv4deploy.gate.spec import LevelShape
 
 SCHEMA = "dsv4deploy.gate.result/1"
 

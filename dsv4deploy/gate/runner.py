@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import bench_serving as bs
-from .result import FAILED, GateResult, LevelResult
-from .spec import GateSpec
-from .verdict import GateVerdict, judge
+from dsv4deploy.gate import bench_serving as bs
+from dsv4deploy.gate.result import FAILED, GateResult, LevelResult
+from dsv4deploy.gate.spec import GateSpec
+from dsv4deploy.gate.verdict import GateVerdict, judge
 
 CLIENT_PATH = Path(__file__).with_name("client.py")
 DEFAULT_CLIENT_DIR = "/opt/dsv4deploy/gate"      # root-owned 0700: nobody else can plant the client

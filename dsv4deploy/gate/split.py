@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from ..prometheus import summed
+from dsv4deploy.gate.prometheus import summed
 
 COUNTER = re.compile(r"sglang[:_]num_requests_total(\{[^}]*\})?\s+(\S+)")
 MARK = "@@dsv4deploy-replica "

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .result import BUDGET, EARLY_STOP, OK, SKIPPED, GateResult, LevelResult
-from .spec import GateSpec, LevelSpec
+from dsv4deploy.gate.result import BUDGET, EARLY_STOP, OK, SKIPPED, GateResult, LevelResult
+from dsv4deploy.gate.spec import GateSpec, LevelSpec
 
 
 @dataclass

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import shlex
 
-from ..boundary import escaped
-from ..health import HealthError, Observation, identity_problems, wait_healthy
-from .io import sh
-from ..rollout import Target
+from dsv4deploy.profile.boundary import escaped
+from dsv4deploy.sglang.health import HealthError, Observation, identity_problems, wait_healthy
+from dsv4deploy.host.io import sh
+from dsv4deploy.release.rollout import Target
 
 
 def observe_command(t: Target, path: str = "/health", window_s: float = 0.0, then: str = "") -> str:

@@ -15,9 +15,12 @@ from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from .. import gateway, patching, releases, weights_check
-from . import HOST_PYTHON
-from ..preflight.gpus import QUERY_ARGS
+from dsv4deploy.gateway import model as gateway
+from dsv4deploy.sglang import patching
+from dsv4deploy.release import records as releases
+from dsv4deploy.weights import check as weights_check
+from dsv4deploy.host import HOST_PYTHON
+from dsv4deploy.preflight.gpus import QUERY_ARGS
 
 class NvidiaSmi(FactBase):
     """Raw `nvidia-smi --query-gpu` CSV (the preflight's query, with MIG mode), or None when
@@ -342,7 +345,7 @@ class ApiKeyState(FactBase):
 
 class PatchApplied(FactBase):
     """True when the patch file is on the host and its reverse dry-run succeeds in `directory`
-    (dsv4deploy.patching.state_command)."""
+    (dsv4deploy.sglang.patching.state_command)."""
 
     def command(self, directory: str, patch_file: str, strip: int):
         return patching.state_command(directory, patch_file, strip)
@@ -353,7 +356,7 @@ class PatchApplied(FactBase):
 
 class PatchesApplied(FactBase):
     """For each patch file: is it on the host and does its reverse dry-run succeed in the venv's
-    site-packages? {patch_file: True|False}. (dsv4deploy.patching.state_command)"""
+    site-packages? {patch_file: True|False}. (dsv4deploy.sglang.patching.state_command)"""
 
     default = dict
 

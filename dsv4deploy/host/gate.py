@@ -14,13 +14,13 @@ import threading
 from functools import partial
 from pathlib import Path
 
-from ..gate import GateSpec, run_gate, write_report
-from ..gate.runner import Prepared, prepare_gate
-from ..gate import split
-from .io import put, run, sh
-from ..layout import GATE_USER
-from ..profiles import REPO_ROOT
-from .release_store import ReleaseStore
+from dsv4deploy.gate import GateSpec, run_gate, write_report
+from dsv4deploy.gate.runner import Prepared, prepare_gate
+from dsv4deploy.gate import split
+from dsv4deploy.host.io import put, run, sh
+from dsv4deploy.render.layout import GATE_USER
+from dsv4deploy.profile.load import REPO_ROOT
+from dsv4deploy.host.release_store import ReleaseStore
 
 RC_MARK = "__dsv4deploy_rc="
 
@@ -41,7 +41,7 @@ def host_execute(h):
 
 def _warm_plotting() -> None:
     with contextlib.suppress(Exception):
-        from ..gate.report import warm_figure
+        from dsv4deploy.gate.report import warm_figure
 
         _spare.append(warm_figure())
 

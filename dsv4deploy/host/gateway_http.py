@@ -1,4 +1,4 @@
-"""The gateway's HTTP callable (dsv4deploy/gateway.py) run on the host over SSH: the gateway and
+"""The gateway's HTTP callable (dsv4deploy/gateway/model.py) run on the host over SSH: the gateway and
 the replicas listen on the host's loopback, and the API key never leaves the host.
 
 The control node never reads the key: the worker API's functions get `KEY`, a placeholder, and
@@ -12,8 +12,8 @@ import base64
 import json
 import shlex
 
-from . import HOST_PYTHON
-from .io import sh
+from dsv4deploy.host import HOST_PYTHON
+from dsv4deploy.host.io import sh
 
 KEY = "@dsv4deploy-api-key@"   # stands for the key in headers and bodies; replaced on the host
 

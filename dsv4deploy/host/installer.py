@@ -12,9 +12,9 @@ import shlex
 from importlib.resources import files as package_files
 from pathlib import Path
 
-from .. import uvpip
-from ..layout import OPT
-from . import ISOLATED
+from dsv4deploy.host import uvpip
+from dsv4deploy.render.layout import OPT
+from dsv4deploy.host import ISOLATED
 
 TOOL = f"{OPT}/tools/uv-{uvpip.UV_VERSION}"
 VENV = f"{TOOL}/venv"

@@ -17,9 +17,9 @@ from io import BytesIO
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 
-from .. import patching
-from . import installer
-from .io import PrivateUpload
+from dsv4deploy.sglang import patching
+from dsv4deploy.host import installer
+from dsv4deploy.host.io import PrivateUpload
 
 q = shlex.quote
 
@@ -196,7 +196,7 @@ def bundle(archive: bytes, dest: str, marker_state: dict | None):
 
 @operation()
 def patch_applied(directory: str, patch_file: str, applied: bool, strip: int = 1, sha256: str | None = None):
-    """Apply a patch once, all or nothing (dsv4deploy.patching.apply_command): sha256 check,
+    """Apply a patch once, all or nothing (dsv4deploy.sglang.patching.apply_command): sha256 check,
     forward dry-run, apply, reverse dry-run. Already in: no change. A patch that does not apply
     fails the operation before any file is written."""
     if applied:

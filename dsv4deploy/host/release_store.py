@@ -2,7 +2,7 @@
 to it, as one object: every read and write of a record, a release's folder, its kept files and
 profile, pruning, and the lock go through `ReleaseStore`, so the paths and the commands that
 touch them live in one place. What a record says and how its status moves is pure
-(dsv4deploy/releases.py); the steps that decide when to call these are in tasks/.
+(dsv4deploy/release/records.py); the steps that decide when to call these are in tasks/.
 
 Every method is one remote command unless its docstring says otherwise: each one costs a
 round trip on a real link.
@@ -19,15 +19,16 @@ import socket
 from pyinfra import logger
 from pyinfra.api import BaseStateCallback, DeployError
 
-from .. import boundary, releases, replicas
-from ..errors import make_target, rerun_with
-from ..layout import ETC, MODELS, OPT, RELEASES, Layout
-from ..releases import Release
-from ..rollout import Target
-from . import installer
-from .facts import Releases
-from .io import json_write_command, read_json, sh
-from .state import LOCK, PIP_FREEZE, HostState
+from dsv4deploy.profile import boundary, replicas
+from dsv4deploy.release import records as releases
+from dsv4deploy.profile.errors import make_target, rerun_with
+from dsv4deploy.render.layout import ETC, MODELS, OPT, RELEASES, Layout
+from dsv4deploy.release.records import Release
+from dsv4deploy.release.rollout import Target
+from dsv4deploy.host import installer
+from dsv4deploy.host.facts import Releases
+from dsv4deploy.host.io import json_write_command, read_json, sh
+from dsv4deploy.host.state import LOCK, PIP_FREEZE, HostState
 
 
 # The records as this run last read or wrote them, per (host, store): valid only while this

@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .. import gateway
-from ..health import HealthError
-from ..rollout import Target
-from .checks import confirm, journal_tail
-from .facts import GatewayStale, pid_and_files_command
-from .gateway_http import KEY, host_http
-from .io import sh
+from dsv4deploy.gateway import model as gateway
+from dsv4deploy.sglang.health import HealthError
+from dsv4deploy.release.rollout import Target
+from dsv4deploy.host.checks import confirm, journal_tail
+from dsv4deploy.host.facts import GatewayStale, pid_and_files_command
+from dsv4deploy.host.gateway_http import KEY, host_http
+from dsv4deploy.host.io import sh
 
 GATEWAY_READY_S = 60.0      # smg registers a listed worker within a second (docs/replicas.md)
 LOAD_REPORT_S = 25.0        # smg polls every worker's load every 10 s: two rounds and some slack

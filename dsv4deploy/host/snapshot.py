@@ -131,7 +131,7 @@ def distinct(queries: dict[str, Query]) -> tuple[dict[str, Query], dict[str, str
 def read(h, queries: dict[str, Query], timeout: float = 120, first: str = "") -> Snapshot:
     """Run QUERIES on host H in one command (with the inventory's privileges), after FIRST; a
     fact asked for twice with the same arguments runs once (distinct)."""
-    from .io import run
+    from dsv4deploy.host.io import run
 
     nonce = "__dsv4_" + secrets.token_hex(8)
     once, repeats = distinct(queries)

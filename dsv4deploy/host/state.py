@@ -12,14 +12,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..weights_source import hub_expectation, local_expectation, rsync_folder
-from ..layout import ETC, GATE_USER, MODELS, OPT, STATE
-from ..rollout import Rollout
-from . import installer, snapshot
-from .replicas import stale_query
-from .facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib, GatewayStale,
-                    GatewayWorkers, HostBasics, JsonFile, NvidiaSmi, PatchesApplied, PortOwners, RecentReleases, UnitInfo,
-                    VerifiedCheckpoint)
+from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
+from dsv4deploy.render.layout import ETC, GATE_USER, MODELS, OPT, STATE
+from dsv4deploy.release.rollout import Rollout
+from dsv4deploy.host import installer, snapshot
+from dsv4deploy.host.replicas import stale_query
+from dsv4deploy.host.facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib,
+                                   GatewayStale, GatewayWorkers, HostBasics, JsonFile, NvidiaSmi, PatchesApplied,
+                                   PortOwners, RecentReleases, UnitInfo, VerifiedCheckpoint)
 
 # What the deploy runs on the host beyond a fresh server install (systemd, sshd, python3, sudo,
 # iproute2, procps): the venv (python3-venv: not in a default Ubuntu server), health and identity

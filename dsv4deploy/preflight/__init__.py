@@ -13,12 +13,13 @@ For the deploy (pure, no I/O):
 On the command line: `python -m dsv4deploy.preflight gpus|nccl --profile P` (see cli.py).
 """
 
-from .gpus import (QUERY_ARGS, QUERY_FIELDS, QUERY_FIELDS_MIG, GpuInfo, NvidiaSmiError, check_gpus,
-                   driver_branch, format_table, parse_query, profile_expectations, query_args)
-from .nccl_probe import (DEFAULT_SIZES, DEFAULT_TIMEOUT_S, HANG_HINT, busbw, format_result, launch,
-                         launch_groups, parse_groups, read_env_file, rank_environment)
-from .nccl_report import format_compare, format_groups
-from .cli import PROBE_SCRIPT, probe_argv, profile_nccl_env, unit_environment
+from dsv4deploy.preflight.gpus import (QUERY_ARGS, QUERY_FIELDS, QUERY_FIELDS_MIG, GpuInfo, NvidiaSmiError,
+                                       check_gpus, driver_branch, format_table, parse_query, profile_expectations,
+                                       query_args)
+from dsv4deploy.preflight.nccl_probe import (DEFAULT_SIZES, DEFAULT_TIMEOUT_S, HANG_HINT, busbw, format_result,
+                                             launch, launch_groups, parse_groups, read_env_file, rank_environment)
+from dsv4deploy.preflight.nccl_report import format_compare, format_groups
+from dsv4deploy.preflight.cli import PROBE_SCRIPT, probe_argv, profile_nccl_env, unit_environment
 
 __all__ = [
     "QUERY_ARGS", "QUERY_FIELDS", "QUERY_FIELDS_MIG", "GpuInfo", "NvidiaSmiError", "check_gpus",

@@ -21,11 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, ProfileError
-from ..flags import unit_environment
-from . import gpus as G
-from . import nccl_probe as P
-from . import nccl_report as R
+from dsv4deploy.profile.errors import EXIT_BAD_INPUT, EXIT_FAILED, ProfileError
+from dsv4deploy.sglang.flags import unit_environment
+from dsv4deploy.preflight import gpus as G
+from dsv4deploy.preflight import nccl_probe as P
+from dsv4deploy.preflight import nccl_report as R
 
 PROBE_SCRIPT = Path(P.__file__).resolve()
 
@@ -35,7 +35,7 @@ def _err(text: str) -> None:
 
 
 def _load(name: str):
-    from ..profiles import load_profile
+    from dsv4deploy.profile.load import load_profile
 
     return load_profile(name)
 
@@ -44,14 +44,14 @@ def _load(name: str):
 
 def profile_nccl_env(data: dict, preset: str | None = None) -> dict[str, str]:
     """What the profile's NCCL env file holds (or would, with `preset` instead of its own)."""
-    from ..nccl import nccl_environment
+    from dsv4deploy.render.nccl import nccl_environment
 
     return nccl_environment(preset or data["nccl"]["preset"], data["nccl"].get("overrides"))
 
 
 def profile_groups(data: dict) -> list[list[int]] | None:
     """The GPU sets of the profile's replicas (probed at once, as they run), or None."""
-    from ..replicas import plan
+    from dsv4deploy.profile.replicas import plan
 
     replicas = plan(data)
     return [list(r.gpus) for r in replicas.replicas] if replicas else None
@@ -72,7 +72,7 @@ def probe_argv(data: dict, *, script: str, python: str | None = None, env_file: 
     unit's server (--as-service), plus the unit's environment, not the SSH login's.
     A profile with replicas is probed as `--groups` of its GPU sets (all at once, then each
     alone), unless `nranks` or other `groups` are given."""
-    from ..layout import Layout
+    from dsv4deploy.render.layout import Layout
 
     server = data["server"]
     python = python or Layout.of(data).python
@@ -174,8 +174,8 @@ def visible_gpus(nvidia_smi: str = "nvidia-smi") -> int | None:
 
 
 def cmd_nccl(args) -> int:
-    from ..layout import Layout
-    from ..nccl import PRESETS
+    from dsv4deploy.render.layout import Layout
+    from dsv4deploy.render.nccl import PRESETS
 
     data = None
     try:
@@ -333,5 +333,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import run
+    from dsv4deploy.cli.main import run
     return run(build_parser(), argv)

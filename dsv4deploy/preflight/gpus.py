@@ -263,7 +263,7 @@ def profile_expectations(data: dict, *, compute_cap: str | None = None,
     ceil(mem_fraction_static x the catalog GPU's memory); min_driver_branch: the larger of
     the catalog GPU's minimum and the profile's driver.branch, unless given.
     """
-    from .. import catalog  # data only; keeps this module importable without PyYAML
+    from dsv4deploy.profile import catalog  # data only; keeps this module importable without PyYAML
 
     server = data["server"]
     gpu = catalog.gpu(data["hardware"]["gpu"])

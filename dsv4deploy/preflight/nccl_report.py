@@ -7,7 +7,7 @@ and standard-library only on the GPU host; these read the JSON documents it prin
 
 from __future__ import annotations
 
-from .nccl_probe import _grid, human_size
+from dsv4deploy.preflight.nccl_probe import _grid, human_size
 
 
 def _at(res: dict, size: int) -> dict | None:

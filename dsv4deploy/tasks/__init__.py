@@ -1,21 +1,22 @@
 """The rollout's steps as reusable pyinfra `@deploy` functions, one module per concern,
 in the order deploy/serve.py calls them. Host effects live in dsv4deploy/host/."""
 
-from .. import op_order
+from dsv4deploy.host import op_order
 
 op_order.install()      # pyinfra's operation order without inspect.stack(): 2 ms less per operation
 
-from .preflight import preflight
-from .driver import driver
-from .nccl_probe import nccl_probe
-from .system import host_packages, service_user
-from .venv import launch_check, sglang_venv
-from .weights import weights
-from .service import config_files, files_differ, secrets, switch
-from .replicas import cannot_roll, gateway_restart, gateway_venv, switch_set
-from .rollback import manual_rollback
-from .release import begin_release, deploy_lock, needs_release, read_locked, settle_interrupted, verify_and_record
-from .plan import show_plan
+from dsv4deploy.tasks.preflight import preflight
+from dsv4deploy.tasks.driver import driver
+from dsv4deploy.tasks.nccl_probe import nccl_probe
+from dsv4deploy.tasks.system import host_packages, service_user
+from dsv4deploy.tasks.venv import launch_check, sglang_venv
+from dsv4deploy.tasks.weights import weights
+from dsv4deploy.tasks.service import config_files, files_differ, secrets, switch
+from dsv4deploy.tasks.replicas import cannot_roll, gateway_restart, gateway_venv, switch_set
+from dsv4deploy.tasks.rollback import manual_rollback
+from dsv4deploy.tasks.release import (begin_release, deploy_lock, needs_release, read_locked, settle_interrupted,
+                                      verify_and_record)
+from dsv4deploy.tasks.plan import show_plan
 
 
 __all__ = ["manual_rollback", "preflight", "driver", "nccl_probe", "host_packages", "service_user", "sglang_venv",

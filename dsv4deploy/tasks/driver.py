@@ -11,10 +11,10 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, python, server
 
-from ..errors import rerun_with
-from ..host import ops
-from ..layout import STATE
-from ..rollout import Rollout
+from dsv4deploy.profile.errors import rerun_with
+from dsv4deploy.host import ops
+from dsv4deploy.render.layout import STATE
+from dsv4deploy.release.rollout import Rollout
 
 REBOOT_FLAG = f"{STATE}/reboot-required"
 CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64/cuda-keyring_1.1-1_all.deb"

@@ -14,10 +14,10 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from ..gate.bench_serving import drop_privileges
-from ..host import ops
-from ..preflight.cli import PROBE_SCRIPT, probe_argv
-from ..rollout import Rollout
+from dsv4deploy.gate.bench_serving import drop_privileges
+from dsv4deploy.host import ops
+from dsv4deploy.preflight.cli import PROBE_SCRIPT, probe_argv
+from dsv4deploy.release.rollout import Rollout
 
 
 def probe_command(argv: list[str], *, script: str, sha256: str, user: str, home: str) -> str:

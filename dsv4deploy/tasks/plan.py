@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pyinfra import host
 
-from .. import releases
-from ..changes import Changes
-from ..gate import GateSpec
-from ..host.release_store import lock_holder
-from ..host.state import HostState
-from ..rollout import Rollout
-from .replicas import down_units, out_of_gateway
-from .venv import launch_check_plan
+from dsv4deploy.release import records as releases
+from dsv4deploy.release.changes import Changes
+from dsv4deploy.gate import GateSpec
+from dsv4deploy.host.release_store import lock_holder
+from dsv4deploy.host.state import HostState
+from dsv4deploy.release.rollout import Rollout
+from dsv4deploy.tasks.replicas import down_units, out_of_gateway
+from dsv4deploy.tasks.venv import launch_check_plan
 
 
 def plan_lines(r: Rollout, state: HostState, reasons: list[str], downtime: str | None = None,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pyinfra.api import DeployError, deploy
 
-from .. import catalog
-from ..host.state import HostState
-from ..layout import MODELS
-from ..preflight.gpus import NvidiaSmiError, check_gpus, driver_branch, parse_query, profile_expectations
-from ..rollout import Rollout
+from dsv4deploy.profile import catalog
+from dsv4deploy.host.state import HostState
+from dsv4deploy.render.layout import MODELS
+from dsv4deploy.preflight.gpus import NvidiaSmiError, check_gpus, driver_branch, parse_query, profile_expectations
+from dsv4deploy.release.rollout import Rollout
 
 SUPPORTED_OS = ("debian", "ubuntu")
 

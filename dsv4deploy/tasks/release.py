@@ -19,17 +19,17 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
-from .. import releases
-from ..releases import Release
-from ..host.state import HostState, read_state
-from ..health import HealthError
-from ..host.release_store import ReleaseStore, last_step
-from ..rollout import Rollout
-from ..host.gate import (carry_reports, gate_record, keep_reports, prepare_release_gate, previous_report,
-                         run_release_gate, warm_plotting)
-from .rollback import after_failure, ready_to_restore
-from .venv import launch_check_key
-from ..host.checks import confirm, journal_tail, observer
+from dsv4deploy.release import records as releases
+from dsv4deploy.release.records import Release
+from dsv4deploy.host.state import HostState, read_state
+from dsv4deploy.sglang.health import HealthError
+from dsv4deploy.host.release_store import ReleaseStore, last_step
+from dsv4deploy.release.rollout import Rollout
+from dsv4deploy.host.gate import (carry_reports, gate_record, keep_reports, prepare_release_gate, previous_report,
+                                  run_release_gate, warm_plotting)
+from dsv4deploy.tasks.rollback import after_failure, ready_to_restore
+from dsv4deploy.tasks.venv import launch_check_key
+from dsv4deploy.host.checks import confirm, journal_tail, observer
 
 
 def read_locked(r: Rollout, label: str) -> HostState:

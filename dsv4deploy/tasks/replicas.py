@@ -22,20 +22,22 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import python
 
-from .. import gateway, releases, replicas
-from ..health import HealthError
-from ..host import installer, ops
-from ..host.checks import confirm, probe
-from ..host.gate import gate_record, prepare_release_gate, rolling_gate_record, run_release_gate
-from ..host.io import sh
-from ..host.release_store import ReleaseStore, RollbackError
-from ..host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, roll, start_gateway, start_set, unit_active,
-                             wait_load_reports)
-from ..host.state import VENV_MARKER, HostState
-from ..rollout import Rollout, Target
-from .release import reported
-from .service import gateway_files_differ
-from .rollback import after_failure
+from dsv4deploy.gateway import model as gateway
+from dsv4deploy.release import records as releases
+from dsv4deploy.profile import replicas
+from dsv4deploy.sglang.health import HealthError
+from dsv4deploy.host import installer, ops
+from dsv4deploy.host.checks import confirm, probe
+from dsv4deploy.host.gate import gate_record, prepare_release_gate, rolling_gate_record, run_release_gate
+from dsv4deploy.host.io import sh
+from dsv4deploy.host.release_store import ReleaseStore, RollbackError
+from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, roll, start_gateway, start_set,
+                                      unit_active, wait_load_reports)
+from dsv4deploy.host.state import VENV_MARKER, HostState
+from dsv4deploy.release.rollout import Rollout, Target
+from dsv4deploy.tasks.release import reported
+from dsv4deploy.tasks.service import gateway_files_differ
+from dsv4deploy.tasks.rollback import after_failure
 
 
 def gateway_venv_marker(r: Rollout) -> dict:

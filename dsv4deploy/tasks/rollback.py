@@ -12,15 +12,16 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
-from .. import gateway, releases
-from ..health import HealthError
-from ..host.io import sh
-from ..host.release_store import ReleaseStore, RollbackError, last_step
-from ..releases import Release
-from ..rollout import Target
-from ..host.checks import confirm, journal_tail, observer, probe
-from ..host.replicas import (ReplicaFailed, api, gateway_stale, roll, start_gateway, start_set, stop_surplus,
-                             unit_active)
+from dsv4deploy.gateway import model as gateway
+from dsv4deploy.release import records as releases
+from dsv4deploy.sglang.health import HealthError
+from dsv4deploy.host.io import sh
+from dsv4deploy.host.release_store import ReleaseStore, RollbackError, last_step
+from dsv4deploy.release.records import Release
+from dsv4deploy.release.rollout import Target
+from dsv4deploy.host.checks import confirm, journal_tail, observer, probe
+from dsv4deploy.host.replicas import (ReplicaFailed, api, gateway_stale, roll, start_gateway, start_set,
+                                      stop_surplus, unit_active)
 
 
 # A checkpoint is complete when the weights step left its marker: sizes (rsync, local sources) or
@@ -270,7 +271,7 @@ def manual_rollback(to: int | None) -> None:
             for doc in ReleaseStore(host).settle_interrupted(live_sha, healthy):
                 print(f"[{host.name}] release {doc['release']:04d}: {doc['status']} ({doc['reason']})")
 
-        from .release import reported      # tasks/release imports this module
+        from dsv4deploy.tasks.release import reported  # tasks/release imports this module
         python.call(name="settle releases left pending by an interrupted run", function=reported(settle))
 
     live = releases.current(records_)

@@ -16,15 +16,15 @@ from pyinfra import host
 from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 
-from ..boundary import escaped
-from ..hftoken import HfTokenError, hf_token_from_env
-from ..host import ops
-from ..host.io import sh
-from ..host.state import HostState
-from ..layout import ETC
-from .release import Pending
-from .rollback import stop_set_units
-from ..rollout import Rollout
+from dsv4deploy.profile.boundary import escaped
+from dsv4deploy.weights.hftoken import HfTokenError, hf_token_from_env
+from dsv4deploy.host import ops
+from dsv4deploy.host.io import sh
+from dsv4deploy.host.state import HostState
+from dsv4deploy.render.layout import ETC
+from dsv4deploy.tasks.release import Pending
+from dsv4deploy.tasks.rollback import stop_set_units
+from dsv4deploy.release.rollout import Rollout
 
 LEGACY_SECRETS_ENV = f"{ETC}/secrets.env"   # before systemd credentials: adopted once, never read by the unit
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from .. import uvpip
-from ..host import installer, ops
-from ..host.state import HOST_PACKAGES, HostState, directories
-from ..layout import GATE_USER
-from ..rollout import Rollout
+from dsv4deploy.host import uvpip
+from dsv4deploy.host import installer, ops
+from dsv4deploy.host.state import HOST_PACKAGES, HostState, directories
+from dsv4deploy.render.layout import GATE_USER
+from dsv4deploy.release.rollout import Rollout
 
 
 @deploy("Host packages")

@@ -24,19 +24,19 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, server
 
-from ..host import ISOLATED, installer, ops
-from .. import releases
-from ..host.state import PARSER_LOCK, PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
-from ..profiles import REPO_ROOT
-from ..render import SGLANG_CONFIG_CREDENTIAL
-from ..sglang_versions import lock_file, lock_sha256, parser_lock_file
-from ..rollout import Rollout
+from dsv4deploy.host import ISOLATED, installer, ops
+from dsv4deploy.release import records as releases
+from dsv4deploy.host.state import PARSER_LOCK, PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
+from dsv4deploy.profile.load import REPO_ROOT
+from dsv4deploy.render.unit import SGLANG_CONFIG_CREDENTIAL
+from dsv4deploy.sglang.versions import lock_file, lock_sha256, parser_lock_file
+from dsv4deploy.release.rollout import Rollout
 
 # SGLang's own parser, as `sglang serve` builds it, run by launch_parser.py (a host program): from
 # the table it captured in this venv when it has one (no SGLang import: 0.1 s instead of 3-5 s),
 # else imported, which captures the table; on a refusal only argparse's message (its usage lists
 # every flag: 500 lines above the one that matters).
-LAUNCH_PARSER = (Path(package_files("dsv4deploy")) / "launch_parser.py").read_text()
+LAUNCH_PARSER = (Path(package_files("dsv4deploy")) / "sglang" / "launch_parser.py").read_text()
 PARSER_TABLE = "dsv4deploy.parser.json"      # in the venv, next to its marker
 
 
@@ -44,14 +44,16 @@ def stand_in_archive() -> bytes:
     """The twin server's stand-in as one reproducible tar.gz: only what it imports (its module
     and the flag data), so an unrelated change in the project does not restart the twin."""
     pkg = Path(package_files("dsv4deploy"))
-    members = [pkg / "__init__.py", pkg / "patches.py"]
-    for part in ("twin", "data"):
-        members += sorted(p for p in (pkg / part).rglob("*")
+    root = pkg.parent
+    members = [pkg / "__init__.py", pkg / "sglang" / "__init__.py", pkg / "sglang" / "patches.py",
+               root / "ct200twin" / "__init__.py"]
+    for part in (root / "ct200twin" / "server", pkg / "data"):
+        members += sorted(p for p in part.rglob("*")
                           if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in members:
-            info = tarfile.TarInfo(f"dsv4deploy/{path.relative_to(pkg).as_posix()}")
+            info = tarfile.TarInfo(path.relative_to(root).as_posix())
             data = path.read_bytes()
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
@@ -78,7 +80,7 @@ def installs(r: Rollout) -> list[str]:
     stand_in = r.stand_ins.get("sglang")
     if stand_in:
         # The twin cannot hold SGLang with CUDA torch: its stand-in is this project's twin server
-        # (dsv4deploy.twin.server, same argv and HTTP API), plus the real SGLang wheel without its
+        # (ct200twin.server.main, same argv and HTTP API), plus the real SGLang wheel without its
         # dependencies (its files are what the profile's patches apply to) and, pinned by the
         # parser lock, what SGLang's own parser imports (CPU torch), for the launch check.
         # The server's own imports are byte-compiled (it runs as the service user, who cannot
@@ -187,7 +189,7 @@ def launch_parser(r: Rollout) -> tuple[str, str]:
     keeps it (no parser lock for the release, or DSV4_SIM_LAUNCH_CHECK=twin), the twin's."""
     version = r.data["sglang"]["version"]
     if r.stand_ins.get("sglang") and not twin_parser_lock(r):
-        module = r.stand_ins.get("launch_check_module", "dsv4deploy.twin.args")
+        module = r.stand_ins.get("launch_check_module", "ct200twin.server.args")
         return (f"{r.layout.python} {ISOLATED} -m {module}",
                 f"the twin's parser (stand-in: SGLang {version}'s flags and their arity, no value checks)")
     q = shlex.quote

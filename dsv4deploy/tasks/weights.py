@@ -20,12 +20,12 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import StateStage
 from pyinfra.operations import files, server
 
-from ..host import ops
-from ..host.facts import Checkpoint, checker_command
-from ..host.state import HostState
-from ..layout import STATE
-from ..rollout import Rollout
-from ..weights_source import hub_expectation, local_expectation, rsync_folder
+from dsv4deploy.host import ops
+from dsv4deploy.host.facts import Checkpoint, checker_command
+from dsv4deploy.host.state import HostState
+from dsv4deploy.render.layout import STATE
+from dsv4deploy.release.rollout import Rollout
+from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
 
 MARKER = ".dsv4deploy-complete.json"
 

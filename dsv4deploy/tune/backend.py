@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..profiles import Profile
-from .candidates import Candidate
-from .objective import Method
-from .scheduler import Measure
+from dsv4deploy.profile.load import Profile
+from dsv4deploy.tune.candidates import Candidate
+from dsv4deploy.tune.objective import Method
+from dsv4deploy.tune.scheduler import Measure
 
 
 class NoBackend(Exception):
@@ -49,9 +49,9 @@ def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
     """The measuring backend for the hosts of `inventory`, starting from `base`: the rollout
     itself (dsv4deploy/tune/rollout_backend.py). The release serving now is what a cut-off or
     fruitless search puts back."""
-    from ..host.connect import RemoteError, connected, on
-    from ..host.release_store import ReleaseStore
-    from .rollout_backend import RolloutBackend
+    from dsv4deploy.host.connect import RemoteError, connected, on
+    from dsv4deploy.host.release_store import ReleaseStore
+    from dsv4deploy.tune.rollout_backend import RolloutBackend
 
     try:
         with connected(inventory) as hosts:

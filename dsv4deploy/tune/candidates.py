@@ -15,12 +15,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from ..boundary import value_problems
-from ..errors import Problem
-from ..profiles import NOT_DEPLOYED, Profile, schema_problems
-from ..validate import Report, validate
-from .knobs import KNOBS
-from .space import Space
+from dsv4deploy.profile.boundary import value_problems
+from dsv4deploy.profile.errors import Problem
+from dsv4deploy.profile.load import NOT_DEPLOYED, Profile, schema_problems
+from dsv4deploy.profile.validate import Report, validate
+from dsv4deploy.tune.knobs import KNOBS
+from dsv4deploy.tune.space import Space
 
 BASE_ID = "base"
 

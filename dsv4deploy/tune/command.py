@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ProfileError
-from ..profiles import REPO_ROOT, Profile, load_profile, profiles_dir
-from ..validate import validate
-from .backend import Backend
-from .candidates import Candidate, build_candidates
-from .objective import Method, method_for
-from .report import TuneReport, report_dir, write_report
-from .scheduler import TuneResult, successive_halving
-from .space import Space, build_space
-from .state import TuneState
-from .tuned import check_target, tuned_name, write_tuned
+from dsv4deploy.profile.errors import ProfileError
+from dsv4deploy.profile.load import REPO_ROOT, Profile, load_profile, profiles_dir
+from dsv4deploy.profile.validate import validate
+from dsv4deploy.tune.backend import Backend
+from dsv4deploy.tune.candidates import Candidate, build_candidates
+from dsv4deploy.tune.objective import Method, method_for
+from dsv4deploy.tune.report import TuneReport, report_dir, write_report
+from dsv4deploy.tune.scheduler import TuneResult, successive_halving
+from dsv4deploy.tune.space import Space, build_space
+from dsv4deploy.tune.state import TuneState
+from dsv4deploy.tune.tuned import check_target, tuned_name, write_tuned
 
 STATE_DIR = REPO_ROOT / ".cache" / "tune"
 REPORTS_DIR = REPO_ROOT / "reports"

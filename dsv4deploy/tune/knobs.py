@@ -17,9 +17,9 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from ..boundary import TEXT, Rule
-from ..errors import Problem, ProfileError
-from ..profiles import schema
+from dsv4deploy.profile.boundary import TEXT, Rule
+from dsv4deploy.profile.errors import Problem, ProfileError
+from dsv4deploy.profile.load import schema
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from ..gate.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, GateSpec
-from ..profiles import Profile
-from .space import Space
+from dsv4deploy.gate.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, GateSpec
+from dsv4deploy.profile.load import Profile
+from dsv4deploy.tune.space import Space
 
 
 @dataclass(frozen=True)

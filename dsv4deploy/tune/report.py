@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .candidates import Candidate
-from .objective import Method, pareto_front
-from .scheduler import Trial, TuneResult
-from .space import Space
+from dsv4deploy.tune.candidates import Candidate
+from dsv4deploy.tune.objective import Method, pareto_front
+from dsv4deploy.tune.scheduler import Trial, TuneResult
+from dsv4deploy.tune.space import Space
 
 SCHEMA = "dsv4deploy.tune.report/1"
 LATENCIES = (("p99_ttft_ms", "p99 TTFT"), ("p99_tpot_ms", "p99 TPOT"))

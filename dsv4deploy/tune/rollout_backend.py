@@ -22,11 +22,11 @@ from typing import Callable
 
 import yaml
 
-from ..profiles import REPO_ROOT, Profile, profiles_dir
-from .backend import Backend
-from .candidates import Candidate
-from .knobs import KNOBS
-from .objective import Level, Measurement, Method
+from dsv4deploy.profile.load import REPO_ROOT, Profile, profiles_dir
+from dsv4deploy.tune.backend import Backend
+from dsv4deploy.tune.candidates import Candidate
+from dsv4deploy.tune.knobs import KNOBS
+from dsv4deploy.tune.objective import Level, Measurement, Method
 
 REPORT_LINE = re.compile(r"gate report: (\S+)")
 DEPLOYED = re.compile(r"release (\d{4}) deployed")

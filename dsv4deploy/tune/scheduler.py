@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .candidates import Candidate
-from .objective import Level, Measurement, Method, infeasible
-from .state import TuneState
+from dsv4deploy.tune.candidates import Candidate
+from dsv4deploy.tune.objective import Level, Measurement, Method, infeasible
+from dsv4deploy.tune.state import TuneState
 
 Measure = Callable[[Candidate, Level], Measurement]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ..errors import Problem, ProfileError
-from ..profiles import Profile
-from .knobs import KNOBS, Knob, parse_set
+from dsv4deploy.profile.errors import Problem, ProfileError
+from dsv4deploy.profile.load import Profile
+from dsv4deploy.tune.knobs import KNOBS, Knob, parse_set
 
 MAX_CANDIDATES = 256          # each candidate may cost a server restart: more is not a search, it is a week
 DEFAULT_BUDGET_S = 1800

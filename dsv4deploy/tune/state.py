@@ -16,8 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..errors import Problem, ProfileError
-from .objective import Measurement, Method
+from dsv4deploy.profile.errors import Problem, ProfileError
+from dsv4deploy.tune.objective import Measurement, Method
 
 SCHEMA = "dsv4deploy.tune.state/1"
 

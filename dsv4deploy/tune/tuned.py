@@ -15,12 +15,12 @@ from pathlib import Path
 
 import yaml
 
-from ..boundary import TEXT, check_name
-from ..errors import Problem, ProfileError
-from ..profiles import load_profile, profiles_dir
-from ..validate import validate
-from .candidates import Candidate
-from .knobs import KNOBS
+from dsv4deploy.profile.boundary import TEXT, check_name
+from dsv4deploy.profile.errors import Problem, ProfileError
+from dsv4deploy.profile.load import load_profile, profiles_dir
+from dsv4deploy.profile.validate import validate
+from dsv4deploy.tune.candidates import Candidate
+from dsv4deploy.tune.knobs import KNOBS
 
 HEADER = "# yaml-language-server: $schema=../dsv4deploy/schema/profile.schema.json"
 MARKER = "# Written by `dsv4deploy tune`"

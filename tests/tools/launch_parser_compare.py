@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs inside an SGLang parser venv (tests/tools/sglang_parser.py) for tests/test_launch_parser_sglang.py:
-SGLang's own parser against the one dsv4deploy/launch_parser.py rebuilds from its captured table,
+SGLang's own parser against the one dsv4deploy/sglang/launch_parser.py rebuilds from its captured table,
 argv by argv, in one process (one SGLang import). Reads {"program": path, "argvs": [[...]]} on
 stdin; prints {"table": {...}, "results": [{"real": verdict, "rebuilt": verdict}]} where a verdict
 is {"code": 0 | 2, "message": argparse's last stderr line} and rebuilt may also be "sglang" (the

@@ -180,7 +180,7 @@ class ParserToolError(RuntimeError):
 # --- the venv ---------------------------------------------------------------------------------
 
 def parser_lock_path(version: str) -> Path:
-    """Where the parser lock of VERSION lives (dsv4deploy.sglang_versions.parser_lock_file: this
+    """Where the parser lock of VERSION lives (dsv4deploy.sglang.versions.parser_lock_file: this
     file stays stdlib-only, it also runs inside the built venv)."""
     return REPO / "dsv4deploy" / "data" / "sglang" / f"{version}.parser.lock"
 
@@ -239,7 +239,7 @@ def _installer(python: str) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of `uv pip install` into the venv of PYTHON, as make venv fills the
     control venv."""
     sys.path.insert(0, str(REPO))
-    from dsv4deploy import uvpip
+    from dsv4deploy.host import uvpip
     return uvpip.install_command(python, [])
 
 
@@ -275,7 +275,7 @@ def ensure(version: str, log=None) -> Path:
         try:
             _run([_base_python(), "-m", "venv", str(tmp)], log)
             py = str(tmp / "bin" / "python")
-            # uv (dsv4deploy/uvpip.py: pip's indexes and find-links carried over), not pip:
+            # uv (dsv4deploy/host/uvpip.py: pip's indexes and find-links carried over), not pip:
             # the same wheels, a build in 40 s where pip's took 113 s; like pip --no-compile, it
             # writes no bytecode (the parser's own imports write theirs once)
             uv, env = _installer(py)

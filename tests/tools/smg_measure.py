@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Measure the real smg gateway in front of two twin servers, on loopback only, and record what
 it answers: docs/replicas.md ("smg, as measured") quotes the transcript, tests/fixtures/smg/
-holds the API answers dsv4deploy.gateway parses (the key scrubbed to <KEY>).
+holds the API answers dsv4deploy.gateway.model parses (the key scrubbed to <KEY>).
 
     python3 -m venv .cache/smg-venv && .cache/smg-venv/bin/pip install smg==1.13.0
     .venv/bin/python tests/tools/smg_measure.py --smg-python .cache/smg-venv/bin/python \\
         [--fixtures tests/fixtures/smg] [--transcript .cache/smg-transcript.txt]
 
 Ports: twins 127.0.0.1:31001 and :31002, the gateway :31000, its metrics :31009 (never 30000).
-The gateway runs through dsv4deploy/gateway_launcher.py with dsv4deploy.gateway.launch_flags,
+The gateway runs through dsv4deploy/gateway/launcher.py with dsv4deploy.gateway.model.launch_flags,
 the key in a credentials folder, as the rendered unit runs it.
 """
 
@@ -31,8 +31,8 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from dsv4deploy import gateway  # noqa: E402
-from dsv4deploy.twin.server import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
+from dsv4deploy.gateway import model as gateway  # noqa: E402
+from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
 
 GW, GW_PORT, METRICS_PORT, PORTS = "http://127.0.0.1:31000", 31000, 31009, (31001, 31002)
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         t.wait_ready()
     urls = [f"http://127.0.0.1:{p}" for p in PORTS]
     flags = gateway.launch_flags(urls, "127.0.0.1", GW_PORT, args.policy, METRICS_PORT, "/ready", 5)
-    argv = gateway.launcher_argv(args.smg_python, str(REPO / "dsv4deploy" / "gateway_launcher.py"), flags, keyed=True)
+    argv = gateway.launcher_argv(args.smg_python, str(REPO / "dsv4deploy" / "gateway" / "launcher.py"), flags, keyed=True)
     rec.log("gateway argv:", " ".join(argv))
     log = open(tmp / "smg.log", "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

@@ -11,7 +11,7 @@ from pathlib import Path
 import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO)); sys.path.insert(0, str(REPO / "tests" / "tools"))
-from dsv4deploy import gateway
+from dsv4deploy.gateway import model as gateway
 from smg_measure import start_twin, counts
 key = "sk-policy-test-1234"; H = {"Authorization": f"Bearer {key}"}
 tmp = Path(tempfile.mkdtemp()); (tmp/"c").mkdir(); (tmp/"c"/gateway.KEY_CREDENTIAL).write_text(key)
@@ -20,7 +20,7 @@ import atexit; atexit.register(lambda: [t.stop() for t in twins.values()])
 for t in twins.values(): t.wait_ready()
 for policy in sys.argv[2:]:
     flags = gateway.launch_flags([t.url for t in twins.values()], "127.0.0.1", 31000, policy, 31009, "/ready", 5)
-    proc = subprocess.Popen(gateway.launcher_argv(sys.argv[1], str(REPO / "dsv4deploy" / "gateway_launcher.py"), flags, True),
+    proc = subprocess.Popen(gateway.launcher_argv(sys.argv[1], str(REPO / "dsv4deploy" / "gateway" / "launcher.py"), flags, True),
                             stdout=open(tmp/"smg.log","w"), stderr=subprocess.STDOUT, env={**os.environ, "CREDENTIALS_DIRECTORY": str(tmp/"c")})
     def listed():
         try:

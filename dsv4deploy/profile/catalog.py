@@ -1,0 +1,52 @@
+"""The model and GPU catalog (data/catalog.yaml): facts profiles should not repeat."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import yaml
+
+from dsv4deploy import PACKAGE_DATA
+
+
+@dataclass(frozen=True)
+class Gpu:
+    key: str
+    name: str
+    memory_mib: int
+    compute_cap: str
+    min_driver_branch: int
+    interconnect: str
+
+
+@dataclass(frozen=True)
+class Model:
+    repo: str
+    description: str
+    size_gib: float
+    shards: int
+    replicated_gib: float
+    max_context: int
+    attention_heads: int
+    kv_bytes_per_token: float
+    quantization_flag: str | None
+    architecture: str
+
+
+@cache
+def _catalog() -> dict:
+    return yaml.safe_load((PACKAGE_DATA / "catalog.yaml").read_text())
+
+
+def gpu(key: str) -> Gpu:
+    return Gpu(key=key, **_catalog()["gpus"][key])
+
+
+def model(repo: str) -> Model | None:
+    entry = _catalog()["models"].get(repo)
+    return Model(repo=repo, **entry) if entry else None
+
+
+def model_repos() -> list[str]:
+    return sorted(_catalog()["models"])

@@ -1,0 +1,180 @@
+"""What one deploy run works from, decided before pyinfra touches the host: the validated
+profile, its rendered files, the host paths, and the stand-ins an inventory names for parts
+that cannot exist on that host (the twin has no CUDA torch and no NVIDIA apt repository).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+
+from pyinfra.api import DeployError
+
+from dsv4deploy.profile.errors import ProfileError
+from dsv4deploy.cli.inventories import placeholder_problem
+from dsv4deploy.render.layout import Layout
+from dsv4deploy.profile.load import Profile, load_profile
+from dsv4deploy.release.records import Release
+from dsv4deploy.render.unit import SGLANG_MODULE, Rendered, render
+from dsv4deploy.profile.replicas import ReplicaPlan
+from dsv4deploy.profile import replicas
+from dsv4deploy.profile.validate import Report, validate
+
+
+@dataclass(frozen=True)
+class Target:
+    """One release's service on the host: its paths and how to reach and recognise it. For a
+    profile with `replicas:` the Target is the whole set (reached through the gateway), and
+    `replica(i)` is instance i alone (reached on its own loopback port)."""
+
+    data: dict
+    layout: Layout
+    index: int | None = None          # a replica of the set, or None
+    kept_gateway_venv: str | None = None   # as a kept release's manifest names it (as_kept)
+
+    @classmethod
+    def of(cls, data: dict) -> "Target":
+        return cls(data=data, layout=Layout.of(data))
+
+    @property
+    def plan(self) -> ReplicaPlan | None:
+        return replicas.plan(self.data)
+
+    def as_kept(self, manifest: dict | None) -> "Target":
+        """This service as release's kept MANIFEST says it ran: the venv (and the gateway's) it was
+        built with. A newer dsv4deploy whose lock files changed names a profile's venv differently,
+        and pruning or a restore must look at the one the kept unit starts, not that one."""
+        if not manifest or not isinstance(manifest.get("patchset"), str):
+            return self
+        gateway = manifest.get("gateway") if isinstance(manifest.get("gateway"), dict) else {}
+        return replace(self, layout=replace(self.layout, patchset=manifest["patchset"]),
+                       kept_gateway_venv=gateway.get("venv") or self.kept_gateway_venv)
+
+    @property
+    def gateway_venv(self) -> str | None:
+        """The smg venv this replica set runs its gateway from (None without replicas)."""
+        return (self.kept_gateway_venv or replicas.gateway_venv(self.data)) if self.plan else None
+
+    @property
+    def is_set(self) -> bool:
+        return self.plan is not None and self.index is None
+
+    def replica(self, index: int) -> "Target":
+        return replace(self, index=index)
+
+    @property
+    def replica_targets(self) -> list["Target"]:
+        return [self.replica(r.index) for r in self.plan.replicas] if self.plan else []
+
+    @property
+    def unit(self) -> str:
+        if self.index is not None:
+            return f"{self.layout.instance(self.index)}.service"
+        if self.plan is not None:
+            return f"{self.layout.gateway_service}.service"
+        return f"{self.layout.service}.service"
+
+    @property
+    def units(self) -> list[str]:
+        """Every unit this release runs: the server, or each replica's instance and the gateway."""
+        return [t.unit for t in self.replica_targets] + [self.unit] if self.is_set else [self.unit]
+
+    @property
+    def port(self) -> int:
+        plan = self.plan
+        if plan is None:
+            return self.data["server"]["port"]
+        return plan.gateway.port if self.index is None else plan.replicas[self.index].port
+
+    @property
+    def base_url(self) -> str:
+        plan = self.plan
+        if plan is not None:
+            return plan.replicas[self.index].url if self.index is not None else _url(plan.gateway.host, plan.gateway.port)
+        return _url(self.data["server"]["host"], self.data["server"]["port"])
+
+    @property
+    def label(self) -> str:
+        return f"replica {self.index} ({self.unit})" if self.index is not None else self.unit
+
+    @property
+    def expected_server_info(self) -> dict:
+        """What /server_info must say for the process to be this release's server."""
+        server = self.data["server"]
+        expected = {"model_path": self.layout.model_dir, "tp_size": server["tp_size"],
+                    "mem_fraction_static": server["mem_fraction_static"]}
+        if server.get("context_length"):
+            expected["context_length"] = server["context_length"]
+        return expected
+
+
+def _url(host: str, port: int) -> str:
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@dataclass
+class Run:
+    """What this run learns while pyinfra executes its steps (their callbacks run after the
+    plan is made): the release it recorded, once the switch has written begin_release's record."""
+
+    release: Release | None = None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    profile: Profile
+    report: Report
+    rendered: Rendered
+    layout: Layout
+    module: str
+    stand_ins: dict = field(default_factory=dict)   # inventory data `stand_ins`
+    weights_source: dict = field(default_factory=dict)
+    allow_reboot: bool = False
+    expect_compute_cap: str | None = None            # inventory data: the GPUs' compute capability
+    run: Run = field(default_factory=Run)            # execution-time state of this run
+
+    @property
+    def data(self) -> dict:
+        return self.profile.data
+
+    @property
+    def manifest_sha256(self) -> str:
+        return hashlib.sha256(self.rendered.manifest.encode()).hexdigest()
+
+    @property
+    def target(self) -> Target:
+        return Target(data=self.profile.data, layout=self.layout)
+
+
+def rollout_for(host_data) -> Rollout:
+    """Build the Rollout from the host data: `profile` (set by the inventory, or `--data profile=`)
+    and the inventory's stand-ins.
+
+    A bad profile raises DeployError here, in pyinfra's prepare stage: nothing is changed. (This
+    project's inventories refuse it earlier, before connecting: dsv4deploy/cli/inventories.py.)"""
+    name = host_data.get("profile")
+    if not name:
+        raise DeployError("no profile given: set it in the inventory's host data (inventory/ct200.py reads "
+                          "CT200_PROFILE), or use --data profile=NAME (make deploy PROFILE=NAME)")
+    try:
+        profile = load_profile(str(name))
+        report = validate(profile)
+    except ProfileError as exc:
+        raise DeployError(f"invalid profile {name}:\n{exc}") from None
+    if report.errors:
+        raise DeployError(f"invalid profile {name}:\n" + "\n".join(map(str, report.problems)))
+    if not host_data.get("weights_source") and (unpinned := placeholder_problem(profile)):
+        raise DeployError(f"invalid profile {name} for this host:\n{unpinned}")
+    stand_ins = dict(host_data.get("stand_ins") or {})
+    module = stand_ins.get("server_module", SGLANG_MODULE)
+    weights_source = dict(host_data.get("weights_source") or profile.data["model"]["source"])
+    if "{repo}" in weights_source.get("path", ""):
+        weights_source["path"] = weights_source["path"].format(repo=profile.data["model"]["repo"].replace("/", "--"))
+    if host_data.get("sim") and weights_source.get("type") == "rsync":
+        from ct200twin.host.checkpoint import make_checkpoint  # the twin's small stand-in checkpoint
+        make_checkpoint(profile.data["model"]["repo"])
+    return Rollout(profile=profile, report=report, rendered=render(profile, module=module),
+                   layout=Layout.of(profile.data), module=module, stand_ins=stand_ins,
+                   weights_source=weights_source, allow_reboot=bool(host_data.get("allow_reboot", False)),
+                   expect_compute_cap=host_data.get("expect_compute_cap"))

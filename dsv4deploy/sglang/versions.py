@@ -1,0 +1,100 @@
+"""What each SGLang release accepts, kept as data (data/sglang/): its option strings, dumped
+from the release's own parser, and a few facts (versions.yaml). A version with no data is
+refused: guessing flag spellings is how launch scripts broke in the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+
+import yaml
+
+from dsv4deploy import PACKAGE_DATA
+
+_DIR = PACKAGE_DATA / "sglang"
+
+
+@dataclass(frozen=True)
+class VersionFacts:
+    version: str
+    flags: frozenset[str]
+    cuda_graph_max_bs_flag: str
+    has_ready_endpoint: bool
+    nvfp4_dsv4_moe: bool
+    moe_runner_backends: tuple[str, ...]
+    secrets_mask_patch: str | None = None   # sha256 of the patch that masks api_key in logs
+    nvfp4_dsv4_moe_patch: str | None = None  # sha256 of the PR #25820 backport (releases without it)
+    min_driver_branch: int = 0
+    arity: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    def accepts(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def takes(self, flag: str) -> str | None:
+        """How many argv words `flag` takes ('0', '1', '?', '*', '+'), None when not known."""
+        return self.arity.get(flag)
+
+
+@cache
+def _table() -> dict:
+    return yaml.safe_load((_DIR / "versions.yaml").read_text()) or {}
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """`0.5.13.post1` -> (0, 5, 13, 1), `0.5.14` -> (0, 5, 14, 0): release order."""
+    parts = version.split(".")
+    post = int(parts[3][4:]) if len(parts) > 3 and parts[3].startswith("post") else 0
+    return (*(int(x) for x in parts[:3]), post)
+
+
+def known_versions() -> list[str]:
+    return sorted((v for v in _table() if (_DIR / f"{v}.flags").is_file()), key=version_key)
+
+
+@cache
+def facts(version: str) -> VersionFacts | None:
+    entry = _table().get(version)
+    flag_file = _DIR / f"{version}.flags"
+    if entry is None or not flag_file.is_file():
+        return None
+    flags = frozenset(line.strip() for line in flag_file.read_text().splitlines() if line.strip())
+    arity_file = _DIR / f"{version}.arity"
+    arity = dict(line.split() for line in arity_file.read_text().splitlines()
+                 if line.strip()) if arity_file.is_file() else {}
+    return VersionFacts(
+        version=version,
+        flags=flags,
+        cuda_graph_max_bs_flag=entry["cuda_graph_max_bs_flag"],
+        has_ready_endpoint=bool(entry["has_ready_endpoint"]),
+        nvfp4_dsv4_moe=bool(entry["nvfp4_dsv4_moe"]),
+        moe_runner_backends=tuple(entry.get("moe_runner_backends") or ()),
+        secrets_mask_patch=entry.get("secrets_mask_patch"),
+        nvfp4_dsv4_moe_patch=entry.get("nvfp4_dsv4_moe_patch"),
+        min_driver_branch=int(entry.get("min_driver_branch") or 0),
+        arity=arity,
+    )
+
+
+def lock_file(version: str):
+    """The release's lock file (data/sglang/<version>.lock: every package its venv holds, pinned),
+    or None when none is shipped (pip then resolves SGLang's own requirements)."""
+    path = _DIR / f"{version}.lock"
+    return path if path.is_file() else None
+
+
+def parser_lock_file(version: str):
+    """What the release's own argument parser imports, pinned, with CPU torch
+    (data/sglang/<version>.parser.lock): a machine without GPUs (the CT200 twin) installs it next
+    to `sglang --no-deps` and runs SGLang's own launch check. None when none is shipped."""
+    path = _DIR / f"{version}.parser.lock"
+    return path if path.is_file() else None
+
+
+@cache
+def lock_sha256(version: str) -> str | None:
+    path = lock_file(version)
+    if path is None:
+        return None
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,0 +1,2 @@
+"""Model weights: what a checkpoint must hold file by file, the check that runs on the host, and
+the operator's Hugging Face token."""
