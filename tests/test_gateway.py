@@ -82,7 +82,8 @@ def test_accepted_answers_give_the_worker_id():
 
 
 def test_a_pending_worker_parses_with_its_status():
-    w = gateway.parse_worker(body("worker_pending.json"))
+    """A worker smg still adds (its `job_status` entry) is listed, but not routable yet."""
+    w = gateway.parse_workers(json.dumps({"workers": [json.loads(body("worker_pending.json"))]}).encode())[0]
     assert w.status == "pending" and not w.routable
 
 

@@ -17,6 +17,7 @@ import requests
 
 from dsv4deploy.gateway import model as gateway
 from ct200twin.server.main import LocalTwin, free_port, nvfp4_ctx8k_argv
+from tools.smg_measure import urllib_http
 
 SMG_PYTHON = os.environ.get("DSV4_SMG_PYTHON")
 # Not marked slow: that marker starts the twin/parser prebuilds (tests/conftest.py), which this needs neither of.
@@ -56,7 +57,7 @@ def stack(tmp_path_factory):
 
 def _listed(url) -> int:
     try:
-        return len(gateway.list_workers(gateway.urllib_http, url, KEY))
+        return len(gateway.list_workers(urllib_http, url, KEY))
     except gateway.GatewayError:
         return 0
 
@@ -79,17 +80,17 @@ def test_drain_waits_for_the_stream_in_flight_then_readmit_routes_to_it_again(st
     time.sleep(1.0)
     victim = twins[0].url
     started = time.monotonic()
-    drained = gateway.drain(gateway.urllib_http, url, KEY, victim, timeout_s=60, poll_s=0.25)
+    drained = gateway.drain(urllib_http, url, KEY, victim, timeout_s=60, poll_s=0.25)
     for th in threads:
         th.join()
     assert drained.idle_s is not None and drained.in_flight == 0
     assert drained.removed_s >= 4.5          # smg's 5 s settle time, not the stream's length
     assert drained.idle_s > drained.removed_s  # the stream outlived the removal: the drain waited on it
     assert done["last"] == b"data: [DONE]" and done["chunks"] == 200
-    assert gateway.find(gateway.list_workers(gateway.urllib_http, url, KEY), victim) is None
+    assert gateway.find(gateway.list_workers(urllib_http, url, KEY), victim) is None
     assert started + drained.idle_s <= time.monotonic()
 
-    w = gateway.readmit(gateway.urllib_http, url, KEY, victim, timeout_s=30, poll_s=0.25)
+    w = gateway.readmit(urllib_http, url, KEY, victim, timeout_s=30, poll_s=0.25)
     assert w.routable
     served = []
     for _ in range(4):

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from dsv4deploy.sglang import patching
-from dsv4deploy.host.facts import PatchApplied
 
 A = "line 1\nline 2\nline 3\nline 4\nline 5\n"
 B = "alpha\nbeta\ngamma\ndelta\nepsilon\n"
@@ -64,8 +63,8 @@ def _patch(tmp_path, text=PATCH) -> tuple[Path, str]:
 
 
 def _state(site, patch) -> bool:
-    fact = PatchApplied()
-    return fact.process(_sh(fact.command(str(site), str(patch), 2)).stdout.splitlines())
+    """The check the venv step's fact (PatchesApplied) runs for each patch."""
+    return patching.parse_state(_sh(patching.state_command(str(site), str(patch), 2)).stdout.splitlines())
 
 
 def test_apply_once_then_applied(site, tmp_path):
@@ -115,17 +114,13 @@ class _Host:
     def __init__(self):
         self.noops = []
 
-    def get_fact(self, fact_cls, **kwargs):
-        fact = fact_cls()
-        return fact.process(_sh(fact.command(**kwargs)).stdout.splitlines())
-
     def noop(self, message):
         self.noops.append(message)
 
 
 def test_the_operation_yields_the_apply_command_then_nothing(site, tmp_path, monkeypatch):
     """patch_applied (pyinfra operation body, host stand-in): the command, then a no-op once the
-    host's state (the PatchApplied fact, run here) says it is in."""
+    host's state (the fact's check, run here) says it is in."""
     from dsv4deploy.host import ops
     patch, sha = _patch(tmp_path)
     host = _Host()

@@ -5,7 +5,7 @@ SGLang is the real wheel in the CPU parser venv (tests/tools/sglang_parser.py; b
 never skipped). Its ``sglang`` package is copied into temp dirs (checked file by file against the
 wheel's RECORD; the shared cache is never touched). The venv step's own code applies the patch:
 ``dsv4deploy.tasks.venv.patch_applied`` (the pyinfra operation, its body called with a host
-stand-in that runs its PatchApplied fact here) yields the command, which runs here with ``sh -c``
+stand-in that runs its fact's check here) yields the command, which runs here with ``sh -c``
 as pyinfra runs it on the host. Both come from dsv4deploy.sglang.patching.
 
 Shown:
@@ -45,7 +45,6 @@ import sglang_parser  # noqa: E402
 from dsv4deploy.sglang import patching  # noqa: E402
 from dsv4deploy.sglang.patches import PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM  # noqa: E402
 from dsv4deploy.host import ops  # noqa: E402
-from dsv4deploy.host.facts import PatchApplied  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -91,14 +90,10 @@ def _sh(cmd: str) -> subprocess.CompletedProcess:
 
 
 class _LocalHost:
-    """Stands in for pyinfra's `host` inside the operation body: facts run here with `sh -c`."""
+    """Stands in for pyinfra's `host` inside the operation body."""
 
     def __init__(self):
         self.noops: list[str] = []
-
-    def get_fact(self, fact_cls, **kwargs):
-        fact = fact_cls()
-        return fact.process(_sh(fact.command(**kwargs)).stdout.splitlines())
 
     def noop(self, message: str) -> None:
         self.noops.append(message)
@@ -109,7 +104,8 @@ def deploy_patch(site: Path, patch_file: Path, strip: int = 2, sha256: str | Non
     command it yields runs in `site`. Returns {"noop": bool, "commands": [...], "runs": [...]}."""
     sha256 = sha256 or hashlib.sha256(patch_file.read_bytes()).hexdigest()
     fake = _LocalHost()
-    applied = fake.get_fact(PatchApplied, directory=str(site), patch_file=str(patch_file), strip=strip)
+    # the venv step's fact (PatchesApplied) runs this check for each patch
+    applied = patching.parse_state(_sh(patching.state_command(str(site), str(patch_file), strip)).stdout.splitlines())
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ops, "host", fake)
         commands = [c.get_raw_value() for c in ops.patch_applied._inner(

@@ -27,8 +27,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 import sglang_parser  # noqa: E402
 
+from dsv4deploy import PACKAGE_DATA  # noqa: E402
 from dsv4deploy.sglang import patches  # noqa: E402
-from dsv4deploy.host.facts import PatchApplied  # noqa: E402
+from dsv4deploy.sglang import patching  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -56,12 +57,11 @@ def _sh(cmd: str) -> subprocess.CompletedProcess:
 
 
 def _apply_like_deploy(site: Path) -> dict:
-    """What the deploy's venv step does (PatchApplied fact, then `patch`), with the forward
-    dry-run before and the reverse dry-run after spelled out. Returns what happened."""
+    """What the deploy's venv step does (the PatchesApplied fact's check, then `patch`), with the
+    forward dry-run before and the reverse dry-run after spelled out. Returns what happened."""
     strip = int(PATCH["strip"])
-    fact = PatchApplied()
-    detect = _sh(fact.command(str(site), str(PATCH_FILE), strip))
-    if fact.process(detect.stdout.splitlines()):
+    detect = _sh(patching.state_command(str(site), str(PATCH_FILE), strip))
+    if patching.parse_state(detect.stdout.splitlines()):
         forward = _sh(f"cd {site} && patch -p{strip} --forward --dry-run < {PATCH_FILE}")
         return {"already": True, "forward_dry_run_rc": forward.returncode}
     forward = _sh(f"cd {site} && patch -p{strip} --forward --dry-run < {PATCH_FILE}")
@@ -150,7 +150,7 @@ def test_patch_sha256_is_the_pinned_one():
     pinned = re.search(r"\| sha256 \| `([0-9a-f]{64})` \|", section)
     assert pinned and pinned.group(1) == digest, "README.md's sha256 is not the patch's"
     assert f"| size | {PATCH_FILE.stat().st_size} bytes |" in section
-    assert patches.patch_path().read_bytes() == PATCH_FILE.read_bytes()
+    assert (Path(str(PACKAGE_DATA / "patches")) / PATCH_FILE.name).read_bytes() == PATCH_FILE.read_bytes()  # installed
     assert patches.profile_entry() == {k: PATCH[k] for k in ("name", "file", "sha256", "strip")}
 
 
@@ -163,7 +163,7 @@ def test_patch_touches_the_files_the_markers_name():
 def test_patch_applies_once_like_the_deploy(trees):
     assert trees["first"] == {"already": False}
     assert trees["after_first"] != trees["before"]
-    # second run: the deploy's PatchApplied fact sees it, nothing is written, and a forward
+    # second run: the deploy's PatchesApplied fact sees it, nothing is written, and a forward
     # apply would be refused
     assert trees["second"]["already"] is True
     assert trees["second"]["forward_dry_run_rc"] != 0
@@ -176,7 +176,7 @@ def test_marker_detects_the_patched_tree(trees):
     assert patches.mask_secrets_applied(trees["patched"]) is True
     assert patches.mask_secrets_applied(trees["pristine"]) is False
     text = (trees["patched"] / "sglang/srt/sampling/watermarking/config.py").read_text()
-    assert patches.marker_line() in text.splitlines()
+    assert patches.MASK_SECRETS_MARKERS["sglang/srt/sampling/watermarking/config.py"] in text.splitlines()
 
 
 def test_patch_reverses_to_the_pristine_bytes(trees, tmp_path):

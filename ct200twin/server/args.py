@@ -64,10 +64,6 @@ def human_readable_int(value: str) -> int:
     return int(scaled)
 
 
-def _str2bool(value: str) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
-
-
 # dest -> (option strings, argparse kwargs).  Option strings absent from the release's flag
 # file are dropped, so an older/newer release's spelling behaves as it does there.
 _TYPED: list[tuple[str, list[str], dict[str, Any]]] = [

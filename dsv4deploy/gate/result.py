@@ -43,27 +43,6 @@ class Stats:
         d = d or {}
         return cls(**{k: (None if d.get(k) is None else float(d[k])) for k in STAT_KEYS})
 
-    @classmethod
-    def from_values_ms(cls, values: list[float]) -> "Stats":
-        """numpy-compatible (linear interpolation percentiles, population std)."""
-        if not values:
-            return cls()
-        v = sorted(values)
-        n = len(v)
-        mean = sum(v) / n
-        return cls(mean=mean, median=percentile(v, 50), std=(sum((x - mean) ** 2 for x in v) / n) ** 0.5,
-                   p90=percentile(v, 90), p95=percentile(v, 95), p99=percentile(v, 99), max=v[-1])
-
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    n = len(sorted_values)
-    if not n:
-        return None
-    pos = (n - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
 
 @dataclass
 class LevelResult(LevelShape):

@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -194,11 +192,6 @@ def parse_workers(body: bytes) -> list[Worker]:
     if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
         raise GatewayError("GET /workers: no 'workers' list")
     return [_worker(item, "GET /workers") for item in doc["workers"]]
-
-
-def parse_worker(body: bytes) -> Worker:
-    """GET /workers/{id}: one entry (a pending one carries `job_status`)."""
-    return _worker(_json(body, "GET /workers/{id}"), "GET /workers/{id}")
 
 
 def parse_accepted(body: bytes, what: str) -> str:
@@ -385,16 +378,3 @@ def readmit(http: Http, gateway: str, key: str | None, replica_url: str, timeout
 def _routable(http, gateway, key, replica_url) -> Worker | None:
     w = find(list_workers(http, gateway, key), replica_url)
     return w if w is not None and w.routable else None
-
-
-def urllib_http(method: str, url: str, headers: dict, body: bytes | None, timeout: float) -> tuple[int, bytes]:
-    """The HTTP callable over urllib (no proxies: the gateway and replicas are local)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    req = urllib.request.Request(url, data=body, headers=headers, method=method)
-    try:
-        with opener.open(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except urllib.error.URLError as exc:
-        raise OSError(str(exc.reason)) from None

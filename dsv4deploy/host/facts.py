@@ -343,17 +343,6 @@ class ApiKeyState(FactBase):
         return {"key": found.get("key") == "yes", "config": found.get("config") == "yes"}
 
 
-class PatchApplied(FactBase):
-    """True when the patch file is on the host and its reverse dry-run succeeds in `directory`
-    (dsv4deploy.sglang.patching.state_command)."""
-
-    def command(self, directory: str, patch_file: str, strip: int):
-        return patching.state_command(directory, patch_file, strip)
-
-    def process(self, output):
-        return patching.parse_state(output)
-
-
 class PatchesApplied(FactBase):
     """For each patch file: is it on the host and does its reverse dry-run succeed in the venv's
     site-packages? {patch_file: True|False}. (dsv4deploy.sglang.patching.state_command)"""

@@ -184,13 +184,6 @@ def json_write_command(path: str, doc: dict) -> str:
             f"&& mv {q(path)}.tmp {q(path)}")
 
 
-def write_json(h, path: str, doc: dict) -> None:
-    """Write DOC to PATH atomically, in one command."""
-    ok, _ = sh(h, json_write_command(path, doc))
-    if not ok:
-        raise DeployError(f"cannot write {path}")
-
-
 def read_json(h, path: str) -> dict | None:
     ok, out = sh(h, f"cat {shlex.quote(path)} 2>/dev/null")
     return json.loads(out) if ok and out.strip() else None

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsv4deploy import PACKAGE_DATA
-
 MASK_SECRETS_PATCH = {
     "name": "sglang-0.5.23-mask-secrets",
     "file": "dsv4deploy/data/patches/sglang-0.5.23-mask-secrets.patch",
@@ -64,18 +62,6 @@ MASK_SECRETS_MARKERS = {
     "sglang/srt/server_args.py":
         '    """dsv4deploy-mask-secrets: a secret field\'s value as ServerArgs shows it."""',
 }
-
-_MARKER_FILE = "sglang/srt/sampling/watermarking/config.py"
-
-
-def marker_line() -> str:
-    """The line the patched sglang/srt/sampling/watermarking/config.py contains."""
-    return MASK_SECRETS_MARKERS[_MARKER_FILE]
-
-
-def patch_path() -> Path:
-    """The patch file in the installed package."""
-    return Path(str(PACKAGE_DATA / "patches" / f"{MASK_SECRETS_PATCH['name']}.patch"))
 
 
 def profile_entry(patch: dict | None = None) -> dict:

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import requests
@@ -33,6 +35,20 @@ sys.path.insert(0, str(REPO))
 
 from dsv4deploy.gateway import model as gateway  # noqa: E402
 from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
+
+def urllib_http(method: str, url: str, headers: dict, body: bytes | None, timeout: float) -> tuple[int, bytes]:
+    """gateway.model's HTTP callable over urllib (no proxies: the gateway and replicas are local);
+    the deploy's own goes over SSH (host/gateway_http.py)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except urllib.error.URLError as exc:
+        raise OSError(str(exc.reason)) from None
+
 
 GW, GW_PORT, METRICS_PORT, PORTS = "http://127.0.0.1:31000", 31000, 31009, (31001, 31002)
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}
@@ -163,7 +179,7 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
             time.sleep(0.05)
     rec.log(f"/health -> {r.status_code} after {time.monotonic() - t_start:.2f}s; "
             f"GET /workers total={requests.get(GW + '/workers', headers=H).json().get('total')}")
-    got = gateway.wait_for(lambda: len(gateway.list_workers(gateway.urllib_http, GW, key)) == 2, 30, 0.1)
+    got = gateway.wait_for(lambda: len(gateway.list_workers(urllib_http, GW, key)) == 2, 30, 0.1)
     rec.log(f"both workers listed after {time.monotonic() - t_start:.2f}s: {bool(got)}")
     r = requests.get(GW + "/workers", headers=H)
     rec.fixture("workers_two_ready.json", r.status_code, r.content)
@@ -244,7 +260,7 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
     time.sleep(2.0)
     wid = gateway.find(listing(rec, H), f"http://127.0.0.1:{busy_port}").id
     rec.log(f"DELETE /workers/<{busy_port}> -> {requests.delete(f'{GW}/workers/{wid}', headers=H).status_code}")
-    gateway.wait_for(lambda: gateway.find(gateway.list_workers(gateway.urllib_http, GW, key),
+    gateway.wait_for(lambda: gateway.find(gateway.list_workers(urllib_http, GW, key),
                                           f"http://127.0.0.1:{busy_port}") is None, 15, 0.25)
     rec.log(f"replica {busy_port} removed, in flight {counts(busy_port)[1]}: SIGTERM to it now")
     twins[busy_port].stop()
@@ -270,7 +286,7 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
         rec.log(f"POST /workers again -> {r.status_code} {r.text}")
         if port == victim:
             rec.fixture("add_conflict_in_progress.json", r.status_code, r.content)
-        ok = gateway.wait_for(lambda: (w := gateway.find(gateway.list_workers(gateway.urllib_http, GW, key), url))
+        ok = gateway.wait_for(lambda: (w := gateway.find(gateway.list_workers(urllib_http, GW, key), url))
                               and w.routable, 30, 0.1)
         rec.log(f"{url} routable {time.monotonic() - t_add:.2f}s after POST: {bool(ok)}")
     r = requests.post(GW + "/workers", headers=H, json={"url": f"http://127.0.0.1:{victim}", "api_key": key})
@@ -290,7 +306,7 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
     # 7. an add without the key: smg accepts it, then cannot register the keyed replica
     wid = gateway.find(listing(rec, H), f"http://127.0.0.1:{victim}").id
     requests.delete(f"{GW}/workers/{wid}", headers=H)
-    gateway.wait_for(lambda: gateway.find(gateway.list_workers(gateway.urllib_http, GW, key),
+    gateway.wait_for(lambda: gateway.find(gateway.list_workers(urllib_http, GW, key),
                                           f"http://127.0.0.1:{victim}") is None, 15, 0.25)
     r = requests.post(GW + "/workers", headers=H, json={"url": f"http://127.0.0.1:{victim}"})
     rec.log(f"POST /workers without api_key -> {r.status_code}")
@@ -305,7 +321,7 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
     r = requests.post(GW + "/workers", headers=H, json={"url": f"http://127.0.0.1:{victim}", "api_key": key})
     rec.log(f"POST /workers with the key now -> {r.status_code} {r.text[:300]}")
     t_add = time.monotonic()
-    ok = gateway.wait_for(lambda: (w := gateway.find(gateway.list_workers(gateway.urllib_http, GW, key),
+    ok = gateway.wait_for(lambda: (w := gateway.find(gateway.list_workers(urllib_http, GW, key),
                                                      f"http://127.0.0.1:{victim}")) and w.routable, 30, 0.25)
     rec.log(f"routable {time.monotonic() - t_add:.2f}s later: {bool(ok)}")
     listing(rec, H)

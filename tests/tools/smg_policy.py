@@ -12,7 +12,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO)); sys.path.insert(0, str(REPO / "tests" / "tools"))
 from dsv4deploy.gateway import model as gateway
-from smg_measure import start_twin, counts
+from smg_measure import start_twin, counts, urllib_http
 key = "sk-policy-test-1234"; H = {"Authorization": f"Bearer {key}"}
 tmp = Path(tempfile.mkdtemp()); (tmp/"c").mkdir(); (tmp/"c"/gateway.KEY_CREDENTIAL).write_text(key)
 twins = {p: start_twin(p, tmp, key) for p in (31001, 31002)}
@@ -24,7 +24,7 @@ for policy in sys.argv[2:]:
                             stdout=open(tmp/"smg.log","w"), stderr=subprocess.STDOUT, env={**os.environ, "CREDENTIALS_DIRECTORY": str(tmp/"c")})
     def listed():
         try:
-            return len(gateway.list_workers(gateway.urllib_http, "http://127.0.0.1:31000", key)) == 2
+            return len(gateway.list_workers(urllib_http, "http://127.0.0.1:31000", key)) == 2
         except gateway.GatewayError:
             return False
     assert gateway.wait_for(listed, 30, 0.2)
