@@ -30,6 +30,9 @@ PYTEST_ARGS ?=
 
 VENV := .venv
 BIN := $(VENV)/bin
+# The twin is a test bench beside the product (ct200twin/, not in the product's wheel), with its own
+# command line; `make venv` puts it on the venv's path (ct200twin.pth).
+TWIN_CLI := $(BIN)/python -m ct200twin
 LOCK := requirements.lock
 EXTRAS := .[test,twin]
 TWIN_DEBS := debootstrap systemd-container systemd openssh-client rsync patch ca-certificates python3-venv
@@ -89,10 +92,11 @@ twin-debs: .cache/twin-debs.stamp
 # installed editable, so nothing compiles it at install: `venv` byte-compiles it on every make (50 ms
 # when nothing changed), else each deploy compiles it again (0.09 s of a no-op's 0.76 s, measured).
 venv: $(VENV)/.installed
-	@$(BIN)/python -m compileall -q dsv4deploy >/dev/null || echo "make: could not byte-compile dsv4deploy/ (it runs, each run compiles it)" >&2
+	@$(BIN)/python -m compileall -q dsv4deploy ct200twin >/dev/null || echo "make: could not byte-compile dsv4deploy/ or ct200twin/ (it runs, each run compiles it)" >&2
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@python3 -m venv $(VENV) || { echo "python3 -m venv failed: on Debian/Ubuntu install python3-venv" >&2; exit 1; }
 	python3 -m dsv4deploy.host.uvpip install --python $(BIN)/python --compile-bytecode -c $(LOCK) -e '$(EXTRAS)'
+	@echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ct200twin.pth"
 	@touch $@
 
 # Refresh the lock: resolve pyproject.toml's ranges afresh in a throw-away venv, freeze it.
@@ -119,30 +123,30 @@ pin: venv
 	$(BIN)/dsv4deploy pin $(PROFILE) $(if $(BRANCH),--branch $(BRANCH)) $(if $(INTO_BASE),--into-base)
 
 sim-up: twin-debs venv
-	$(BIN)/dsv4deploy sim up --hosts $(HOSTS)
+	$(TWIN_CLI) up --hosts $(HOSTS)
 
 sim-down: venv
-	$(BIN)/dsv4deploy sim down
+	$(TWIN_CLI) down
 
 sim-status: venv
-	$(BIN)/dsv4deploy sim status
+	$(TWIN_CLI) status
 
 # A fleet of isolated twins (each its own network namespace, docs/fleet.md); FLEET names it.
 fleet-up: twin-debs venv
-	$(BIN)/dsv4deploy sim up --fleet $(FLEET) --hosts $(FLEET_HOSTS)
+	$(TWIN_CLI) up --fleet $(FLEET) --hosts $(FLEET_HOSTS)
 
 fleet-down: venv
-	$(BIN)/dsv4deploy sim down --fleet $(FLEET)
+	$(TWIN_CLI) down --fleet $(FLEET)
 
 fleet-status: venv
-	$(BIN)/dsv4deploy sim status --fleet $(FLEET)
+	$(TWIN_CLI) status --fleet $(FLEET)
 
 # One profile to every host of the inventory: the canary first, then BATCH hosts at a time, stopping
 # at the first failure (dsv4deploy fleet deploy validates the profile before any host is touched).
 # ARGS= go to `dsv4deploy fleet deploy` (e.g. ARGS="--data allow_reboot=true --canary NAME").
 fleet: $(if $(FLEET_SIM),twin-debs) venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
-	$(if $(FLEET_SIM),$(BIN)/dsv4deploy sim up --fleet $(FLEET) --hosts $(FLEET_HOSTS))
+	$(if $(FLEET_SIM),$(TWIN_CLI) up --fleet $(FLEET) --hosts $(FLEET_HOSTS))
 	DSV4_SIM_FLEET=$(FLEET) $(BIN)/dsv4deploy fleet deploy $(PROFILE) --inventory $(FLEET_INVENTORY) --batch $(BATCH) $(ARGS)
 
 # `make plan` reads the host (one command) and changes nothing; it boots no twin: plan against a
@@ -155,7 +159,7 @@ plan: venv
 
 deploy: $(TWIN) venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
-	$(if $(SIM),$(BIN)/dsv4deploy sim up --hosts $(HOSTS))
+	$(if $(SIM),$(TWIN_CLI) up --hosts $(HOSTS))
 	$(BIN)/pyinfra -y $(INVENTORY) deploy/serve.py --data profile=$(PROFILE) $(ARGS)
 
 rollback: $(TWIN) venv
@@ -171,7 +175,7 @@ bench: venv
 # host; without it every candidate is deployed as a release on the inventory's host (on the twin:
 # booted first, like `make deploy`); docs/tune.md.
 tune: $(if $(PLAN),,$(TWIN)) venv
-	$(if $(PLAN),,$(if $(SIM),$(BIN)/dsv4deploy sim up --hosts $(HOSTS)))
+	$(if $(PLAN),,$(if $(SIM),$(TWIN_CLI) up --hosts $(HOSTS)))
 	$(BIN)/dsv4deploy tune $(PROFILE) --inventory $(INVENTORY) $(if $(PLAN),--plan) $(TUNE_ARGS)
 
 # The twin's Debian root and SGLang's parser venvs start building (bare python3, in the background;

@@ -1,8 +1,7 @@
-"""``dsv4deploy sim ...``: the CT200 twin's command line.
+"""``python -m ct200twin ...``: the CT200 twin's command line (up, down, status, gpus, hub, ssh).
 
-``register(subparsers)`` adds the ``sim`` command to the main argparse parser;
-every leaf sets ``func(args) -> int``.  ``python -m ct200twin.cli`` runs it
-on its own.
+The twin's own entry point (``ct200twin/__main__.py``): the product's ``dsv4deploy`` command
+knows nothing of it. ``build_parser()`` makes the parser; every leaf sets ``func(args) -> int``.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from typing import Callable
 
 from ct200twin.host import machines as simhost
 from ct200twin.host.machines import SimError, SimHost
+
+PROG = "python -m ct200twin"
 
 
 def _at_least(minimum: int, what: str):
@@ -61,10 +62,10 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
         try:
             return fn(args)
         except SimError as e:
-            print(f"dsv4deploy sim: error: {e}", file=sys.stderr)
+            print(f"{PROG}: error: {e}", file=sys.stderr)
             return e.exit_code
         except KeyboardInterrupt:
-            print("dsv4deploy sim: interrupted", file=sys.stderr)
+            print(f"{PROG}: interrupted", file=sys.stderr)
             return 130
     wrapper.__name__ = fn.__name__
     return wrapper
@@ -111,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                           "twins": rows}, indent=2))
         return 0
     if not rows:
-        how = "make sim-up" if fleet is None else f"dsv4deploy sim up --fleet {fleet} --hosts N"
+        how = "make sim-up" if fleet is None else f"{PROG} up --fleet {fleet} --hosts N"
         print(f"no twins{f' in fleet {fleet}' if fleet else ''} (state in {simhost.sim_dir()}); start one with `{how}`")
         return 0
     width = max(8, *(len(r["name"]) for r in rows))
@@ -136,7 +137,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         settings = h.set_gpus(reset=args.reset, **changes)
     else:
         if not h.exists():
-            raise SimError(f"{h.name} does not exist; run `dsv4deploy sim up --hosts {h.index}` first")
+            raise SimError(f"{h.name} does not exist; run `{PROG} up --hosts {h.index}` first")
         settings = h.gpus()
     print(json.dumps(settings, indent=1, sort_keys=True))
     return 0
@@ -147,7 +148,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     h = SimHost(args.host, _fleet(args))
     if not h.running():
         fleet = f"--fleet {h.fleet} " if h.fleet else ""
-        raise SimError(f"{h.name} is not running; run `dsv4deploy sim up {fleet}--hosts {h.index}`")
+        raise SimError(f"{h.name} is not running; run `{PROG} up {fleet}--hosts {h.index}`")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     argv = h.ssh_argv(" ".join(command) if command else None)
     if args.print:
@@ -220,10 +221,10 @@ def _fleet_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolated", action="store_true", help="the same as --fleet fleet")
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``sim`` (up, down, status, gpus, hub, ssh) to the main parser's subparsers."""
-    p = subparsers.add_parser("sim", help="the CT200 twin: local Debian hosts booted with systemd-nspawn",
-                              description="Bring CT200 twins up and down, inspect them, set their GPUs.")
+def build_parser() -> argparse.ArgumentParser:
+    """The twin's commands: up, down, status, gpus, hub, ssh."""
+    p = argparse.ArgumentParser(prog=PROG, description="The CT200 twin: local Debian hosts booted with "
+                                "systemd-nspawn. Bring twins up and down, inspect them, set their GPUs.")
     sp = p.add_subparsers(dest="sim_command", metavar="COMMAND", required=True)
 
     u = sp.add_parser("up", help="start twins 1..N (build the cached root the first time); needs root")
@@ -285,9 +286,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dsv4deploy")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -1,7 +1,7 @@
 """pyinfra inventory of a running fleet of isolated CT200 twins (docs/fleet.md).
 
     make fleet PROFILE=nvfp4-ctx8k                        # boots the fleet, then canary first, then batches
-    dsv4deploy sim up --fleet fleet --hosts 3             # the twins alone: fleet-1..fleet-3
+    python -m ct200twin up --fleet fleet --hosts 3        # the twins alone: fleet-1..fleet-3
     dsv4deploy fleet deploy nvfp4-ctx8k --inventory inventory/fleet-sim.py [--batch N]
     pyinfra -y inventory/fleet-sim.py exec -- nvidia-smi -L
 
@@ -49,6 +49,8 @@ except SimError as exc:
     refuse(_INVENTORY, [str(exc)], cli=_CLI, code=EXIT_FAILED)
 
 _weights = stand_ins.weights_source()
-fleet = [(name, {**data, "canary": data["sim_index"] in _canary, "stand_ins": stand_ins.STAND_INS,
+_stand_ins = stand_ins.host_data()              # the twin server's archive, as in inventory/sim.py
+stand_ins.checkpoint_for(_profile, _weights)    # the profile's small checkpoint, when pushed over SSH
+fleet = [(name, {**data, "canary": data["sim_index"] in _canary, "stand_ins": _stand_ins,
                  "weights_source": _weights, **_profile})
          for name, data in _hosts]

@@ -3,7 +3,7 @@
     pyinfra -y inventory/sim.py deploy/serve.py            # the profile: PROFILE, else nvfp4-ctx8k
     pyinfra -y inventory/sim.py exec -- nvidia-smi -L
 
-Start the twins first with `make sim-up` (`dsv4deploy sim up [--hosts N]`).
+Start the twins first with `make sim-up` (`python -m ct200twin up [--hosts N]`).
 The profile deploy/serve.py rolls out is host data `profile`: `--data profile=NAME`, else the
 environment's PROFILE, else nvfp4-ctx8k; it is checked while this file loads, before pyinfra
 connects. The twin holds a weights stand-in, so a placeholder revision is allowed here.
@@ -28,7 +28,6 @@ _INVENTORY = "inventory/sim.py"
 # the SGLang twin server for SGLang with CUDA torch, the twin's nvidia-smi for the driver, no NCCL
 # probe, and a small checkpoint of the same layout (pushed over SSH, or from a local hub with
 # DSV4_SIM_HUB) for 149 GiB of weights. The profiles stay identical.
-STAND_INS = stand_ins.STAND_INS
 WEIGHTS = stand_ins.weights_source()
 
 if stand_ins.launch_check_problem():
@@ -40,5 +39,10 @@ try:
     _hosts = inventory_hosts()
 except SimError as exc:
     refuse(_INVENTORY, [str(exc)], cli=pyinfra_cli_params() is not None, code=EXIT_FAILED)
+
+# The stand-ins' files, made here for what the deploy reads: the twin server's archive, and the
+# small checkpoint of the profile's model repo when it is pushed over SSH.
+STAND_INS = stand_ins.host_data()
+stand_ins.checkpoint_for(_profile, WEIGHTS)
 
 twins = [(name, {**data, "stand_ins": STAND_INS, "weights_source": WEIGHTS, **_profile}) for name, data in _hosts]

@@ -57,8 +57,8 @@ def _calibrated(twin) -> None:
 
 LAB_FLEET = os.environ.get("DSV4_SIM_LAB_FLEET", "lab")    # another name: a lab twin of one's own
 # The lab's deploys: the fault matrix and the replica sets test the rollout, not the launch check,
-# so the lab twin keeps the twin's own parser (sim/stand_ins.py) instead of installing CPU torch
-# and importing SGLang's parser (~2.6 CPU s) at every new argv. SGLang's own parser on a twin:
+# so the lab twin keeps the twin's own parser (ct200twin/host/stand_ins.py) instead of installing
+# CPU torch and importing SGLang's parser (~2.6 CPU s) at every new argv. SGLang's own parser on a twin:
 # tests/test_deploy_twin.py.
 LAB_ENV = {"DSV4_SIM_FLEET": LAB_FLEET, "DSV4_SIM_LAUNCH_CHECK": "twin"}
 

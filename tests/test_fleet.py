@@ -445,9 +445,9 @@ def test_an_isolated_twin_is_pointed_at_its_proxy(tmp_path):
 def test_the_sim_commands_take_a_fleet(sim_dir, monkeypatch, capsys):
     from ct200twin import cli as simcli
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert simcli.main(["sim", "up", "--fleet", "twin"]) == 2
+    assert simcli.main(["up", "--fleet", "twin"]) == 2
     assert "not 'twin'" in capsys.readouterr().err
-    assert simcli.main(["sim", "status", "--isolated"]) == 0
+    assert simcli.main(["status", "--isolated"]) == 0
     assert "no twins in fleet fleet" in capsys.readouterr().out
-    assert simcli.main(["sim", "down", "--fleet", "ft"]) == 1
+    assert simcli.main(["down", "--fleet", "ft"]) == 1
     assert "needs root" in capsys.readouterr().err

@@ -42,8 +42,8 @@ SLOW_GATE = """gate:
     - {concurrency: 8, num_prompts: 8, input_len: 64, output_len: 16, min_output_throughput: 300}
 """
 # The rollout's order is under test here, not the launch check: the twins keep their own parser
-# (sim/stand_ins.py) rather than install CPU torch for SGLang's (2.3 GB, ~1 min of pip) on each of
-# three hosts at once. SGLang's own parser on a twin: tests/test_deploy_twin.py.
+# (ct200twin/host/stand_ins.py) rather than install CPU torch for SGLang's (2.3 GB, ~1 min of
+# pip) on each of three hosts at once. SGLang's own parser on a twin: tests/test_deploy_twin.py.
 TWIN_PARSER = {"DSV4_SIM_LAUNCH_CHECK": "twin"}
 RESET = ("systemctl stop sglang.service 2>/dev/null; systemctl reset-failed 2>/dev/null; "
          "rm -rf /var/lib/dsv4deploy /etc/dsv4deploy /etc/systemd/system/sglang.service; systemctl daemon-reload")

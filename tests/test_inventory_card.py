@@ -311,7 +311,7 @@ def test_make_real_deploy_passes_args_and_installs_no_twin_packages():
     assert (".venv/bin/pyinfra -y inventory/ct200.py deploy/serve.py --data profile=nvfp4-ctx8k "
             "--data allow_reboot=true") in out.stdout
     assert "-c requirements.lock" in out.stdout                      # the venv, from the lock
-    for twin_only in ("debootstrap", "apt-get", "sim up"):
+    for twin_only in ("debootstrap", "apt-get", "ct200twin up"):
         assert twin_only not in out.stdout
 
 
@@ -321,7 +321,7 @@ def test_make_twin_targets_install_the_twin_packages():
         assert out.returncode == 0, out.text
         assert "debootstrap" in out.stdout and "systemd-container" in out.stdout, args
     out, _ = make("-n", "-B", "deploy")
-    assert "--data profile=nvfp4-ctx8k" in out.stdout and "sim up" in out.stdout  # the twin keeps its default
+    assert "--data profile=nvfp4-ctx8k" in out.stdout and "-m ct200twin up" in out.stdout  # the twin keeps its default
 
 
 def test_make_rollback_and_history_pass_args():
@@ -499,5 +499,5 @@ def test_make_plan_boots_no_twin_but_deploy_does():
     deploy = subprocess.run(["make", "-n", "deploy", "PROFILE=nvfp4-ctx8k"], cwd=REPO, capture_output=True,
                             text=True, env=clean_env())
     assert plan.returncode == 0 and deploy.returncode == 0
-    assert "--dry --diff" in plan.stdout and "sim up" not in plan.stdout
-    assert "sim up" in deploy.stdout
+    assert "--dry --diff" in plan.stdout and "ct200twin up" not in plan.stdout
+    assert "-m ct200twin up" in deploy.stdout

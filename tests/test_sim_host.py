@@ -151,12 +151,12 @@ def test_inventory_without_twins_says_make_sim_up(tmp_path, monkeypatch):
 def test_cli_errors_without_root_or_tools(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
     monkeypatch.setattr(simhost.os, "geteuid", lambda: 1000)
-    assert simcli.main(["sim", "up"]) == 1
+    assert simcli.main(["up"]) == 1
     assert "needs root" in capsys.readouterr().err
-    assert simcli.main(["sim", "down"]) == 1
+    assert simcli.main(["down"]) == 1
     monkeypatch.setattr(simhost.os, "geteuid", lambda: 0)
     monkeypatch.setattr(simhost.shutil, "which", lambda name: None)
-    assert simcli.main(["sim", "up"]) == 1
+    assert simcli.main(["up"]) == 1
     err = capsys.readouterr().err
     assert "debootstrap" in err and "systemd-container" in err and "Traceback" not in err
 
@@ -164,10 +164,10 @@ def test_cli_errors_without_root_or_tools(monkeypatch, capsys, tmp_path):
 def test_cli_bad_input_exits_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path))
     with pytest.raises(SystemExit) as e:
-        simcli.main(["sim", "up", "--hosts", "0"])
+        simcli.main(["up", "--hosts", "0"])
     assert e.value.code == 2
-    assert simcli.main(["sim", "gpus", "--driver", "latest"]) == 2
-    assert simcli.main(["sim", "status", "--json"]) == 0
+    assert simcli.main(["gpus", "--driver", "latest"]) == 2
+    assert simcli.main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["twins"] == []
 
 
@@ -222,7 +222,7 @@ def test_gpu_settings_change_the_answer(sim_twin, capsys):
         assert sim_twin.run("nvidia-smi --query-gpu=memory.total --format=csv,noheader").stdout == \
             "48000 MiB\n48000 MiB\n"
         # no driver: the command is gone
-        assert simcli.main(["sim", "gpus", "--host", "1", "--no-driver"]) == 0
+        assert simcli.main(["gpus", "--host", "1", "--no-driver"]) == 0
         assert json.loads(capsys.readouterr().out)["driver_installed"] is False
         proc = sim_twin.run("nvidia-smi -L", check=False)
         assert proc.returncode == 127

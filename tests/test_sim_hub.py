@@ -351,7 +351,7 @@ def test_hf_cli_download_token_file_and_the_host_check(root, tmp_path):
 
 def test_sim_hub_command(root, tmp_path):
     ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([sys.executable, "-m", "dsv4deploy", "sim", "hub", "--port", "0", "--root", str(root),
+    proc = subprocess.Popen([sys.executable, "-m", "ct200twin", "hub", "--port", "0", "--root", str(root),
                              "--ready-file", str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 15
@@ -365,6 +365,6 @@ def test_sim_hub_command(root, tmp_path):
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0 and "Traceback" not in err
     assert f"{REPO}\t{commit_of(root)}" in out
-    bad = subprocess.run([sys.executable, "-m", "dsv4deploy", "sim", "hub", "--root", str(tmp_path / "none")],
+    bad = subprocess.run([sys.executable, "-m", "ct200twin", "hub", "--root", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "not a folder" in bad.stderr and "Traceback" not in bad.stderr

@@ -13,14 +13,15 @@ from dsv4deploy.release import records as releases
 from dsv4deploy.host.state import PARSER_LOCK
 from dsv4deploy.release.rollout import rollout_for
 from dsv4deploy.sglang.versions import parser_lock_file
-from ct200twin.host.stand_ins import STAND_INS
 from dsv4deploy.tasks.venv import LAUNCH_PARSER, PARSER_TABLE, installs, launch_check_key, launch_parser, parser_key
+
+from ct200twin.host.stand_ins import STAND_INS, host_data
 
 REAL = {"weights_source": {"type": "hf"}}
 
 
 def twin(own_parser: bool = True) -> dict:
-    stand_ins = copy.deepcopy(STAND_INS)
+    stand_ins = copy.deepcopy(host_data())
     stand_ins["sglang"]["own_parser"] = own_parser
     return {"stand_ins": stand_ins, "weights_source": {"type": "rsync", "path": "/x"}}
 
@@ -131,16 +132,46 @@ def test_extra_indexes_are_searched_for_the_best_match_as_pip_does(profile_dir):
 
 def test_the_twin_server_archive_is_the_same_bytes_every_run_and_holds_only_what_it_imports():
     """Its hash decides whether the twin's server is replaced: built twice, the same bytes; inside,
-    the twin package and its data, no byte-code."""
+    the twin's server package and the product's data, no byte-code. The inventory hands the deploy
+    its path, and the deploy uploads exactly those bytes."""
     import io
     import tarfile
+    from pathlib import Path
 
+    from ct200twin.host.stand_ins import server_archive
     from dsv4deploy.tasks.venv import stand_in_archive
 
-    first = stand_in_archive()
-    assert stand_in_archive() == first
+    first = server_archive()
+    assert server_archive() == first
     with tarfile.open(fileobj=io.BytesIO(first), mode="r:gz") as tar:
         names = tar.getnames()
     assert "ct200twin/server/main.py" in names and "dsv4deploy/__init__.py" in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
-    assert not any(n.startswith(("dsv4deploy/tasks/", "dsv4deploy/host/")) for n in names)
+    assert not any(n.startswith(("dsv4deploy/tasks/", "dsv4deploy/host/", "ct200twin/host/")) for n in names)
+    r = rollout(twin())
+    assert Path(r.stand_ins["sglang"]["bundle"]).read_bytes() == first == stand_in_archive(r)
+
+
+def _without(*path):
+    def change(stand_ins):
+        for key in path[:-1]:
+            stand_ins = stand_ins[key]
+        del stand_ins[path[-1]]
+    return change
+
+
+@pytest.mark.parametrize("change, said", [
+    (_without("launch_check_module"), r"stand_ins\.launch_check_module"),
+    (_without("server_module"), r"stand_ins\.server_module"),
+    (_without("sglang", "bundle"), r"stand_ins\.sglang\.bundle: the path"),
+    (lambda s: s["sglang"].update(bundle="/nonexistent/server.tar.gz"), "/nonexistent/server.tar.gz: no such file"),
+    (lambda s: s.update(driver=True), r"stand_ins\.driver\.install"),
+])
+def test_a_stand_in_that_leaves_out_a_part_is_refused_before_anything_runs(change, said):
+    """The product assumes nothing of a stand-in: what the inventory leaves out is named."""
+    from pyinfra.api import DeployError
+
+    data = twin()
+    change(data["stand_ins"])
+    with pytest.raises(DeployError, match=said):
+        rollout(data)

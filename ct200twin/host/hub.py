@@ -1,7 +1,7 @@
 """A local Hugging Face Hub for the twin: the HTTP API as huggingface_hub (2.4) uses it to pin
 a revision and to download a checkpoint, serving folders of this machine.
 
-``dsv4deploy sim hub --port P --root DIR [--token-file F]`` or, in tests,
+``python -m ct200twin hub --port P --root DIR [--token-file F]`` or, in tests,
 ``with serve_hub(root) as hub: ... hub.url ...``.  Every folder ``org--name`` below the root
 (the layout of ``.sim/checkpoints``, see :mod:`.checkpoint`) is the model repo ``org/name`` at
 one commit: a 40-hex sha1 of its files' paths and sha256s, so the same content always has the

@@ -417,7 +417,7 @@ def inventory_hosts(fleet: str | None = None) -> list[tuple[str, dict[str, Any]]
         if fleet is not None:
             make = "make fleet-up" + ("" if fleet == DEFAULT_FLEET else f" FLEET={fleet}")
             raise SimError(f"no twin of fleet {fleet} is running (state in {hosts_dir()}); start them with "
-                           f"`{make}` (or `dsv4deploy sim up --fleet {fleet} --hosts 3`)")
+                           f"`{make}` (or `python -m ct200twin up --fleet {fleet} --hosts 3`)")
         raise SimError(f"no CT200 twin is running (state in {hosts_dir()}); "
-                       "start one with `make sim-up` (or `dsv4deploy sim up`)")
+                       "start one with `make sim-up` (or `python -m ct200twin up`)")
     return [h.inventory_entry() for h in hosts]

@@ -77,7 +77,7 @@ class SimHost:
             return twin_address(self.index)
         net = self.net()
         if not net:
-            raise SimError(f"{self.name} has no address yet: run `dsv4deploy sim up --fleet {self.fleet} "
+            raise SimError(f"{self.name} has no address yet: run `python -m ct200twin up --fleet {self.fleet} "
                            f"--hosts {self.index}` first")
         return net["twin_ip"]
 
@@ -192,7 +192,7 @@ class SimHost:
         if driver_version is not None and not re.fullmatch(r"\d+(\.\d+){1,2}", driver_version):
             raise SimError(f"--driver must look like 580.95.05, got {driver_version!r}", 2)
         if not self.exists():
-            raise SimError(f"{self.name} does not exist; run `dsv4deploy sim up --hosts {self.index}` first")
+            raise SimError(f"{self.name} does not exist; run `python -m ct200twin up --hosts {self.index}` first")
         with _locked():
             settings = dict(GPU_DEFAULTS, uuid_seed=self.name)
             if not reset:

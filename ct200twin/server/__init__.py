@@ -9,7 +9,7 @@ checkpoint and nvidia-smi), ``engine`` (tokens in wall time), ``http_api`` (the 
 subprocess for tests and benchmarks).
 The twin imports nothing else from dsv4deploy but ``patches`` (whether the installed SGLang
 carries the mask-secrets patch): the validator must not test itself, and the host gets only
-this package, ``patches.py`` and ``data/`` (``tasks/venv.py``: ``stand_in_archive``).
+this package, ``patches.py`` and ``data/`` (``ct200twin/host/stand_ins.py``: ``server_archive``).
 """
 
 DEFAULT_SGLANG_VERSION = "0.5.23"

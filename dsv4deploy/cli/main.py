@@ -1,4 +1,4 @@
-"""`dsv4deploy`: validate and render profiles, drive the twin, read release history.
+"""`dsv4deploy`: validate and render profiles, read release history.
 
 Exit codes: 0 fine, 1 an operation failed, 2 bad input (with a message naming file, line and
 key, never a traceback).
@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="write the unit, NCCL env, manifest and argv of a profile")
     p.add_argument("profile")
     p.add_argument("--out", required=True, help="folder to write into (host paths below it)")
-    p.add_argument("--module", help="server module (default sglang.launch_server; the twin uses ct200twin.server.main)")
+    p.add_argument("--module", help="server module (default sglang.launch_server; a stand-in's for a test host)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("history", help="release history of the hosts of an inventory")
@@ -348,13 +348,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     from dsv4deploy.cli.fleet import register as register_fleet
     register_fleet(sub)
-
-    for plugin in ("ct200twin.cli",):
-        try:
-            module = __import__(plugin, fromlist=["register"])
-        except ImportError:
-            continue
-        module.register(sub)
     return parser
 
 

@@ -1,12 +1,13 @@
 """What one deploy run works from, decided before pyinfra touches the host: the validated
 profile, its rendered files, the host paths, and the stand-ins an inventory names for parts
-that cannot exist on that host (the twin has no CUDA torch and no NVIDIA apt repository).
+that cannot exist on that host (a test host without CUDA torch or NVIDIA's apt repository).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from pyinfra.api import DeployError
 
@@ -167,14 +168,37 @@ def rollout_for(host_data) -> Rollout:
     if not host_data.get("weights_source") and (unpinned := placeholder_problem(profile)):
         raise DeployError(f"invalid profile {name} for this host:\n{unpinned}")
     stand_ins = dict(host_data.get("stand_ins") or {})
+    if problems := stand_in_problems(stand_ins):
+        raise DeployError("host data stand_ins (set by the inventory) cannot be used:\n" + "\n".join(problems))
     module = stand_ins.get("server_module", SGLANG_MODULE)
     weights_source = dict(host_data.get("weights_source") or profile.data["model"]["source"])
     if "{repo}" in weights_source.get("path", ""):
         weights_source["path"] = weights_source["path"].format(repo=profile.data["model"]["repo"].replace("/", "--"))
-    if host_data.get("sim") and weights_source.get("type") == "rsync":
-        from ct200twin.host.checkpoint import make_checkpoint  # the twin's small stand-in checkpoint
-        make_checkpoint(profile.data["model"]["repo"])
     return Rollout(profile=profile, report=report, rendered=render(profile, module=module),
                    layout=Layout.of(profile.data), module=module, stand_ins=stand_ins,
                    weights_source=weights_source, allow_reboot=bool(host_data.get("allow_reboot", False)),
                    expect_compute_cap=host_data.get("expect_compute_cap"))
+
+
+def stand_in_problems(stand_ins: dict) -> list[str]:
+    """What host data `stand_ins` lacks for the parts it replaces (empty: usable). The inventory
+    names every part of a stand-in; nothing of one is assumed here. A stand-in for SGLang names
+    the server module the unit starts, the module whose parser the launch check runs when the
+    venv holds no SGLang parser of its own, and `sglang.bundle`, the archive of that server (a
+    file on this machine); a stand-in for the driver names the command that installs it."""
+    problems = []
+    sglang = stand_ins.get("sglang")
+    if sglang:
+        for key in ("server_module", "launch_check_module"):
+            if not isinstance(stand_ins.get(key), str) or not stand_ins[key]:
+                problems.append(f"stand_ins.{key}: the stand-in server's module is required with stand_ins.sglang")
+        bundle = sglang.get("bundle") if isinstance(sglang, dict) else None
+        if not isinstance(bundle, str) or not bundle:
+            problems.append("stand_ins.sglang.bundle: the path of the stand-in server's archive is required")
+        elif not Path(bundle).is_file():
+            problems.append(f"stand_ins.sglang.bundle: {bundle}: no such file")
+    driver = stand_ins.get("driver")
+    if driver and not (isinstance(driver, dict) and isinstance(driver.get("install"), str) and driver["install"]):
+        problems.append("stand_ins.driver.install: the command that installs the stand-in driver is required "
+                        "({branch} is the profile's driver branch)")
+    return problems

@@ -36,10 +36,10 @@ def driver(r: Rollout, needed: bool) -> None:
         return
     branch = r.data["driver"]["branch"]
     if r.stand_ins.get("driver"):
-        # The twin cannot load a kernel module: its stand-in (see inventory/sim.py) makes the twin's
+        # A test host that cannot load a kernel module: the inventory's stand-in command makes its
         # nvidia-smi report a driver of the profile's branch. No reboot is needed for it.
-        server.shell(name=f"stand-in: driver {branch} in the twin's nvidia-smi",
-                     commands=[f"dsv4deploy-twin-driver install {branch}.95.05"])
+        server.shell(name=f"stand-in: driver {branch} (the inventory's command)",
+                     commands=[r.stand_ins["driver"]["install"].format(branch=branch)])
         return
 
     distro = _repo_distro()

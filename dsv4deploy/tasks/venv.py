@@ -10,12 +10,9 @@ SGLang's own there too; only the engine that serves is the twin server.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import json
 import shlex
-import tarfile
 from importlib.resources import files as package_files
 from pathlib import Path
 
@@ -40,32 +37,20 @@ LAUNCH_PARSER = (Path(package_files("dsv4deploy")) / "sglang" / "launch_parser.p
 PARSER_TABLE = "dsv4deploy.parser.json"      # in the venv, next to its marker
 
 
-def stand_in_archive() -> bytes:
-    """The twin server's stand-in as one reproducible tar.gz: only what it imports (its module
-    and the flag data), so an unrelated change in the project does not restart the twin."""
-    pkg = Path(package_files("dsv4deploy"))
-    root = pkg.parent
-    members = [pkg / "__init__.py", pkg / "sglang" / "__init__.py", pkg / "sglang" / "patches.py",
-               root / "ct200twin" / "__init__.py"]
-    for part in (root / "ct200twin" / "server", pkg / "data"):
-        members += sorted(p for p in part.rglob("*")
-                          if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in members:
-            info = tarfile.TarInfo(path.relative_to(root).as_posix())
-            data = path.read_bytes()
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
-    # same files, same bytes, same hash; the fastest level: built on every run (2 ms, not 15 at
-    # the default level 9), 87 KB not 63 (loopback, uploaded only when the hash differs)
-    return gzip.compress(buf.getvalue(), compresslevel=1, mtime=0)
+def stand_in_archive(r: Rollout) -> bytes:
+    """The stand-in server's archive, as the inventory made it (host data stand_ins.sglang.bundle:
+    a file on this machine, checked by rollout_for). Its hash decides whether it is uploaded."""
+    path = r.stand_ins["sglang"]["bundle"]
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise DeployError(f"host data stand_ins.sglang.bundle: {path}: {exc.strerror or exc}") from None
 
 
 def twin_parser_lock(r: Rollout) -> Path | None:
     """The twin's parser lock (what SGLang's own argument parser imports, CPU torch included), or
     None: a real host's venv holds all of SGLang; a release with no parser lock shipped, or a twin
-    told DSV4_SIM_LAUNCH_CHECK=twin, keeps the twin's own parser (sim/stand_ins.py)."""
+    whose stand-in says own_parser: false, keeps the stand-in's parser (launch_check_module)."""
     stand_in = r.stand_ins.get("sglang")
     if not stand_in or not stand_in.get("own_parser"):
         return None
@@ -79,9 +64,10 @@ def installs(r: Rollout) -> list[str]:
     version = data["sglang"]["version"]
     stand_in = r.stand_ins.get("sglang")
     if stand_in:
-        # The twin cannot hold SGLang with CUDA torch: its stand-in is this project's twin server
-        # (ct200twin.server.main, same argv and HTTP API), plus the real SGLang wheel without its
-        # dependencies (its files are what the profile's patches apply to) and, pinned by the
+        # A host that cannot hold SGLang with CUDA torch: its stand-in is the server the inventory
+        # names (server_module: same argv and HTTP API; from the archive stand_ins.sglang.bundle),
+        # plus the real SGLang wheel without its dependencies (its files are what the profile's
+        # patches apply to) and, pinned by the
         # parser lock, what SGLang's own parser imports (CPU torch), for the launch check.
         # The server's own imports are byte-compiled (it runs as the service user, who cannot
         # write __pycache__ in the venv); the rest is not (SGLang's and torch's thousands of
@@ -143,7 +129,7 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
                             freeze_file=f"{venv}/{PIP_FREEZE}"))
     site = f"{venv}/lib/python{(state['basics'] or {}).get('python') or '3'}/site-packages"
     if r.stand_ins.get("sglang"):
-        changed.append(ops.bundle(name="stand-in: the twin server (one archive)", archive=stand_in_archive(),
+        changed.append(ops.bundle(name="stand-in: the server (one archive)", archive=stand_in_archive(r),
                                   dest=f"{venv}/stand-in", marker_state=state.file(f"{venv}/stand-in/.bundle-sha256")))
         pth = f"{site}/{STAND_IN_PTH}"
         changed.append(ops.file(name="stand-in: put it on the venv's path", dest=pth,
@@ -189,7 +175,7 @@ def launch_parser(r: Rollout) -> tuple[str, str]:
     keeps it (no parser lock for the release, or DSV4_SIM_LAUNCH_CHECK=twin), the twin's."""
     version = r.data["sglang"]["version"]
     if r.stand_ins.get("sglang") and not twin_parser_lock(r):
-        module = r.stand_ins.get("launch_check_module", "ct200twin.server.args")
+        module = r.stand_ins["launch_check_module"]        # required with a stand-in (rollout_for)
         return (f"{r.layout.python} {ISOLATED} -m {module}",
                 f"the twin's parser (stand-in: SGLang {version}'s flags and their arity, no value checks)")
     q = shlex.quote
