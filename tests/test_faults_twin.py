@@ -22,6 +22,7 @@ from sim_fixtures import LAB_ENV, LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 BASE = "fbase"      # the baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
+LAUNCH_CHECK = "Launch check | the twin's parser"      # its step (tool.step_key) with LAB_ENV's parser
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,9 @@ def lab(lab_twin, tmp_path_factory):  # noqa: F811
 
 
 def recovered(row: faultlab.Row) -> None:
+    """Every strike of ROW struck (a strike that did not land is no evidence) and it recovered."""
     tails = "\n".join(f"--- {k} ---\n{v[-2500:]}" for k, v in row.outputs.items())
-    assert row.recovered, "; ".join(row.why_not) + "\n" + tails
+    assert row.recovered, "; ".join(row.not_struck + row.why_not) + "\n" + tails
 
 
 def test_a_control_process_killed_mid_gate_leaves_no_gate_client_running(lab):
@@ -58,6 +60,20 @@ def test_a_control_process_killed_mid_gate_leaves_no_gate_client_running(lab):
     recs = faultlab.releases(lab.twin)
     assert [r["status"] for r in recs[-2:]] == ["unverified", "deployed"]
     assert recs[-1]["profile"] == "f6gate"
+
+
+def test_a_cut_at_the_launch_check_strikes_and_the_rerun_converges(lab):
+    """Fault 6 cuts at the launch check too: each cut deploys a profile no release on the host had
+    (f6cut-N), so the check (run only for an argv no release passed) comes, and is cut; the re-run
+    checks again and converges. At 4bb5d99 the cut run skipped the check and the cut never struck."""
+    fresh = faultlab.fresh_variants(lab.profiles, {r["profile"] for r in faultlab.releases(lab.twin)}, "f6cut",
+                                    faultlab.F6_CUT_CONTEXT)
+    t0, before = faultlab.start(lab)
+    first, state, rerun = faultlab.cut_at(lab, next(fresh), LAUNCH_CHECK)
+    assert first.rc == -9 and faultlab.step_key(first.struck) == LAUNCH_CHECK, first.output[-2500:]
+    assert "parses the rendered argv" in "\n".join(faultlab.operations(rerun.output))   # checked again
+    recovered(lab.judge(faultlab.Row("6", "cut at the launch check"), first, state, t0=t0, before=before,
+                        rerun=rerun))
 
 
 def test_two_deploys_at_once_one_refuses_with_the_holders_pid(lab):

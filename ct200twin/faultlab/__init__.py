@@ -12,41 +12,43 @@ that started it.
 
 One concern per module; importers use `faultlab.NAME` (re-exported here):
 
-- tool.py       running the tool as a user does, and striking it at a step boundary
+- tool.py       running the tool as a user does, striking it at a step boundary, and whether the
+                strike landed (`cut_missed`: a step the run never started did not strike)
 - reading.py    reading the twin over SSH: releases, health, processes of ours, kept files, weights
 - recovered.py  the checks of "recovered", and `judge`, which applies them to one fault's runs
-- rows.py       a row of the table, what a run's output says it did, a many-case fault summed up
+- rows.py       a row of the table, what a run's output says it did, a many-case fault summed up,
+                the matrix's last line (`summary`: rows whose strikes did not land, said loudly)
 - lab.py        the twin with a clean, good release to strike at (`Lab`, `start`)
 - variants.py   the faults' test profiles (`VARIANTS`, `variant`, `write_profiles`) and gates
 - faults.py     faults 1-14 (`ALL`, `fault_N`, `cut_at`)
 """
 
-from ct200twin.faultlab.faults import (ALL, CUT_GRACE_S, VERIFY_STEP, cut_at, fault_1, fault_2, fault_3, fault_4,
-                                       fault_5, fault_6, fault_7, fault_8, fault_9, fault_10, fault_11, fault_12,
-                                       fault_13, fault_14, fault_with_knobs, step_key)
+from ct200twin.faultlab.faults import (ALL, CUT_GRACE_S, F6_CUT_CONTEXT, VERIFY_STEP, cut_at, cut_case, fault_1,
+                                       fault_2, fault_3, fault_4, fault_5, fault_6, fault_7, fault_8, fault_9,
+                                       fault_10, fault_11, fault_12, fault_13, fault_14, fault_with_knobs)
 from ct200twin.faultlab.lab import FAST_START, FAULTS, Lab, start
 from ct200twin.faultlab.reading import (GATE_USER, LOCK, MANIFEST, RELEASES_DIR, checkpoint_sha, health,
                                         live_manifest_sha, live_venv, local_checkpoint_sha, main_pid, our_processes,
                                         release_files, releases, served_context, wait_no_processes)
 from ct200twin.faultlab.recovered import Serving, history_problems, judge, lost_files, passed, serving, tool_traceback
-from ct200twin.faultlab.rows import Row, add_case, did, fold
-from ct200twin.faultlab.tool import (OP_LINE, PYINFRA, REPO, Run, changed_ops, deploy, deploy_and_strike,
-                                     deploy_argv, deploy_watching, kill, operations, run)
+from ct200twin.faultlab.rows import Row, add_case, did, fold, summary
+from ct200twin.faultlab.tool import (OP_LINE, PYINFRA, REPO, Run, changed_ops, cut_missed, deploy, deploy_and_strike,
+                                     deploy_argv, deploy_watching, kill, operations, run, step_key, strike_run)
 from ct200twin.faultlab.variants import (BUDGET_GATE, MID_GATE, QUICK_GATE, REVISION_11, TINY_GATE, VARIANTS,
-                                         variant, write_profiles)
+                                         fresh_variants, variant, write_profiles)
 
 __all__ = [
-    "ALL", "CUT_GRACE_S", "VERIFY_STEP", "cut_at", "fault_1", "fault_2", "fault_3", "fault_4", "fault_5", "fault_6",
-    "fault_7", "fault_8", "fault_9", "fault_10", "fault_11", "fault_12", "fault_13", "fault_14", "fault_with_knobs",
-    "step_key",
+    "ALL", "CUT_GRACE_S", "F6_CUT_CONTEXT", "VERIFY_STEP", "cut_at", "cut_case", "fault_1", "fault_2", "fault_3",
+    "fault_4", "fault_5", "fault_6", "fault_7", "fault_8", "fault_9", "fault_10", "fault_11", "fault_12", "fault_13",
+    "fault_14", "fault_with_knobs",
     "FAST_START", "FAULTS", "Lab", "start",
     "GATE_USER", "LOCK", "MANIFEST", "RELEASES_DIR", "checkpoint_sha", "health", "live_manifest_sha", "live_venv",
     "local_checkpoint_sha", "main_pid", "our_processes", "release_files", "releases", "served_context",
     "wait_no_processes",
     "Serving", "history_problems", "judge", "lost_files", "passed", "serving", "tool_traceback",
-    "Row", "add_case", "did", "fold",
-    "OP_LINE", "PYINFRA", "REPO", "Run", "changed_ops", "deploy", "deploy_and_strike", "deploy_argv", "deploy_watching",
-    "kill",
-    "operations", "run",
-    "BUDGET_GATE", "MID_GATE", "QUICK_GATE", "REVISION_11", "TINY_GATE", "VARIANTS", "variant", "write_profiles",
+    "Row", "add_case", "did", "fold", "summary",
+    "OP_LINE", "PYINFRA", "REPO", "Run", "changed_ops", "cut_missed", "deploy", "deploy_and_strike", "deploy_argv",
+    "deploy_watching", "kill", "operations", "run", "step_key", "strike_run",
+    "BUDGET_GATE", "MID_GATE", "QUICK_GATE", "REVISION_11", "TINY_GATE", "VARIANTS", "fresh_variants", "variant",
+    "write_profiles",
 ]

@@ -15,16 +15,17 @@ from typing import Callable
 
 from ct200twin.faultlab.lab import Lab, start
 from ct200twin.faultlab.reading import (GATE_USER, RELEASES_DIR, checkpoint_sha, health, live_venv,
-                                        local_checkpoint_sha, main_pid)
+                                        local_checkpoint_sha, main_pid, releases)
 from ct200twin.faultlab.recovered import serving
 from ct200twin.faultlab.rows import Row, add_case, did, fold
-from ct200twin.faultlab.tool import (REPO, Run, changed_ops, deploy_and_strike, deploy_argv, deploy_watching, kill,
-                                     operations, while_paused)
-from ct200twin.faultlab.variants import REVISION_11, VARIANTS
+from ct200twin.faultlab.tool import (REPO, Run, changed_ops, cut_missed, deploy_and_strike, deploy_argv,
+                                     deploy_watching, kill, operations, step_key, while_paused)
+from ct200twin.faultlab.variants import REVISION_11, VARIANTS, fresh_variants
 
 # A gate client must be gone this soon after its control process was killed (its heartbeat: 1 s).
 CUT_GRACE_S = 3.0
 VERIFY_STEP = "Verify | health, identity, smoke gate, record"
+F6_CUT_CONTEXT = 15360      # fault 6's cut profiles f6cut-N: this + N (below f6gate's 15872)
 
 
 def _ctx(name: str) -> str:
@@ -108,12 +109,6 @@ def _strike_mid_gate(lab: Lab):
     return action
 
 
-def step_key(step: str) -> str:
-    """A step's name without its parenthesised details (a restart names its reasons and the
-    release number, which differ from run to run)."""
-    return step.split(" (")[0].strip()
-
-
 def cut_at(lab: Lab, name: str, step: str | None, mid_gate: bool = False) -> tuple[Run, tuple, Run]:
     """Kill the control process at `step` (or mid-gate), then run the same deploy again."""
     if mid_gate:
@@ -132,32 +127,47 @@ def cut_at(lab: Lab, name: str, step: str | None, mid_gate: bool = False) -> tup
 def fault_6(lab, steps: list[str] | None = None) -> Row:
     """The control process killed at each step boundary of a rollout (and once in the middle of
     the gate), then the same deploy run again: it converges, nothing is left pending, nothing of
-    ours keeps running on the host."""
+    ours keeps running on the host.
+
+    The steps are those a first run took, and every cut deploys a profile no release on the host
+    had (f6cut-N, its own context length), as that run did: a step that runs only when its inputs
+    change (the launch check: a new argv) comes in each cut run too. A cut whose step its run
+    never started is said so, "DID NOT STRIKE", and the row is not recovered."""
     row = Row("6", "control process killed (SSH cut)", strikes="")
+    fresh = fresh_variants(lab.profiles, {r["profile"] for r in releases(lab.twin)}, "f6cut", F6_CUT_CONTEXT)
     if steps is None:
         lab.baseline()
-        full = lab.deploy("f6cut")
+        full = lab.deploy(next(fresh))
         steps = operations(full.output)
+        if full.rc != 0:
+            row.why_not.append(f"the run that lists the steps failed (exit {full.rc}): {did(full.output)}")
     cases = [(s, False) for s in steps] + [("the gate, mid-run (f6gate)", True)]
     row.strikes = f"each of {len(steps)} step boundaries + mid-gate"
     subs = []
     for step, mid in cases:
         t0, before = start(lab)
-        first, state, rerun = cut_at(lab, "f6gate" if mid else "f6cut", None if mid else step, mid_gate=mid)
-        sub = Row("6", f"cut at {step}")
-        lab.judge(sub, first, state, t0=t0, before=before, rerun=rerun)
-        if first.struck is None:
-            sub.why_not.append(f"the run never reached {step!r}")
-            sub.recovered = False
-        row.details.append(f"  6 cut at {step[:60]:<60} exit {first.rc:>4}  re-run exit {rerun.rc}  "
-                           f"{sub.verdict()}  ({sub.recover_s or 0:.1f} s)")
-        row.outputs[f"cut at {step}"] = first.output
-        row.outputs[f"re-run after {step}"] = rerun.output
-        if not sub.recovered:           # one line per step, not each of its reasons
-            row.why_not.append(f"{step}: " + "; ".join(sub.why_not))
+        first, state, rerun = cut_at(lab, "f6gate" if mid else next(fresh), None if mid else step, mid_gate=mid)
+        sub = lab.judge(Row("6", f"cut at {step}"), first, state, t0=t0, before=before, rerun=rerun)
+        cut_case(row, sub, VERIFY_STEP if mid else step, step, first, rerun)
         subs.append(sub)
     row.did = "SIGKILL; re-run settled the cut release and converged"
     return fold(row, subs)
+
+
+def cut_case(row: Row, sub: Row, step: str, label: str, first: Run, rerun: Run) -> None:
+    """One cut of fault 6 into its row: the detail line, the runs' output, what went wrong (one
+    line per cut, not each of its reasons). A cut at STEP that did not land on FIRST (its step
+    never came, or the run ended first: tool.cut_missed) is said so and not counted as recovered."""
+    missed = cut_missed(step, first)
+    if missed:
+        sub.missed(missed)
+    row.details.append(f"  6 cut at {label[:60]:<60} exit {first.rc:>4}  re-run exit {rerun.rc}  "
+                       f"{sub.verdict()}  ({sub.recover_s or 0:.1f} s)")
+    row.outputs[f"cut at {label}"] = first.output
+    row.outputs[f"re-run after {label}"] = rerun.output
+    if sub.why_not:
+        row.why_not.append(f"{label}: " + "; ".join(sub.why_not))
+    row.not_struck += sub.not_struck
 
 
 def fault_7(lab) -> Row:
@@ -306,7 +316,7 @@ def _fault_10b(lab, row):
                                 while_paused(lambda: lab.twin.set_gpus(count=2)), **lab.where)
     state_b = lab.after(first_b)
     if first_b.struck is None:
-        row.why_not.append("(b) the run never reached its first operation")
+        row.missed(f"(b) did not strike: the run (exit {first_b.rc}) started no operation")
     lab.twin.set_gpus(reset=True)
     rerun_b = lab.deploy("f10gpus-b")
     sub_b = lab.judge(Row("10b", ""), first_b, state_b, t0=t0, before=before, rerun=rerun_b,
@@ -330,10 +340,11 @@ def fault_11(lab) -> Row:
     fill = while_paused(lambda: lab.twin.run(
         f"mkdir -p {folder} && mount -t tmpfs -o size=64k,mode=0755 dsv4deploy-fault-11 {folder}"))
 
-    first = deploy_and_strike("f11disk", lambda s, _i: s == "Weights | model dir", fill, **lab.where)
+    step = "Weights | model dir"
+    first = deploy_and_strike("f11disk", lambda s, _i: s == step, fill, **lab.where)
     state = lab.after(first)
-    if first.struck is None:
-        row.why_not.append("the run never reached the weights push")
+    if cut_missed(step, first):
+        row.missed(cut_missed(step, first))
     if main_pid(lab.twin) != pid:
         row.why_not.append("the server was restarted although the weights failed")
     lab.twin.run(f"umount {folder}", check=False)         # the operator frees the disk
@@ -348,8 +359,8 @@ def fault_12(lab, reboot: Callable[[], None], step: str = VERIFY_STEP) -> Row:
     t0, before = start(lab)
     first = deploy_and_strike("f12reboot", lambda s, _i: s == step, lambda _p, _s: reboot(),
                               **lab.where)
-    if first.struck is None:
-        row.why_not.append(f"the run never reached {step!r}")
+    if cut_missed(step, first):
+        row.missed(cut_missed(step, first))
     state = lab.after(first)
     rerun = lab.deploy("f12reboot")
     if "interrupted" not in rerun.output:
@@ -445,7 +456,7 @@ def fault_14(lab: Lab) -> Row:
     rerun = lab.deploy(SET_B)
     lab.judge(case, first, state, t0=t0, before=before, rerun=rerun)
     if not killed:
-        case.why_not.append("the strike never happened (no rolling step seen)")
+        case.missed("(b) did not strike: no replica 0 drained in the roll (no rolling step seen)")
     if first.rc != 0:
         case.why_not.append(f"the update failed: {did(first.output)}")
     add_case(row, case, f"- 14b replica 1 SIGKILL (PID {killed.get('pid', '?')}) while replica 0 rolled: "

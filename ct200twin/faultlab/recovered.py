@@ -131,5 +131,5 @@ def judge(twin, row: Row, first: Run, state: tuple[Serving, list[str]], *, t0: f
         row.recover_s = first.wall_s
     elif final.good:
         row.recover_s = time.monotonic() - t0
-    row.recovered = not why
+    row.recovered = not why and not row.not_struck      # a strike that did not land proves nothing
     return row

@@ -66,10 +66,19 @@ def deploy_and_strike(profile: str, strike: Callable[[str, int], bool] | None, a
                       on_line: Callable[[str], None] | None = None, inventory: str = "inventory/sim.py") -> Run:
     """Run a deploy, watch its output for "--> Starting operation: <step>" and call
     `action(popen, step)` once, at the first step for which `strike(step, index)` is true."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
-           **({"DSV4_PROFILES_DIR": str(profiles_dir)} if profiles_dir else {})}
+    env = {**(env or {}), **({"DSV4_PROFILES_DIR": str(profiles_dir)} if profiles_dir else {})}
+    return strike_run(deploy_argv(profile, *extra, inventory=inventory), strike, action, env=env, timeout=timeout,
+                      on_line=on_line)
+
+
+def strike_run(argv: list[str], strike: Callable[[str, int], bool] | None, action: Callable | None, *,
+               env: dict | None = None, timeout: float = 600, on_line: Callable[[str], None] | None = None) -> Run:
+    """deploy_and_strike for any command that prints pyinfra's operation lines (ARGV, run in the
+    repository in its own session): `Run.struck` is the step the action ran at, None when no step
+    the command started matched."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     t0 = time.monotonic()
-    p = subprocess.Popen(deploy_argv(profile, *extra, inventory=inventory), cwd=REPO, env=env, stdout=subprocess.PIPE,
+    p = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
     timer = threading.Timer(timeout, lambda: p.poll() is None and os.killpg(p.pid, signal.SIGKILL))
     timer.start()
@@ -89,6 +98,29 @@ def deploy_and_strike(profile: str, strike: Callable[[str, int], bool] | None, a
     finally:
         timer.cancel()
     return Run(rc=rc, output="".join(lines), struck=struck, wall_s=time.monotonic() - t0, pid=p.pid)
+
+
+def step_key(step: str) -> str:
+    """A step's name without its parenthesised details (a restart names its reasons and the
+    release number, which differ from run to run)."""
+    return step.split(" (")[0].strip()
+
+
+def cut_missed(step: str, run: Run) -> str | None:
+    """Why a strike at STEP did not land on RUN, or None when it did. A step the run never started
+    (a step that runs only when its inputs change, as the launch check) is said so by name: such a
+    cut is no evidence of recovery, and not a failure to recover either."""
+    if run.struck is not None:
+        return None
+    key = step_key(step)
+    started = [s for s in operations(run.output) if step_key(s) == key]
+    if not started:
+        group = key.split(" | ")[0].lower()         # what the run's plan says of it ("plan: launch check: ...")
+        said = next((line.split("plan: ", 1)[1].strip() for line in run.output.splitlines()
+                     if f"plan: {group}" in line.lower()), None)
+        return (f"did not strike at {key!r}: the run (exit {run.rc}) never started that step "
+                f"(it started {len(operations(run.output))} others)" + (f"; it said: {said}" if said else ""))
+    return f"did not strike at {key!r}: the run (exit {run.rc}) started it, but ended before the strike landed"
 
 
 def deploy_watching(profile: str, on_line: Callable[[str], None], *, profiles_dir=None, timeout: float = 600,

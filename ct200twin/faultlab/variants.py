@@ -52,6 +52,20 @@ def write_profiles(folder: Path, variants: dict[str, str]) -> Path:
     return folder
 
 
+def fresh_variants(folder: Path, taken: set[str], prefix: str, context_length: int, room: int = 511):
+    """Profiles PREFIX-1, PREFIX-2, ... (each `variant(context_length + n)`, written into FOLDER as
+    it is drawn), skipping the names in TAKEN (profiles the host's releases name): each argv is one
+    no release on the host passed the launch check with, so a run of it takes the launch check (which
+    runs only when its inputs change: dsv4deploy/tasks/venv.py launch_check_plan)."""
+    for n in range(1, room + 1):
+        name = f"{prefix}-{n}"
+        if name not in taken:
+            (folder / f"{name}.yaml").write_text(variant(context_length + n))
+            yield name
+    raise RuntimeError(f"no fresh {prefix}-N left (1..{room} are on the host): wipe the lab's twin "
+                       "(bench/faults.py without --keep)")
+
+
 VARIANTS = {
     # fault 14: a replica set (two twin servers behind smg) and a change that rolls across it
     "f14set": f"extends: nvfp4-ctx8k-dp2\n{QUICK_GATE}",
@@ -61,7 +75,7 @@ VARIANTS = {
     "f3errors": variant(11264, gate=QUICK_GATE),
     "f4midgate": variant(13312, gate=QUICK_GATE),
     "f5stale": variant(14336),
-    "f6cut": variant(15360),
+    # fault 6's cuts deploy fresh_variants: f6cut-N, context 15360 + N (faults.F6_CUT_CONTEXT)
     "f6gate": variant(15872, gate=MID_GATE),
     "f7twice": variant(17408),
     "f8rollback": variant(18432),
