@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,14 +23,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dsv4deploy.gate import GateSpec, run_gate  # noqa: E402
+from dsv4deploy.gate import GateHost, GateOptions, GateServer, GateSpec, run_gate  # noqa: E402
 from dsv4deploy.gate.runner import local_execute, local_upload  # noqa: E402
-from dsv4deploy.profile.load import load_profile  # noqa: E402
+from dsv4deploy.cli.settings import Settings  # noqa: E402
+from dsv4deploy.profile import load  # noqa: E402
 from dsv4deploy.render.unit import server_args  # noqa: E402
 from ct200twin.server.args import VERSION_ENV  # noqa: E402
 from ct200twin.server.faults import Faults  # noqa: E402
 from ct200twin.server.perf import PerfConfig, simulate_bench  # noqa: E402
 from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
+
+PROFILES = Settings.from_environment(os.environ).profiles     # as the dsv4deploy command finds them
+
+
+def load_profile(name: str) -> load.Profile:
+    return load.load_profile(name, PROFILES)
 
 
 def timed_gate(profile: str, context: int | None, early_stop: bool = True) -> tuple[float, object]:
@@ -40,10 +48,10 @@ def timed_gate(profile: str, context: int | None, early_stop: bool = True) -> tu
     with twin:
         twin.wait_ready()
         start = time.monotonic()
-        outcome = run_gate(spec, local_execute, base_url=f"http://127.0.0.1:{port}", model_path=str(twin.model_dir),
-                           venv_python=sys.executable, runner="builtin", upload=local_upload,
-                           client_dir=str(twin.tmp / "gate-client"),
-                           early_stop=early_stop)
+        outcome = run_gate(spec,
+                           GateHost(local_execute, upload=local_upload, client_dir=str(twin.tmp / "gate-client")),
+                           GateServer(f"http://127.0.0.1:{port}", str(twin.model_dir), sys.executable),
+                           GateOptions(runner="builtin", early_stop=early_stop))
         return time.monotonic() - start, outcome
 
 
@@ -69,9 +77,10 @@ def gate_on_profile(name: str, spec: GateSpec, early_pass: bool) -> tuple[float,
     with twin:
         twin.wait_ready()
         start = time.monotonic()
-        outcome = run_gate(spec, local_execute, base_url=twin.url, model_path=str(twin.model_dir),
-                           venv_python=sys.executable, runner="builtin", upload=local_upload,
-                           client_dir=str(twin.tmp / "gate-client"), early_pass=early_pass)
+        outcome = run_gate(spec,
+                           GateHost(local_execute, upload=local_upload, client_dir=str(twin.tmp / "gate-client")),
+                           GateServer(twin.url, str(twin.model_dir), sys.executable),
+                           GateOptions(runner="builtin", early_pass=early_pass))
         return time.monotonic() - start, outcome
 
 
@@ -85,9 +94,8 @@ def with_floors(spec: GateSpec, floors: dict[int, float]) -> GateSpec:
 def early_pass_table() -> None:
     """Each shipped profile's gate run full and with early pass on the twin: time and verdict; then
     the passing profile with floors placed 10% below and above what the twin serves at each level."""
-    from dsv4deploy.profile.load import list_profiles
     print(f"{'profile / floors':44} {'full s':>7} {'early s':>8} {'ratio':>6}  full -> early verdict")
-    for name in list_profiles():
+    for name in load.list_profiles(PROFILES):
         spec = GateSpec.from_profile(load_profile(name).data)
         full_s, full = gate_on_profile(name, spec, early_pass=False)
         early_s, early = gate_on_profile(name, spec, early_pass=True)

@@ -13,16 +13,26 @@ twin model's prediction and the client's CPU time / wall time (resource.getrusag
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dsv4deploy.gate import GateSpec, LevelSpec, local_execute, local_upload, run_gate  # noqa: E402
-from dsv4deploy.profile.load import load_profile  # noqa: E402
+from dsv4deploy.gate import (GateHost, GateOptions, GateServer, GateSpec, LevelSpec, local_execute,  # noqa: E402
+                             local_upload, run_gate)
+from dsv4deploy.cli.settings import Settings  # noqa: E402
+from dsv4deploy.profile import load  # noqa: E402
 from ct200twin.server import perf  # noqa: E402
 from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv  # noqa: E402
+
+PROFILES = Settings.from_environment(os.environ).profiles     # as the dsv4deploy command finds them
+
+
+def load_profile(name: str) -> load.Profile:
+    return load.load_profile(name, PROFILES)
+
 
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.1, "health_poll_seconds": 0.1}
 
@@ -33,9 +43,11 @@ def run(spec: GateSpec, context: int | None):
     with t:
         t.wait_ready()
         t0 = time.monotonic()
-        out = run_gate(spec, local_execute, base_url=t.url, model_path=str(t.model_dir), venv_python="/nonexistent",
-                       runner="builtin", upload=local_upload, host_python=sys.executable,
-                       client_dir=str(t.tmp / "gate-client"))
+        out = run_gate(spec,
+                       GateHost(local_execute, upload=local_upload, host_python=sys.executable,
+                                client_dir=str(t.tmp / "gate-client")),
+                       GateServer(t.url, str(t.model_dir), "/nonexistent"),
+                       GateOptions(runner="builtin"))
         return out, time.monotonic() - t0
 
 

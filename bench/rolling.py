@@ -146,7 +146,7 @@ def _measure(args, twin: SimHost) -> int:
         print((first.stdout + first.stderr)[-3000:])
         print(f"rolling: cannot deploy {BASE} to start from (exit {first.returncode})", file=sys.stderr)
         return 1
-    data = load_profile(BASE).data
+    data = load_profile(BASE, profiles).data
     key = twin.run(f"cat {Layout.of(data).api_key_file}").stdout.strip() if data["server"].get("api_key") else None
     url = f"http://127.0.0.1:{data['server']['port']}"
 

@@ -302,7 +302,7 @@ def test_a_sha256_mismatch_in_a_patch_is_refused_before_any_change(twin, profile
 def test_the_085_profile_forced_past_validation_crashes_at_graph_capture(twin, profiles):
     """The validator refuses TP4 at 0.85 with decode graphs up to 32; forced onto the twin as a
     unit anyway, the server OOMs at CUDA-graph capture, as the campaign's did."""
-    from dsv4deploy.profile.load import load_profile
+    from checkout import load_profile
     from dsv4deploy.render.unit import render
 
     (profiles / "oom085.yaml").write_text("extends: nvfp4-ctx8k\nserver:\n  mem_fraction_static: 0.85\n  port: 30085\n")

@@ -4,7 +4,7 @@ validator refuses in extra_args are the same spellings."""
 from __future__ import annotations
 
 from dsv4deploy.sglang.flags import MANAGED_FLAGS, flag, flag_owner
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.render.unit import server_args
 from dsv4deploy.profile.validate import validate
 

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from checkout import settings
 from dsv4deploy.cli import main as cli, fleet
+from dsv4deploy.cli.settings import CHECKOUT
 from dsv4deploy.profile.errors import ProfileError
 from ct200twin.host import host_env, layout, netns, proxy, proxyctl
 from ct200twin.host.errors import SimError
@@ -114,8 +116,9 @@ class Hosts:
         return 1 if self.fails & set(limit) else 0
 
     def run(self, **kw):
-        return fleet.run_fleet("nvfp4-ctx8k", "inv.py", hosts_of=self.hosts_of, reader=self.reader,
-                               runner=self.runner, say=lambda text: None, **kw)
+        return fleet.run_fleet(fleet.FleetRequest("nvfp4-ctx8k", "inv.py", **kw), settings(), say=lambda text: None,
+                               effects=fleet.FleetEffects(hosts_of=self.hosts_of, reader=self.reader,
+                                                          runner=self.runner))
 
 
 def test_a_good_rollout_reaches_every_host_batch_by_batch():
@@ -184,10 +187,10 @@ def test_a_placeholder_revision_is_refused_for_hosts_without_a_weights_stand_in(
 
 
 def test_batch_argv_names_each_host_exactly():
-    argv = fleet.batch_argv("/x/inv.py", "p", ["a-1", "b-2"], ["--data", "k=v"])
+    argv = fleet.batch_argv("/x/inv.py", "p", ["a-1", "b-2"], ["--data", "k=v"], CHECKOUT)
     assert argv[1:] == ["-y", "/x/inv.py", "deploy/serve.py", "--data", "profile=p", "--data", "k=v",
                         "--limit", "a-1", "--limit", "b-2"]
-    assert fleet.batch_argv(str(fleet.REPO_ROOT / "inventory/fleet-sim.py"), "p", ["a"], [])[2] == \
+    assert fleet.batch_argv(str(CHECKOUT / "inventory/fleet-sim.py"), "p", ["a"], [], CHECKOUT)[2] == \
         "inventory/fleet-sim.py"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dsv4deploy.gate import bench_serving as bs
+from dsv4deploy.gate.inputs import GateHost, GateOptions, GateServer
 from dsv4deploy.gate.result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED
 from dsv4deploy.gate.runner import PROBE_TIMEOUT_S, local_execute, run_gate
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
@@ -71,7 +72,7 @@ def test_last_line_wins_and_partial_failure_fails():
     res = bs.parse_jsonl(text, lv)
     assert res.output_throughput == 531.7 and res.completed == 125 and res.failed == 3
     assert "completed 125/128" in res.reason
-    r = bs.level_from_run(lv, 0, text, "", warmup_requests=2)
+    r = bs.level_from_run(lv, bs.BenchRun(0, text, ""), warmup_requests=2)
     assert r.status == OK and r.failed == 3    # exit 0, but the verdict fails it (max_failed 0)
     from dsv4deploy.gate.result import GateResult
     from dsv4deploy.gate.verdict import judge
@@ -82,24 +83,25 @@ def test_last_line_wins_and_partial_failure_fails():
 def test_nonzero_exit_and_timeouts():
     lv = LevelSpec(64, 128, min_output_throughput=400)
     err = "Traceback (most recent call last):\n  ...\nValueError: Warmup failed - Please make sure benchmark arguments are correctly specified. Error: 401"
-    r = bs.level_from_run(lv, 1, "", err, warmup_requests=2)
+    r = bs.level_from_run(lv, bs.BenchRun(1, "", err), warmup_requests=2)
     assert r.status == FAILED and r.reason.startswith("bench_serving exited 1: ValueError: Warmup failed")
     assert "Traceback" in r.extra["stderr_tail"] and r.failed == 128
-    r = bs.level_from_run(lv, 0, "", "", warmup_requests=2)
+    r = bs.level_from_run(lv, bs.BenchRun(0, "", ""), warmup_requests=2)
     assert r.status == FAILED and "no usable JSONL" in r.reason
-    r = bs.level_from_run(lv, 124, "", "", warmup_requests=2, limit_kind="floor", limit_s=bs.floor_limit_s(lv))
+    r = bs.level_from_run(lv, bs.BenchRun(124, "", ""), warmup_requests=2, limit_kind="floor",
+                          limit_s=bs.floor_limit_s(lv))
     assert r.status == EARLY_STOP and r.reason.startswith("cannot reach the floor: 32768 tokens at 400 tok/s take 82 s")
-    r = bs.level_from_run(lv, 137, "", "", warmup_requests=2, limit_kind="budget", limit_s=30, budget_s=1800)
+    r = bs.level_from_run(lv, bs.BenchRun(137, "", ""), warmup_requests=2, limit_kind="budget", limit_s=30,
+                          budget_s=1800)
     assert r.status == BUDGET and r.reason == "gate budget 1800 s exhausted during C=64"
     assert bs.floor_limit_s(lv) == 32768 / 400 + bs.STARTUP_ALLOWANCE_S and bs.floor_limit_s(LevelSpec(1, 1)) is None
 
 
 def test_command_shape_and_secret_handling():
     lv = LevelSpec(16, 48, 256, 256)
-    cmd = bs.build_command(lv, venv_python="/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python",
-                           base_url="http://127.0.0.1:30000", model_path="/srv/models/DeepSeek-V4-Flash",
-                           warmup_requests=2, limit_s=300, api_key_file="/etc/dsv4deploy/secrets/sglang-api-key",
-                           run_as="dsv4deploy-gate")
+    server = GateServer("http://127.0.0.1:30000", "/srv/models/DeepSeek-V4-Flash",
+                        "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python", "/etc/dsv4deploy/secrets/sglang-api-key")
+    cmd = bs.build_command(lv, server, warmup_requests=2, limit_s=300, run_as="dsv4deploy-gate")
     assert cmd.startswith("if [ -s /etc/dsv4deploy/secrets/sglang-api-key ]; then OPENAI_API_KEY=$(cat "
                           "/etc/dsv4deploy/secrets/sglang-api-key); export OPENAI_API_KEY; fi; export HF_HUB_OFFLINE=1;")
     # the gate's user writes only in its own $d/out; stdout and stderr are root's files in root's $d
@@ -114,8 +116,8 @@ def test_command_shape_and_secret_handling():
             "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/out/bench.jsonl\" --disable-tqdm") in cmd
     assert "mktemp -d" in cmd       # a fresh output file every run
     assert "sglang.bench_serving" not in cmd   # the deprecated shim only where the module is absent
-    legacy = bs.build_command(lv, venv_python="/v/bin/python", base_url="http://127.0.0.1:30000", model_path="/m",
-                              warmup_requests=2, limit_s=300, module="sglang.bench_serving")
+    legacy = bs.build_command(lv, GateServer("http://127.0.0.1:30000", "/m", "/v/bin/python"), warmup_requests=2,
+                              limit_s=300, module="sglang.bench_serving")
     assert "/v/bin/python -I -m sglang.bench_serving --backend sglang " in legacy
     with pytest.raises(ValueError, match="not a bench_serving module"):
         bs.bench_argv(lv, venv_python="/v", base_url="http://h:1", model_path="/m", warmup_requests=0,
@@ -175,8 +177,9 @@ def test_run_gate_auto_picks_bench_serving_and_passes(tmp_path):
         {"concurrency": 1, "num_prompts": 8, "min_output_throughput": 10},
         {"concurrency": 16, "num_prompts": 48, "min_output_throughput": 120},
         {"concurrency": 64, "num_prompts": 128, "min_output_throughput": 400}]}})
-    out = run_gate(spec, execute, base_url="http://127.0.0.1:30000", model_path="/srv/models/m",
-                   venv_python=str(py), api_key_file=str(secrets))
+    out = run_gate(spec,
+                   GateHost(execute),
+                   GateServer("http://127.0.0.1:30000", "/srv/models/m", str(py), api_key_file=str(secrets)))
     assert out.result.runner == "bench_serving" and out.passed, out.verdict.failures
     assert [lv.concurrency for lv in out.result.levels] == [64, 16, 1]
     assert out.result.level(64).output_throughput == 531.7
@@ -199,8 +202,10 @@ def test_run_gate_falls_back_to_the_old_module_only_where_the_new_one_is_absent(
         d = tmp_path / runner
         d.mkdir()
         py, log, secrets = fake_venv(d, levels, module="sglang.bench_serving")
-        out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
-                       runner=runner, api_key_file=str(secrets))
+        out = run_gate(spec,
+                       GateHost(local_execute),
+                       GateServer("http://127.0.0.1:30000", "/m", str(py), api_key_file=str(secrets)),
+                       GateOptions(runner=runner))
         assert out.passed and out.result.runner == "bench_serving", out.verdict.failures
         assert [json.loads(x)["argv"][3] for x in log.read_text().splitlines()] == ["sglang.bench_serving"]
         assert out.result.client["module"] == "sglang.bench_serving"
@@ -209,8 +214,10 @@ def test_run_gate_falls_back_to_the_old_module_only_where_the_new_one_is_absent(
     d = tmp_path / "none"
     d.mkdir()
     py, log, secrets = fake_venv(d, levels, module=None)
-    out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
-                   runner="bench_serving", api_key_file=str(secrets))
+    out = run_gate(spec,
+                   GateHost(local_execute),
+                   GateServer("http://127.0.0.1:30000", "/m", str(py), api_key_file=str(secrets)),
+                   GateOptions(runner="bench_serving"))
     assert [json.loads(x)["argv"][3] for x in log.read_text().splitlines()] == ["sglang.benchmark.serving"]
     assert "has neither sglang.benchmark.serving nor sglang.bench_serving" in out.result.client["runner_choice"]
 
@@ -220,16 +227,20 @@ def test_run_gate_bench_serving_failures_fail_fast(tmp_path):
         "64": {"record": record(64, 128, 531.7, completed=120)},     # exit 0, partial failure
         "16": {"record": record(16, 48, 250.0)}, "1": {"record": record(1, 8, 20.0)}})
     spec = GateSpec.from_profile({"levels": [{"concurrency": c, "num_prompts": n} for c, n in ((1, 8), (16, 48), (64, 128))]})
-    out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py),
-                   runner="bench_serving", api_key_file=str(secrets))
+    out = run_gate(spec,
+                   GateHost(local_execute),
+                   GateServer("http://127.0.0.1:30000", "/m", str(py), api_key_file=str(secrets)),
+                   GateOptions(runner="bench_serving"))
     assert not out.passed and out.verdict.failures == ["C=64 failed requests 8 > max 0"]
     assert [lv.status for lv in out.result.levels] == [OK, SKIPPED, SKIPPED]
     assert len(log.read_text().splitlines()) == 1
 
     (tmp_path / "b").mkdir()
     py2, _, _ = fake_venv(tmp_path / "b", {"64": {"rc": 1, "stderr": "Traceback\nValueError: Warmup failed - boom"}})
-    out = run_gate(spec, local_execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python=str(py2),
-                   runner="bench_serving", api_key_file=str(secrets))
+    out = run_gate(spec,
+                   GateHost(local_execute),
+                   GateServer("http://127.0.0.1:30000", "/m", str(py2), api_key_file=str(secrets)),
+                   GateOptions(runner="bench_serving"))
     assert out.verdict.failures[0] == "C=64 failed: bench_serving exited 1: ValueError: Warmup failed - boom"
 
 
@@ -239,8 +250,10 @@ def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
     py, _, secrets = fake_venv(tmp_path, {"4": {"sleep": 30, "record": record(4, 8, 5.0, out_len=4)}})
     spec = GateSpec(levels=(LevelSpec(4, 8, 16, 4, min_output_throughput=32),))   # 32 tokens / 32 tok/s = 1 s
     t0 = time.monotonic()
-    out = run_gate(spec, local_execute, base_url="http://127.0.0.1:1", model_path="/m", venv_python=str(py),
-                   runner="bench_serving", api_key_file=str(secrets))
+    out = run_gate(spec,
+                   GateHost(local_execute),
+                   GateServer("http://127.0.0.1:1", "/m", str(py), api_key_file=str(secrets)),
+                   GateOptions(runner="bench_serving"))
     assert time.monotonic() - t0 < 8
     assert out.result.levels[0].status == EARLY_STOP
     (failure,) = out.verdict.failures          # the stop lands on the limit, give or take the machine's load
@@ -281,8 +294,8 @@ def test_tokenizer_code_run_as_the_gate_user_cannot_make_root_read_a_secret_back
         py = work / "python"
         py.write_text(HOSTILE.format(secret=str(secret)))
         py.chmod(0o755)
-        cmd = bs.build_command(LevelSpec(1, 1, 8, 8), venv_python=str(py), base_url="http://127.0.0.1:30000",
-                               model_path="/m", warmup_requests=0, limit_s=30, run_as="daemon")
+        cmd = bs.build_command(LevelSpec(1, 1, 8, 8), GateServer("http://127.0.0.1:30000", "/m", str(py)),
+                               warmup_requests=0, limit_s=30, run_as="daemon")
         rc, out, err = local_execute(f"TMPDIR={work}; export TMPDIR; {cmd}", 60)
         assert rc == 0 and f"{bs.MARK} rc=0" in out, (out, err)
         assert "TOPSECRET" not in out + err

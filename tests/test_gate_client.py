@@ -6,10 +6,11 @@ import contextlib
 import sys
 import time
 
+from dsv4deploy.gate.inputs import GateHost, GateOptions, GateServer
 from dsv4deploy.gate.result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED
 from dsv4deploy.gate.runner import local_execute, local_upload, run_gate
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from ct200twin.server import perf
 from ct200twin.server.faults import Faults
 from ct200twin.server.main import LocalTwin, nvfp4_ctx8k_argv
@@ -30,11 +31,11 @@ def twin(context=8192, faults=None, extra=()):
         yield t
 
 
-def gate(t, spec, **kw):
-    return run_gate(spec, local_execute, base_url=t.url, model_path=str(t.model_dir),
-                    venv_python=str(t.tmp / "no-venv" / "bin" / "python"), upload=local_upload,
-                    host_python=sys.executable, client_dir=str(t.tmp / "gate-client"),
-                    api_key_file=str(t.tmp / "api-key"), **kw)
+def gate(t, spec, **options):
+    return run_gate(spec, GateHost(local_execute, upload=local_upload, host_python=sys.executable,
+                                   client_dir=str(t.tmp / "gate-client")),
+                    GateServer(t.url, str(t.model_dir), str(t.tmp / "no-venv" / "bin" / "python"),
+                               api_key_file=str(t.tmp / "api-key")), GateOptions(**options))
 
 
 @pytest.mark.slow
@@ -173,9 +174,10 @@ def test_api_key_from_the_key_file_not_argv_nor_environment():
             return local_execute(cmd, timeout_s)
 
         (t.tmp / "api-key").write_text("k-123456\n")
-        ok = run_gate(spec, execute, base_url=t.url, model_path=str(t.model_dir), venv_python="/nonexistent",
-                      runner="builtin", upload=local_upload, host_python=sys.executable,
-                      client_dir=str(t.tmp / "c"), api_key_file=str(t.tmp / "api-key"))
+        ok = run_gate(spec,
+                      GateHost(execute, upload=local_upload, host_python=sys.executable, client_dir=str(t.tmp / "c")),
+                      GateServer(t.url, str(t.model_dir), "/nonexistent", api_key_file=str(t.tmp / "api-key")),
+                      GateOptions(runner="builtin"))
         (t.tmp / "api-key").write_text("wrong\n")
         bad = gate(t, spec, runner="builtin")
     assert ok.passed and ok.result.client["api_key"] is True
@@ -195,8 +197,8 @@ def test_the_client_exits_when_its_session_is_gone():
     with twin(context=None) as t:                     # ~1M context: the level takes minutes
         client_dir = str(t.tmp / "gate-client")
         install_client(local_execute, local_upload, client_dir, as_root=False)
-        cmd = builtin_command(spec, client_path=f"{client_dir}/client.py", base_url=t.url,
-                              host_python=sys.executable, api_key_file=str(t.tmp / "api-key"))
+        cmd = builtin_command(spec, GateHost(local_execute, host_python=sys.executable, client_dir=client_dir),
+                              GateServer(t.url, str(t.model_dir), "/nonexistent", str(t.tmp / "api-key")))
         assert "--heartbeat-s 1" in cmd
         p = subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)

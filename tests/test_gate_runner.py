@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4deploy.gate.inputs import GateHost, GateOptions, GateServer
 from dsv4deploy.gate.result import FAILED, GateResult, LevelResult
 from dsv4deploy.gate.runner import (CLIENT_PATH, PROBE_DEPENDENCIES, PROBE_TIMEOUT_S, builtin_command, choose_runner,
                                     local_execute, parse_client_output, prepare_command, prepare_gate, probe_command,
@@ -110,8 +111,8 @@ def test_the_probe_sees_the_venv_not_the_logins_environment(tmp_path, monkeypatc
 
 
 def test_builtin_command_checks_the_client_and_passes_the_key_by_fd():
-    cmd = builtin_command(SPEC, client_path="/opt/dsv4deploy/gate/client.py", base_url="http://127.0.0.1:30000",
-                          api_key_file="/etc/dsv4deploy/secrets/sglang-api-key", run_as="dsv4deploy-gate",
+    cmd = builtin_command(SPEC, GateHost(local_execute, run_as="dsv4deploy-gate"),
+                          GateServer("http://127.0.0.1:30000", "/m", "/v", "/etc/dsv4deploy/secrets/sglang-api-key"),
                           budget_s=590)
     digest = hashlib.sha256(CLIENT_PATH.read_bytes()).hexdigest()
     assert cmd.startswith(f"echo '{digest}  /opt/dsv4deploy/gate/client.py' | sha256sum -c --status - || ")
@@ -131,24 +132,32 @@ def test_a_tampered_client_is_never_run(tmp_path):
         Path(dst).write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
         return True
 
-    out = run_gate(SPEC, local_execute, base_url="http://127.0.0.1:9", model_path="/m", venv_python="/v",
-                   runner="builtin", upload=plant, host_python=sys.executable, client_dir=str(tmp_path / "gate"))
+    out = run_gate(SPEC,
+                   GateHost(local_execute, upload=plant, host_python=sys.executable,
+                            client_dir=str(tmp_path / "gate")),
+                   GateServer("http://127.0.0.1:9", "/m", "/v"),
+                   GateOptions(runner="builtin"))
     assert not marker.exists()
     assert not out.passed and "does not match sha256" in out.result.error
     assert oct((tmp_path / "gate").stat().st_mode & 0o777) == "0o700"
 
 
 def test_a_failed_upload_fails_the_gate(tmp_path):
-    out = run_gate(SPEC, local_execute, base_url="http://127.0.0.1:9", model_path="/m", venv_python="/v",
-                   runner="builtin", upload=lambda src, dst: False, host_python=sys.executable,
-                   client_dir=str(tmp_path / "gate"))
+    out = run_gate(SPEC,
+                   GateHost(local_execute, upload=lambda src, dst: False, host_python=sys.executable,
+                            client_dir=str(tmp_path / "gate")),
+                   GateServer("http://127.0.0.1:9", "/m", "/v"),
+                   GateOptions(runner="builtin"))
     assert not out.passed and "uploading the gate client" in out.result.error
 
     def broken(src, dst):
         raise OSError("scp: connection lost")
 
-    out = run_gate(SPEC, local_execute, base_url="http://127.0.0.1:9", model_path="/m", venv_python="/v",
-                   runner="builtin", upload=broken, host_python=sys.executable, client_dir=str(tmp_path / "gate2"))
+    out = run_gate(SPEC,
+                   GateHost(local_execute, upload=broken, host_python=sys.executable,
+                            client_dir=str(tmp_path / "gate2")),
+                   GateServer("http://127.0.0.1:9", "/m", "/v"),
+                   GateOptions(runner="builtin"))
     assert not out.passed and "connection lost" in out.result.error
 
 
@@ -195,13 +204,15 @@ def test_run_gate_ssh_timeout_is_a_failure(tmp_path):
             return 0, "", ""
         return execute(cmd, timeout_s)
 
-    out = run_gate(SPEC, execute_prepared, base_url="http://127.0.0.1:30000", model_path="/m", venv_python="/v",
-                   runner="builtin", upload=lambda a, b: None)
+    out = run_gate(SPEC,
+                   GateHost(execute_prepared, upload=lambda a, b: None),
+                   GateServer("http://127.0.0.1:30000", "/m", "/v"),
+                   GateOptions(runner="builtin"))
     assert not out.passed
     assert out.verdict.failures[0].startswith("gate runner (builtin) failed: client wrote no JSON result; exit None")
     assert 600 < calls[0] <= 600 + 30                                  # just above the budget
     with pytest.raises(ValueError):
-        run_gate(SPEC, execute, base_url="http://x:1", model_path="/m", venv_python="/v", runner="builtin")
+        run_gate(SPEC, GateHost(execute), GateServer("http://x:1", "/m", "/v"), GateOptions(runner="builtin"))
 
 
 def test_a_gate_prepared_ahead_runs_with_one_command_and_a_failed_preparation_fails_it():
@@ -218,16 +229,22 @@ def test_a_gate_prepared_ahead_runs_with_one_command_and_a_failed_preparation_fa
                                          LevelResult(1, 8, output_throughput=20.0, completed=8)]).to_json(indent=None), ""
 
     uploads = []
-    ready = prepare_gate(SPEC, execute, venv_python="/v", runner="builtin", upload=lambda a, b: uploads.append(b))
+    ready = prepare_gate(SPEC, GateHost(execute, upload=lambda a, b: uploads.append(b)), "/v", "builtin")
     assert (ready.runner, ready.error) == ("builtin", None) and uploads == ["/opt/dsv4deploy/gate/client.py"]
     sent.clear()
-    out = run_gate(SPEC, execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python="/v",
-                   runner="builtin", upload=lambda a, b: uploads.append(b), prepared=ready)
+    out = run_gate(SPEC,
+                   GateHost(execute, upload=lambda a, b: uploads.append(b)),
+                   GateServer("http://127.0.0.1:30000", "/m", "/v"),
+                   GateOptions(runner="builtin"),
+                   prepared=ready)
     assert len(sent) == 1 and len(uploads) == 1 and out.result.error is None   # the run alone
 
-    broken = prepare_gate(SPEC, execute, venv_python="/v", runner="builtin", upload=lambda a, b: False)
+    broken = prepare_gate(SPEC, GateHost(execute, upload=lambda a, b: False), "/v", "builtin")
     assert broken.error.startswith("ClientInstallError: uploading the gate client")
     sent.clear()
-    out = run_gate(SPEC, execute, base_url="http://127.0.0.1:30000", model_path="/m", venv_python="/v",
-                   runner="builtin", upload=lambda a, b: None, prepared=broken)
+    out = run_gate(SPEC,
+                   GateHost(execute, upload=lambda a, b: None),
+                   GateServer("http://127.0.0.1:30000", "/m", "/v"),
+                   GateOptions(runner="builtin"),
+                   prepared=broken)
     assert not out.passed and sent == [] and "uploading the gate client" in out.result.error

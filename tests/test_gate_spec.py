@@ -3,7 +3,7 @@
 import pytest
 
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 
 
 def test_from_profile_reads_floors_and_defaults():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4deploy.cli.settings import Settings
 from dsv4deploy.gateway import model as gateway
 from dsv4deploy.gate import client, split
 from dsv4deploy.gate.result import GateResult, LevelResult
@@ -20,7 +21,7 @@ from dsv4deploy.gate.spec import GateSpec, LevelSpec
 from dsv4deploy.gate.verdict import judge
 from dsv4deploy.host import gate as host_gate
 from dsv4deploy.host import replicas as hr
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.release.rollout import Target
 from dsv4deploy.tasks import replicas as tr
 
@@ -137,7 +138,11 @@ def test_the_result_keeps_routing_through_its_json_round_trip():
 # --- the run: read before and after, print, record ---------------------------------------------------
 
 class Host:
+    """A host whose inventory's settings (host data) put the reports under CHECKOUT."""
     name = "fake"
+
+    def __init__(self, checkout: Path | None = None):
+        self.data = {"settings": Settings.from_environment({}, checkout)} if checkout else {}
 
 
 def test_a_gate_through_the_gateway_records_prints_and_warns(monkeypatch, capsys, tmp_path):
@@ -156,20 +161,19 @@ def test_a_gate_through_the_gateway_records_prints_and_warns(monkeypatch, capsys
                                                               total_output_tokens=8192, output_throughput=489.2,
                                                               routed=routed)])
 
-    def run_gate(spec_, execute, base_url, **kw):
-        assert base_url == "http://127.0.0.1:30000" and len(commands) == 1       # counters read before
+    def run_gate(spec_, host, server, *a, **kw):
+        assert server.base_url == "http://127.0.0.1:30000" and len(commands) == 1       # counters read before
         return GateOutcome(spec_, result, judge(spec_, result))
 
     written = {}
     monkeypatch.setattr(host_gate, "sh", sh)
     monkeypatch.setattr(host_gate, "run_gate", run_gate)
     monkeypatch.setattr(host_gate, "warm_plotting", lambda: None)
-    monkeypatch.setattr(host_gate, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(host_gate, "write_report", lambda outcome, local, **kw: written.setdefault("doc", outcome))
     t = target()
     t.data["gate"] = {**t.data["gate"], "levels": [{"concurrency": 64, "num_prompts": 128, "input_len": 256,
                                                      "output_len": 64, "min_output_throughput": 50}]}
-    outcome = host_gate.run_release_gate(Host(), t, None, None, "nvfp4-ctx8k-dp2")
+    outcome = host_gate.run_release_gate(Host(tmp_path), t, None, None, "nvfp4-ctx8k-dp2")
     assert len(commands) == 2 and commands[0] == split.counters_command(URLS)
     assert [p["requests"] for p in outcome.result.replicas] == [117, 13]
     assert written["doc"].result.replicas == outcome.result.replicas          # in gate.json and gate.md
@@ -186,11 +190,11 @@ def test_a_gate_on_one_replica_reads_no_counters(monkeypatch, tmp_path):
     spec = GateSpec(levels=(LevelSpec(64, 64, 256, 64, min_output_throughput=50),))
     result = GateResult(runner="builtin", levels=[LevelResult(concurrency=64, num_prompts=64, completed=64,
                                                               output_throughput=460.0, duration_s=9.0)])
-    monkeypatch.setattr(host_gate, "run_gate", lambda s, e, **kw: GateOutcome(s, result, judge(s, result)))
+    monkeypatch.setattr(host_gate, "run_gate", lambda s, *a, **kw: GateOutcome(s, result, judge(s, result)))
     monkeypatch.setattr(host_gate, "warm_plotting", lambda: None)
-    monkeypatch.setattr(host_gate, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(host_gate, "write_report", lambda outcome, local, **kw: None)
-    outcome = host_gate.run_release_gate(Host(), target().replica(0), None, None, "nvfp4-ctx8k-dp2", part="replica-0")
+    outcome = host_gate.run_release_gate(Host(tmp_path), target().replica(0), None, None, "nvfp4-ctx8k-dp2",
+                                         part="replica-0")
     assert outcome.result.replicas == [] and "split" not in host_gate.gate_record(outcome)
 
 

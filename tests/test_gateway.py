@@ -174,7 +174,7 @@ def test_drain_removes_waits_until_smg_drops_it_then_until_the_replica_is_idle()
                    ("GET", "/workers", fixture("workers_one_removed.json")),
                    ("GET", "31001/metrics", BUSY), ("GET", "31001/metrics", BUSY), ("GET", "31001/metrics", IDLE)])
     clock = Clock()
-    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=60, poll_s=1, clock=clock, sleep=clock.sleep)
+    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=60, poll_s=1, clock=gateway.Clock(clock, clock.sleep))
     assert done == gateway.Drained(removed_s=1.0, idle_s=3.0, in_flight=0)
     assert not http.answers
 
@@ -182,7 +182,7 @@ def test_drain_removes_waits_until_smg_drops_it_then_until_the_replica_is_idle()
 def test_drain_gives_up_on_a_busy_replica_after_the_budget_and_says_how_many_are_left():
     http = Script([("GET", "/workers", fixture("workers_one_removed.json"))] + [("GET", "/metrics", BUSY)] * 11)
     clock = Clock()
-    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=10, poll_s=1, clock=clock, sleep=clock.sleep)
+    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=10, poll_s=1, clock=gateway.Clock(clock, clock.sleep))
     assert done.idle_s is None and done.in_flight == 1 and done.removed_s == 0
 
 
@@ -192,14 +192,14 @@ def test_drain_fails_when_smg_keeps_listing_the_replica():
                   + [("GET", "/workers", fixture("workers_one_draining.json"))] * 6)
     clock = Clock()
     with pytest.raises(GatewayError, match="still listed"):
-        gateway.drain(http, GW, KEY, REPLICA, timeout_s=5, poll_s=1, clock=clock, sleep=clock.sleep)
+        gateway.drain(http, GW, KEY, REPLICA, timeout_s=5, poll_s=1, clock=gateway.Clock(clock, clock.sleep))
 
 
 def test_drain_needs_the_replicas_metrics():
     http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
                    ("GET", "/metrics", (200, b"# metrics off\n"))])
     with pytest.raises(GatewayError, match="enable_metrics"):
-        gateway.drain(http, GW, KEY, REPLICA, timeout_s=5, poll_s=1, clock=Clock(), sleep=lambda s: None)
+        gateway.drain(http, GW, KEY, REPLICA, timeout_s=5, poll_s=1, clock=gateway.Clock(Clock(), lambda s: None))
 
 
 def test_readmit_adds_the_replica_and_waits_until_it_is_routable():
@@ -211,7 +211,7 @@ def test_readmit_adds_the_replica_and_waits_until_it_is_routable():
                    ("GET", "/workers", (200, json.dumps(pending).encode())),
                    ("GET", "/workers", (200, ready))])
     clock = Clock()
-    w = gateway.readmit(http, GW, KEY, REPLICA, timeout_s=30, poll_s=0.5, clock=clock, sleep=clock.sleep)
+    w = gateway.readmit(http, GW, KEY, REPLICA, timeout_s=30, poll_s=0.5, clock=gateway.Clock(clock, clock.sleep))
     assert w.url == REPLICA and w.routable and clock.t == 0.5
 
 
@@ -221,7 +221,7 @@ def test_readmit_of_a_replica_that_never_becomes_routable_fails():
                   + [("GET", "/workers", fixture("workers_one_removed.json"))] * 5)
     clock = Clock()
     with pytest.raises(GatewayError, match="not routable"):
-        gateway.readmit(http, GW, KEY, REPLICA, timeout_s=2, poll_s=0.5, clock=clock, sleep=clock.sleep)
+        gateway.readmit(http, GW, KEY, REPLICA, timeout_s=2, poll_s=0.5, clock=gateway.Clock(clock, clock.sleep))
 
 
 def _id(url: str, name: str) -> str:
@@ -257,7 +257,7 @@ def test_readmit_waits_out_a_replica_still_draining_before_adding_it():
                    ("POST", "/workers", fixture("add_accepted.json")),
                    ("GET", "/workers", fixture("workers_two_ready.json"))])
     clock = Clock()
-    w = gateway.readmit(http, GW, KEY, url, timeout_s=30, poll_s=1, clock=clock, sleep=clock.sleep)
+    w = gateway.readmit(http, GW, KEY, url, timeout_s=30, poll_s=1, clock=gateway.Clock(clock, clock.sleep))
     assert w.url == url and w.routable and [c[0] for c in http.calls].count("POST") == 1
 
 
@@ -265,19 +265,19 @@ def test_readmit_waits_on_an_add_already_in_progress():
     http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
                    ("POST", "/workers", fixture("add_conflict_in_progress.json")),
                    ("GET", "/workers", fixture("workers_two_ready.json"))])
-    assert gateway.readmit(http, GW, KEY, REPLICA, timeout_s=5, clock=Clock(), sleep=lambda s: None).routable
+    assert gateway.readmit(http, GW, KEY, REPLICA, timeout_s=5, clock=gateway.Clock(Clock(), lambda s: None)).routable
 
 
 def test_readmit_reports_any_other_refusal():
     http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
                    ("POST", "/workers", fixture("workers_wrong_key.json"))])
     with pytest.raises(GatewayError, match="401"):
-        gateway.readmit(http, GW, KEY, REPLICA, timeout_s=5, clock=Clock(), sleep=lambda s: None)
+        gateway.readmit(http, GW, KEY, REPLICA, timeout_s=5, clock=gateway.Clock(Clock(), lambda s: None))
 
 
 def test_the_venv_is_named_by_release_and_lock_and_installs_under_the_lock():
     from dsv4deploy.render.unit import render
-    from dsv4deploy.profile.load import load_profile
+    from checkout import load_profile
 
     inst = gateway.venv_install("1.13.0")
     assert inst.spec == "smg==1.13.0" and inst.pip_args == ["-c", f"{inst.venv}/dsv4deploy.lock"]
@@ -293,7 +293,7 @@ def test_a_replica_that_does_not_answer_has_nothing_in_flight():
     http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
                    ("GET", "31001/metrics", ConnectionRefusedError(111, "refused"))])
     clock = Clock()
-    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=60, poll_s=1, clock=clock, sleep=clock.sleep)
+    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=60, poll_s=1, clock=gateway.Clock(clock, clock.sleep))
     assert done.idle_s == 0.0 and done.in_flight == 0
 
 
@@ -304,7 +304,7 @@ def test_a_replica_whose_metrics_do_not_answer_is_not_taken_for_idle(error):
     http = Script([("GET", "/workers", fixture("workers_one_removed.json")),
                    *[("GET", "31001/metrics", error)] * 200])
     clock = Clock()
-    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=20, poll_s=1, clock=clock, sleep=clock.sleep)
+    done = gateway.drain(http, GW, KEY, REPLICA, timeout_s=20, poll_s=1, clock=gateway.Clock(clock, clock.sleep))
     assert done.idle_s is None and done.unanswered == str(error)
 
 

@@ -16,7 +16,7 @@ from dsv4deploy.render import layout
 from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.host import checks
 from dsv4deploy.host.checks import PROBE_MARK, probe_command, probe_problems
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.release.rollout import Target
 
 KEY = "sk-probe-test"

@@ -11,7 +11,7 @@ import pytest
 
 from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.host import replicas as hr
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.release.rollout import Target
 
 

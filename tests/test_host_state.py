@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import hashlib
 
+from checkout import settings
 from dsv4deploy.release.changes import Changes
 from dsv4deploy.host.state import HostState, managed_paths, queries
 from dsv4deploy.release.rollout import rollout_for
 from dsv4deploy.tasks.plan import plan_lines
 from dsv4deploy.tasks.service import files_differ, unit_files
 
-SIM = {"profile": "nvfp4-ctx8k", "weights_source": {"type": "local", "path": "/srv/x", "size_gib": 1}}
+SIM = {"profile": "nvfp4-ctx8k", "weights_source": {"type": "local", "path": "/srv/x", "size_gib": 1},
+       "settings": settings()}
 
 
 def _rollout():

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from checkout import profiles_dir, settings
 from dsv4deploy.cli import inventories
 from dsv4deploy.profile.errors import rerun_with
 from dsv4deploy.host.connect import describe
@@ -404,13 +405,12 @@ def test_deploys_a_profile(tmp_path):
 
 
 def test_placeholder_is_an_error_only_without_a_weights_stand_in(pinned, monkeypatch):
-    problems = inventories.deploy_problems("nvfp4-ctx8k", weights_stand_in=False)
+    problems = inventories.deploy_problems("nvfp4-ctx8k", profiles_dir(), weights_stand_in=False)
     assert [p.path for p in problems] == ["model.revision"] and problems[0].severity == "error"
     assert problems[0].file == "profiles/_ct200-base.yaml" and problems[0].line
-    assert inventories.deploy_problems("nvfp4-ctx8k", weights_stand_in=True) == []
-    monkeypatch.setenv("DSV4_PROFILES_DIR", str(pinned))
-    assert inventories.deploy_problems("nvfp4-ctx8k", weights_stand_in=False) == []
-    assert "no profile named" in str(inventories.deploy_problems("nope", weights_stand_in=True)[0])
+    assert inventories.deploy_problems("nvfp4-ctx8k", profiles_dir(), weights_stand_in=True) == []
+    assert inventories.deploy_problems("nvfp4-ctx8k", pinned, weights_stand_in=False) == []
+    assert "no profile named" in str(inventories.deploy_problems("nope", profiles_dir(), weights_stand_in=True)[0])
 
 
 def test_rollout_for_refuses_the_placeholder_without_a_weights_source():
@@ -419,8 +419,9 @@ def test_rollout_for_refuses_the_placeholder_without_a_weights_source():
     from dsv4deploy.release.rollout import rollout_for
 
     with pytest.raises(DeployError, match="placeholder revision"):
-        rollout_for({"profile": "nvfp4-ctx8k"})
-    assert rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}}).profile.name == "nvfp4-ctx8k"
+        rollout_for({"profile": "nvfp4-ctx8k", "settings": settings()})
+    assert rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"},
+                        "settings": settings()}).profile.name == "nvfp4-ctx8k"
 
 
 def test_not_under_the_pyinfra_cli():

@@ -24,7 +24,7 @@ def test_extras_index_urls_and_the_lock_change_the_name():
 def test_the_0523_lock_pins_what_sglang_pins():
     """The lock holds the venv's whole closure, each `name==version`, agreeing with the wheel's
     own pins (torch and flashinfer for CUDA 13); it names the venv."""
-    from dsv4deploy.profile.load import load_profile
+    from checkout import load_profile
     from dsv4deploy.render.layout import Layout
     from dsv4deploy.sglang.versions import lock_file, lock_sha256
 

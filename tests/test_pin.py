@@ -14,7 +14,7 @@ pytest.importorskip("huggingface_hub")
 
 from dsv4deploy.profile.errors import ProfileError  # noqa: E402
 from dsv4deploy.cli.pin import PinError, insert_value, pin, replace_value  # noqa: E402
-from dsv4deploy.profile.load import load_profile  # noqa: E402
+from checkout import load_profile  # noqa: E402
 from ct200twin.host.checkpoint import make_checkpoint  # noqa: E402
 from ct200twin.host.hub import serve_hub  # noqa: E402
 from ct200twin.host.hub_repo import scan_repo  # noqa: E402

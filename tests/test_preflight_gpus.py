@@ -13,7 +13,7 @@ from dsv4deploy.preflight import (QUERY_FIELDS, QUERY_FIELDS_MIG, GpuInfo, Nvidi
                                   check_gpus, driver_branch, format_table, parse_query,
                                   profile_expectations, query_args)
 from dsv4deploy.preflight.cli import main
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "nvidia-smi"

@@ -24,7 +24,7 @@ from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_group
                                   probe_argv, rank_environment, read_env_file)
 from dsv4deploy.preflight import nccl_probe as P
 from dsv4deploy.preflight.cli import main
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "nccl"
@@ -145,8 +145,8 @@ def test_ranks_get_exactly_the_profiles_environment(profile_dir):
         """)
     data = load_profile("envtest").data
     from dsv4deploy.preflight import profile_nccl_env, unit_environment
-    res = launch(nranks=3, nccl_env=profile_nccl_env(data), unit_env=unit_environment(data),
-                 dry_run=True, base_env=BASE, timeout_s=20)
+    res = launch(3, profile_nccl_env(data), P.ProbeSettings(BASE, unit_env=unit_environment(data), dry_run=True,
+                                                           timeout_s=20))
     assert res["ok"], res["error"]
     envs = rank_envs(res)
     for r, env in enumerate(envs):
@@ -193,8 +193,7 @@ def test_cli_profile_dry_run_and_compare_presets(capsys):
 @pytest.mark.slow
 def test_hang_ends_in_bound_with_the_p2p_hint_and_no_process_left():
     t0 = time.monotonic()
-    res = launch(nranks=3, nccl_env=PRESETS["ll-ring"], dry_run=True, hang_rank=1, timeout_s=2,
-                 base_env=BASE)
+    res = launch(3, PRESETS["ll-ring"], P.ProbeSettings(BASE, dry_run=True, timeout_s=2), hang_rank=1)
     took = time.monotonic() - t0
     assert took < 2 + SLACK_S, took
     assert not res["ok"] and res["error"]["kind"] == "timeout"
@@ -228,7 +227,7 @@ def test_fake_rank_that_ignores_sigterm_is_killed(tmp_path):
     prog = tmp_path / "stubborn.py"
     prog.write_text(FAKE_STUBBORN)
     t0 = time.monotonic()
-    res = launch(nranks=2, nccl_env={}, program=str(prog), timeout_s=2, base_env=BASE)
+    res = launch(2, {}, P.ProbeSettings(BASE, program=str(prog), timeout_s=2))
     took = time.monotonic() - t0
     assert took < 2 + SLACK_S, took
     assert res["error"]["kind"] == "timeout" and res["leftover"] == []
@@ -241,7 +240,7 @@ def test_a_failing_rank_stops_the_others_early(tmp_path):
     prog = tmp_path / "fails.py"
     prog.write_text(FAKE_ONE_FAILS)
     t0 = time.monotonic()
-    res = launch(nranks=3, nccl_env={}, program=str(prog), timeout_s=60, base_env=BASE)
+    res = launch(3, {}, P.ProbeSettings(BASE, program=str(prog), timeout_s=60))
     took = time.monotonic() - t0
     assert took < P.FAIL_GRACE_S + SLACK_S, took
     assert res["error"]["kind"] == "rank-failed"
@@ -462,8 +461,8 @@ def test_check_layout():
 
 
 def test_groups_get_their_own_gpus_and_ports_then_run_alone():
-    doc = P.launch_groups([[0, 1, 2, 3], [4, 5, 6, 7]], nccl_env=PRESETS["ll-ring"], label="ll-ring",
-                          dry_run=True, base_env=dict(BASE, CUDA_VISIBLE_DEVICES="9"), timeout_s=30)
+    doc = P.launch_groups([[0, 1, 2, 3], [4, 5, 6, 7]], PRESETS["ll-ring"],
+                          P.ProbeSettings(dict(BASE, CUDA_VISIBLE_DEVICES="9"), dry_run=True, timeout_s=30), "ll-ring")
     assert doc["ok"] and doc["groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and doc["together"]["leftover"] == []
     runs = doc["together"]["runs"]
     assert [(r["group"], r["gpus"], r["nranks"]) for r in runs] == [(0, [0, 1, 2, 3], 4), (1, [4, 5, 6, 7], 4)]
@@ -501,8 +500,7 @@ def test_groups_really_run_at_the_same_time(tmp_path):
     prog = tmp_path / "barrier.py"
     prog.write_text(FAKE_BARRIER)
     specs = [{"nranks": 2, "gpus": [0, 1]}, {"nranks": 1, "gpus": [2]}, {"nranks": 2, "gpus": [3, 4]}]
-    out = P.run_groups(specs, nccl_env={}, program=str(prog), timeout_s=60,
-                       base_env=dict(BASE, FAKE_ALL_RANKS="5"))
+    out = P.run_groups(specs, {}, P.ProbeSettings(dict(BASE, FAKE_ALL_RANKS="5"), program=str(prog), timeout_s=60))
     assert out["ok"], [r["error"] for r in out["runs"]]
     assert [r["nranks"] for r in out["runs"]] == [2, 1, 2] and out["leftover"] == []
     for run in out["runs"]:
@@ -525,7 +523,7 @@ def test_a_hang_in_one_group_ends_every_group_and_leaves_nothing(tmp_path):
     prog = tmp_path / "hang.py"
     prog.write_text(FAKE_GROUP1_STUBBORN)
     specs = [{"nranks": 2, "gpus": [0, 1]}, {"nranks": 2, "gpus": [2, 3]}]
-    out = P.run_groups(specs, nccl_env={}, program=str(prog), timeout_s=2, base_env=BASE)
+    out = P.run_groups(specs, {}, P.ProbeSettings(BASE, program=str(prog), timeout_s=2))
     assert not out["ok"] and out["leftover"] == []
     g0, g1 = out["runs"]
     assert g0["error"]["kind"] == g1["error"]["kind"] == "timeout"
@@ -573,7 +571,7 @@ def test_a_failing_rank_ends_its_own_group_only(tmp_path):
     prog = tmp_path / "fails.py"
     prog.write_text(FAKE_ONE_GROUP_FAILS)
     specs = [{"nranks": 2, "gpus": [0, 1]}, {"nranks": 3, "gpus": [2, 3, 4]}]
-    out = P.run_groups(specs, nccl_env={}, program=str(prog), timeout_s=60, base_env=BASE)
+    out = P.run_groups(specs, {}, P.ProbeSettings(BASE, program=str(prog), timeout_s=60))
     g0, g1 = out["runs"]
     assert g0["ok"] and not out["ok"]
     assert g1["error"]["kind"] == "rank-failed" and "rank 1 exited with status 3" in g1["error"]["message"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dsv4deploy.profile.errors import ProfileError
-from dsv4deploy.profile.load import list_profiles, load_profile
+from checkout import list_profiles, load_profile
 
 SHIPPED = list_profiles()
 
@@ -23,7 +23,7 @@ def test_the_four_required_profiles_ship():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_profile_names_the_schema_for_editors(name):
-    from dsv4deploy.profile.load import profiles_dir
+    from checkout import profiles_dir
     first = (profiles_dir() / f"{name}.yaml").read_text().splitlines()[0]
     assert first == "# yaml-language-server: $schema=../dsv4deploy/schema/profile.schema.json"
 

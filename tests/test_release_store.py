@@ -18,7 +18,7 @@ from dsv4deploy.release import records as releases
 from dsv4deploy.host.io import sh
 from dsv4deploy.host.release_store import LockCallback, ReleaseStore, RollbackError, release_write_command
 from dsv4deploy.render.layout import Layout
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.release.records import Release
 from dsv4deploy.tasks import rollback
 

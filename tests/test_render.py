@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsv4deploy.render.layout import Layout
-from dsv4deploy.profile.load import list_profiles, load_profile
+from checkout import list_profiles, load_profile
 from dsv4deploy.render.unit import render, server_args, systemd_exec, systemd_word
 
 GOLDEN = Path(__file__).parent / "golden"

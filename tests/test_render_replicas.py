@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dsv4deploy.gateway import model as gateway
 from dsv4deploy.render import unitcheck
 from dsv4deploy.profile.errors import ProfileError
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.render.unit import render
 from dsv4deploy.render.replicas import instance_specifiers
 from dsv4deploy.render.unitcheck import SyntaxProblem, env_file, exec_argv, unit_directives

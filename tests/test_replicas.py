@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dsv4deploy.profile import replicas
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.profile.validate import validate
 
 DP2 = "extends: nvfp4-ctx8k\n"
@@ -159,18 +159,20 @@ def test_a_replica_set_rollout_targets_the_gateway_and_each_instance():
     on its own port and unit; a profile without replicas keeps its single unit."""
     from dsv4deploy.release.rollout import rollout_for
 
-    t = rollout_for({"profile": "nvfp4-ctx8k-dp2", "weights_source": {"type": "hf"}}).target
+    from checkout import settings
+
+    t = rollout_for({"profile": "nvfp4-ctx8k-dp2", "weights_source": {"type": "hf"}, "settings": settings()}).target
     assert t.is_set and t.unit == "sglang-gateway.service" and t.base_url == "http://127.0.0.1:30000"
     assert [(rt.unit, rt.base_url, rt.port) for rt in t.replica_targets] == [
         ("sglang@0.service", "http://127.0.0.1:30001", 30001), ("sglang@1.service", "http://127.0.0.1:30002", 30002)]
     assert t.units == ["sglang@0.service", "sglang@1.service", "sglang-gateway.service"]
-    single = rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}}).target
+    single = rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}, "settings": settings()}).target
     assert not single.is_set and single.units == ["sglang.service"] and single.base_url == "http://127.0.0.1:30000"
 
 
 def test_a_set_rolls_only_when_every_replica_keeps_its_address_and_its_gpus():
     import copy
-    from dsv4deploy.profile.load import load_profile
+    from checkout import load_profile
     from dsv4deploy.profile.replicas import roll_problem
     base = load_profile("nvfp4-ctx8k-dp2").data
     assert roll_problem(base, copy.deepcopy(base)) is None

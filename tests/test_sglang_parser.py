@@ -62,7 +62,7 @@ CONTROLS = {
 def _renderer():
     """The project's renderer API, or a failure that says what is missing (never a skip)."""
     try:
-        from dsv4deploy.profile.load import list_profiles, load_profile
+        from checkout import list_profiles, load_profile
         from dsv4deploy.render.unit import server_args
     except ImportError as exc:  # pragma: no cover - only while the renderer is being written
         pytest.fail("the renderer API this test checks is missing: need "

@@ -91,7 +91,7 @@ def test_the_deploys_probe_as_a_service_on_an_h200_ran_apart_from_the_login():
 
     from dsv4deploy.render.layout import Layout
     from dsv4deploy.preflight import probe_argv
-    from dsv4deploy.profile.load import load_profile
+    from checkout import load_profile
 
     fix = Path(__file__).parent / "fixtures" / "nccl"
     recorded = (fix / "h200x1-as-service-command.sh").read_text().strip()

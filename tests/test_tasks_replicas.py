@@ -13,7 +13,7 @@ from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.cli.history import gate_summary
 from dsv4deploy.host.gate import rolling_gate_record
 from dsv4deploy.render.layout import Layout
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.release.records import Release
 from dsv4deploy.release.rollout import Target
 from dsv4deploy.tasks import replicas as tr

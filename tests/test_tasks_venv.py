@@ -9,6 +9,7 @@ import shlex
 
 import pytest
 
+from checkout import settings
 from dsv4deploy.release import records as releases
 from dsv4deploy.host.state import PARSER_LOCK
 from dsv4deploy.release.rollout import rollout_for
@@ -27,7 +28,7 @@ def twin(own_parser: bool = True) -> dict:
 
 
 def rollout(host_data: dict, profile: str = "nvfp4-ctx8k"):
-    return rollout_for({**host_data, "profile": profile})
+    return rollout_for({**host_data, "profile": profile, "settings": settings()})
 
 
 def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():

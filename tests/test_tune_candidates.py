@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.tune.candidates import build_candidates
 from dsv4deploy.tune.space import build_space
 from dsv4deploy.profile.validate import validate

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile, profiles_dir
 from dsv4deploy.tune.backend import Backend
-from dsv4deploy.tune.command import prepare, run_tune
+from dsv4deploy.tune.command import TuneFolders, prepare, run_tune
 from dsv4deploy.profile.validate import validate
 
 from tune_fakes import FakeClock, TableMeasure
@@ -131,9 +131,9 @@ def table_for(prep, speed):
 
 
 def test_a_run_writes_the_tuned_profile_and_the_report_and_serves_the_winner(profile_dir, tmp_path):
-    prep = prepare("fp8-ctx1m-baseline")
+    prep = prepare("fp8-ctx1m-baseline", directory=profiles_dir())
     stand_in = StandIn(table_for(prep, lambda o: {8192: 531.7, 32768: 450.0}.get(o.get("server.context_length"), 29.7)))
-    outcome = run_tune(prep, stand_in.backend(), state_dir=tmp_path / "s", reports_dir=tmp_path / "r",
+    outcome = run_tune(prep, stand_in.backend(), TuneFolders(tmp_path / "s", tmp_path / "r"),
                        clock=stand_in.clock, log=lambda s: None, png=False)
     assert outcome.result.chosen.overrides == {"server.context_length": 8192}
     assert stand_in.settled == [(outcome.result.chosen.id, "fp8-ctx1m-baseline-tuned")]
@@ -148,9 +148,9 @@ def test_a_run_writes_the_tuned_profile_and_the_report_and_serves_the_winner(pro
 
 
 def test_a_run_that_finds_nothing_better_writes_no_profile_and_keeps_the_starting_release(profile_dir, tmp_path):
-    prep = prepare("fp8-ctx1m-baseline", ["server.context_length=8192,32768", "server.mem_fraction_static=0.7"])
+    prep = prepare("fp8-ctx1m-baseline", ["server.context_length=8192,32768", "server.mem_fraction_static=0.7"], directory=profiles_dir())
     stand_in = StandIn(table_for(prep, lambda o: 600.0 if not o else 450.0))   # the base is the fastest
-    outcome = run_tune(prep, stand_in.backend(), state_dir=tmp_path / "s", reports_dir=tmp_path / "r",
+    outcome = run_tune(prep, stand_in.backend(), TuneFolders(tmp_path / "s", tmp_path / "r"),
                        clock=stand_in.clock, log=lambda s: None, png=False)
     assert outcome.result.chosen is None and outcome.tuned_profile is None
     assert stand_in.settled == [(None, None)]
@@ -159,12 +159,13 @@ def test_a_run_that_finds_nothing_better_writes_no_profile_and_keeps_the_startin
 
 
 def test_a_second_run_reuses_every_measurement(profile_dir, tmp_path):
-    prep = prepare("fp8-ctx1m-baseline")
+    prep = prepare("fp8-ctx1m-baseline", directory=profiles_dir())
     speed = lambda o: {8192: 531.7}.get(o.get("server.context_length"), 450.0)  # noqa: E731
     first, second = StandIn(table_for(prep, speed)), StandIn(table_for(prep, speed))
-    kw = dict(state_dir=tmp_path / "s", reports_dir=tmp_path / "r", log=lambda s: None, png=False)
-    a = run_tune(prep, first.backend(), clock=first.clock, **kw)
-    b = run_tune(prep, second.backend(), clock=second.clock, **kw)
+    kw = dict(log=lambda s: None, png=False)
+    folders = TuneFolders(tmp_path / "s", tmp_path / "r")
+    a = run_tune(prep, first.backend(), folders, clock=first.clock, **kw)
+    b = run_tune(prep, second.backend(), folders, clock=second.clock, **kw)
     assert first.measure.calls and not second.measure.calls
     assert a.result.chosen.id == b.result.chosen.id
 
@@ -180,11 +181,11 @@ def test_a_hand_written_tuned_profile_is_a_note_in_the_plan_and_refused_by_a_run
 
 
 def test_a_cut_off_run_puts_the_starting_release_back_and_keeps_its_measurements(profile_dir, tmp_path):
-    prep = prepare("fp8-ctx1m-baseline")
+    prep = prepare("fp8-ctx1m-baseline", directory=profiles_dir())
     stand_in = StandIn(table_for(prep, lambda o: 531.7))
     stand_in.measure.interrupt_after = 2
     with pytest.raises(KeyboardInterrupt):
-        run_tune(prep, stand_in.backend(), state_dir=tmp_path / "s", reports_dir=tmp_path / "r",
+        run_tune(prep, stand_in.backend(), TuneFolders(tmp_path / "s", tmp_path / "r"),
                  clock=stand_in.clock, log=lambda s: None, png=False)
     assert stand_in.settled == [(None, None)]
     saved = json.loads((tmp_path / "s" / "fp8-ctx1m-baseline.json").read_text())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.tune.objective import Measurement, Slo, infeasible, method_for, pareto_front, rung_prompts
 from dsv4deploy.tune.space import build_space
 

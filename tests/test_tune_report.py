@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from checkout import profiles_dir
 from dsv4deploy.tune.command import prepare
 from dsv4deploy.tune.report import TuneReport, report_dir, write_report
 from dsv4deploy.tune.scheduler import successive_halving
@@ -17,7 +18,7 @@ from tune_fakes import FakeClock, TableMeasure
 
 @pytest.fixture
 def rep(profile_dir):
-    prep = prepare("fp8-ctx1m-baseline")
+    prep = prepare("fp8-ctx1m-baseline", directory=profiles_dir())
     speeds = {None: 29.7, 8192: 531.7, 32768: 450.0, 131072: 200.0}
     table = {frozenset(c.overrides.items()): (speeds[c.overrides.get("server.context_length")]
                                               + 10 * (c.overrides.get("server.mem_fraction_static") == 0.8),

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsv4deploy.profile.load import REPO_ROOT, load_profile
+from checkout import load_profile, profiles_dir
+from dsv4deploy.cli.settings import Settings
 from dsv4deploy.tune import rollout_backend as rb
 from dsv4deploy.tune.candidates import Candidate, candidate_profile
 from dsv4deploy.tune.objective import Level
@@ -37,7 +38,7 @@ def test_the_candidate_profile_extends_the_base_with_its_overrides_and_one_gate_
     assert doc["gate"] == {"levels": [{"concurrency": 64, "num_prompts": 128, "input_len": 256, "output_len": 256,
                                        "min_output_throughput": 400.0}]}
     # it is a deployable profile: it loads and validates through the real code
-    for p in (REPO_ROOT / "profiles").glob("*.yaml"):
+    for p in profiles_dir().glob("*.yaml"):
         shutil.copyfile(p, tmp_path / p.name)
     (tmp_path / "cand.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     from dsv4deploy.profile.validate import validate
@@ -53,24 +54,30 @@ def test_measurement_from_recorded_gate_reports():
     assert slow.cannot_reach and slow.gate_passed is False
 
 
-def _runner(report: str | None, rc: int = 0, release: str = "0007"):
+def _settings(checkout: Path) -> Settings:
+    """The run's settings: the shipped profiles, the reports under CHECKOUT (a scratch folder)."""
+    return Settings.from_environment({"DSV4_PROFILES_DIR": str(profiles_dir())}, checkout)
+
+
+def _runner(report: str | None, settings: Settings, rc: int = 0, release: str = "0007"):
     calls = []
 
     def run(inventory, profile, profiles, extra):
         calls.append((inventory, profile, Path(profiles)))
         if report is None:
             return 1, "preflight refused the host:\n  - tp_size 4 needs 4 GPUs"
-        folder = REPO_ROOT / "reports" / "test-tune" / f"{release}-{profile}"
+        folder = settings.reports / "h" / f"{release}-{profile}"
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(FIX / report, folder / "gate.json")
         done = f"release {release} deployed: {profile} is serving" if rc == 0 else "failed the smoke gate"
-        return rc, f"[h] gate report: {folder.relative_to(REPO_ROOT)}\n[h] {done}\n"
+        return rc, f"[h] gate report: {settings.shown(folder)}\n[h] {done}\n"
     return run, calls
 
 
-def test_measure_deploys_the_candidate_file_and_reads_its_report(base):
-    run, calls = _runner("gate-pass-c64.json")
-    backend = rb.RolloutBackend("inventory/sim.py", base, method=None, runner=run)
+def test_measure_deploys_the_candidate_file_and_reads_its_report(base, tmp_path):
+    settings = _settings(tmp_path)
+    run, calls = _runner("gate-pass-c64.json", settings)
+    backend = rb.RolloutBackend("inventory/sim.py", base, None, settings, runner=run)
     try:
         m = backend.measure(_cand(base, {"server.context_length": 8192}), LEVEL)
         (inventory, name, folder), = calls
@@ -79,13 +86,13 @@ def test_measure_deploys_the_candidate_file_and_reads_its_report(base):
         assert m.output_throughput > 400 and m.release == 7 and m.error is None
     finally:
         backend.close()
-        shutil.rmtree(REPO_ROOT / "reports" / "test-tune", ignore_errors=True)
     assert not folder.exists()
 
 
-def test_a_candidate_that_never_reached_its_gate_is_an_error_not_an_exception(base):
-    run, _ = _runner(None)
-    backend = rb.RolloutBackend("inventory/sim.py", base, method=None, runner=run)
+def test_a_candidate_that_never_reached_its_gate_is_an_error_not_an_exception(base, tmp_path):
+    settings = _settings(tmp_path)
+    run, _ = _runner(None, settings)
+    backend = rb.RolloutBackend("inventory/sim.py", base, None, settings, runner=run)
     try:
         m = backend.measure(_cand(base, {"server.context_length": 8192}), LEVEL)
     finally:

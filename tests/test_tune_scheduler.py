@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from dsv4deploy.tune import knobs
 from dsv4deploy.tune.candidates import build_candidates
+from checkout import profiles_dir
 from dsv4deploy.tune.command import prepare
 from dsv4deploy.tune.objective import infeasible
 from dsv4deploy.tune.scheduler import restart_order, successive_halving
@@ -42,7 +43,7 @@ def prep(profile_dir):
             - {concurrency: 64, num_prompts: 128, input_len: 256, output_len: 256,
                min_output_throughput: 400, max_p99_tpot_ms: 150}
     """)
-    return prepare("slo", [f"{CTX}=8192,32768,131072", f"{MEM}=0.70,0.80,0.85"])
+    return prepare("slo", [f"{CTX}=8192,32768,131072", f"{MEM}=0.70,0.80,0.85"], directory=profiles_dir())
 
 
 def run(prep, table=TABLE, *, budget_s=10_000, state=None, cost_s=60.0, interrupt_after=None):
@@ -161,7 +162,7 @@ def test_a_state_measured_another_way_is_set_aside_not_mixed_in(prep, tmp_path):
     path = tmp_path / "slo.json"
     with TuneState.open(path, "slo", prep.method) as state:
         run(prep, state=state)
-    other = prepare("slo", [f"{CTX}=8192,32768,131072", f"{MEM}=0.70,0.80,0.85"], concurrency=16)
+    other = prepare("slo", [f"{CTX}=8192,32768,131072", f"{MEM}=0.70,0.80,0.85"], concurrency=16, directory=profiles_dir())
     with TuneState.open(path, "slo", other.method) as state:
         assert "measured another way" in state.note and not state.trials
     assert (tmp_path / "slo.json.old").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dsv4deploy.profile.errors import ProfileError
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile
 from dsv4deploy.tune.knobs import KNOBS, parse_set
 from dsv4deploy.tune.space import MAX_CANDIDATES, build_space
 

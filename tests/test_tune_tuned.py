@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from dsv4deploy.profile.errors import ProfileError
-from dsv4deploy.profile.load import load_profile
+from checkout import load_profile, profiles_dir
 from dsv4deploy.tune import tuned
 from dsv4deploy.tune.command import prepare
 from dsv4deploy.tune.tuned import MARKER, write_tuned
@@ -23,7 +23,7 @@ def _no_shipped_tuned_profile(request):
 
 @pytest.fixture
 def chosen(profile_dir):
-    prep = prepare("fp8-ctx1m-baseline", ["server.context_length=8192", "server.mem_fraction_static=0.7,0.8"])
+    prep = prepare("fp8-ctx1m-baseline", ["server.context_length=8192", "server.mem_fraction_static=0.7,0.8"], directory=profiles_dir())
     return next(c for c in prep.candidates if c.overrides == {"server.context_length": 8192,
                                                               "server.mem_fraction_static": 0.8})
 
@@ -87,5 +87,5 @@ def test_a_base_name_too_long_for_a_tuned_name_is_refused_before_anything(profil
     name = "p" * 97
     profile_dir.write(name, "extends: nvfp4-ctx8k\n")
     with pytest.raises(ProfileError) as exc:
-        prepare(name, ["server.context_length=4096"])
+        prepare(name, ["server.context_length=4096"], directory=profiles_dir())
     assert "the tuned profile would be named" in str(exc.value)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.profile.load import list_profiles, load_profile
+from checkout import list_profiles, load_profile
 from dsv4deploy.render.unit import render
 from dsv4deploy.profile.validate import validate
 

@@ -8,7 +8,8 @@ import pytest
 
 from dsv4deploy.render import unit as render_module
 from dsv4deploy.profile.errors import ProfileError
-from dsv4deploy.profile.load import load_profile, schema
+from dsv4deploy.profile.load import schema
+from checkout import load_profile
 from dsv4deploy.render.unit import render
 from dsv4deploy.render.unitcheck import (SyntaxProblem, env_file, environment_assignments, exec_argv, split_words,
                                          unit_directives)

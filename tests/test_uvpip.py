@@ -4,6 +4,7 @@ corporate CA) installs the control venv from the same places."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 from dsv4deploy.host import uvpip
 
@@ -62,7 +63,7 @@ def test_a_bootstrap_that_cannot_reach_an_index_fails_with_a_message_not_a_trace
            "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "", "PIP_RETRIES": "0", "PIP_TIMEOUT": "1",
            "PIP_CONFIG_FILE": "/dev/null", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-m", "dsv4deploy.host.uvpip", "path"], capture_output=True, text=True,
-                         env=env, cwd=uvpip.REPO, timeout=120)
+                         env=env, cwd=Path(__file__).resolve().parent.parent, timeout=120)
     assert out.returncode == 1 and "could not bootstrap uv" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "uv" / "bin" / "uv").exists()
 
@@ -77,12 +78,12 @@ def test_pips_configuration_is_read_by_the_real_pip_not_one_the_directory_or_pyt
     (plant / "__main__.py").write_text("print(\"global.index-url='http://planted.invalid/simple'\")\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    monkeypatch.setattr(uvpip, "uv", lambda: tmp_path / "uv")
+    monkeypatch.setattr(uvpip, "uv", lambda home: tmp_path / "uv")
     for var in [v for v in list(__import__("os").environ) if v.startswith("PIP_")]:
         monkeypatch.delenv(var)
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://from-pip-env.example/simple")
-    argv, _ = uvpip.install_command("/v/bin/python", ["x==1"])
+    argv, _ = uvpip.install_command("/v/bin/python", ["x==1"], uvpip.UvHome(tmp_path, tmp_path), {})
     assert "http://planted.invalid/simple" not in argv
     assert argv[argv.index("--extra-index-url") + 1] == "https://from-pip-env.example/simple"   # the real pip's
     planted = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout

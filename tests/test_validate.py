@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4deploy.profile.load import list_profiles, load_profile
+from checkout import list_profiles, load_profile
 from dsv4deploy.profile.validate import validate
 
 

@@ -5,6 +5,7 @@ bench in this repository) or its dependencies anywhere on the path."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -32,8 +33,9 @@ def test_the_wheel_holds_the_product_only_and_deploys_to_a_real_inventory_withou
     shutil.copy(REPO / "pyproject.toml", src)
     for package in ("dsv4deploy", "ct200twin"):
         shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    env = {**uvpip.install_command(sys.executable, [])[1], "UV_CACHE_DIR": str(uvpip.CACHE)}
-    built = _run([uvpip.uv(), "build", "--wheel", "--out-dir", tmp_path / "dist", src], tmp_path, env)
+    home = uvpip.UvHome.of(os.environ, REPO)
+    env = {**uvpip.install_command(sys.executable, [], home, os.environ)[1], "UV_CACHE_DIR": str(home.cache)}
+    built = _run([uvpip.uv(home), "build", "--wheel", "--out-dir", tmp_path / "dist", src], tmp_path, env)
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("dsv4deploy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -42,7 +44,8 @@ def test_the_wheel_holds_the_product_only_and_deploys_to_a_real_inventory_withou
 
     venv = tmp_path / "venv"
     assert _run([sys.executable, "-I", "-m", "venv", "--without-pip", venv], tmp_path).returncode == 0
-    argv, env = uvpip.install_command(str(venv / "bin" / "python"), ["-c", str(REPO / "requirements.lock"), str(wheel)])
+    argv, env = uvpip.install_command(str(venv / "bin" / "python"), ["-c", str(REPO / "requirements.lock"), str(wheel)],
+                                      home, os.environ)
     installed = _run(argv, tmp_path, env)
     assert installed.returncode == 0, installed.stderr
     missing = _run([venv / "bin" / "python", "-I", "-c", "import importlib.util as u; "

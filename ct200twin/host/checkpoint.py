@@ -11,7 +11,7 @@ import json
 import struct
 from pathlib import Path
 
-from dsv4deploy.profile.load import REPO_ROOT
+from ct200twin.host.layout import REPO_ROOT
 
 CHECKPOINTS = REPO_ROOT / ".sim" / "checkpoints"
 

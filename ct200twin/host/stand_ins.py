@@ -124,7 +124,7 @@ def checkpoint_for(profile: dict[str, Any], weights: dict[str, Any]) -> None:
             or not deploys_a_profile(params.get("operations") or ()):
         return
     try:
-        repo = load_profile(str(profile["profile"])).data["model"]["repo"]
+        repo = load_profile(str(profile["profile"]), profile["settings"].profiles).data["model"]["repo"]
     except (ProfileError, KeyError, TypeError):
         return
     make_checkpoint(repo)

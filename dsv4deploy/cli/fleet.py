@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from dsv4deploy.cli.settings import Settings
 from dsv4deploy.profile.boundary import TEXT
 from dsv4deploy.profile.errors import EXIT_BAD_INPUT, EXIT_FAILED, Problem, ProfileError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEPLOY_FILE = REPO_ROOT / "deploy" / "serve.py"
+DEPLOY_FILE = "deploy/serve.py"       # in the checkout
 DATA_KEY = r"[a-z_][a-z0-9_]{0,63}"
 # --limit takes fnmatch patterns and group names: a host is named exactly, or not at all
 HOST_NAME = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}"
@@ -39,6 +39,31 @@ HOST_NAME = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}"
 
 def _bad(message: str, path: str = "") -> ProfileError:
     return ProfileError([Problem(message, path=path, file="<command line>")])
+
+
+@dataclass(frozen=True)
+class FleetRequest:
+    """One `dsv4deploy fleet deploy`: PROFILE to INVENTORY's hosts, the canaries first (named,
+    else marked `canary: true`, else the first host), then BATCH hosts at a time, each batch's
+    pyinfra run given DATA (`key=value` words for --data); PLAN_ONLY stops after the batches."""
+
+    profile: str
+    inventory: str
+    batch: int = 1
+    canaries: Sequence[str] = ()
+    data: Sequence[str] = ()
+    plan_only: bool = False
+
+
+@dataclass(frozen=True)
+class FleetEffects:
+    """What a fleet rollout does outside itself, one callable each (None: the real one; tests
+    swap them): load the inventory (inventory -> [(name, data)]), read the release records
+    (inventory, names -> records or a message), run one batch's pyinfra (argv -> exit code)."""
+
+    hosts_of: Callable[[str], list[tuple[str, dict]]] | None = None
+    reader: Callable[[str, Sequence[str]], dict] | None = None
+    runner: Callable[[list[str]], int] | None = None
 
 
 @dataclass
@@ -155,15 +180,15 @@ def pyinfra_bin() -> str:
     return found
 
 
-def _from_repo(path: str) -> str:
-    """PATH relative to the project (the deploy runs there, as `make deploy` does), when inside it."""
+def _from_repo(path: str, checkout: Path) -> str:
+    """PATH relative to the CHECKOUT (the deploy runs there, as `make deploy` does), when inside it."""
     p = Path(path).absolute()
-    return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p)
+    return str(p.relative_to(checkout)) if p.is_relative_to(checkout) else str(p)
 
 
-def batch_argv(inventory: str, profile: str, names: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """The deploy of one batch, run in the project's folder: the operator's own command, limited."""
-    argv = [_from_repo(pyinfra_bin()), "-y", _from_repo(inventory), _from_repo(str(DEPLOY_FILE)),
+def batch_argv(inventory: str, profile: str, names: Sequence[str], extra: Sequence[str], checkout: Path) -> list[str]:
+    """The deploy of one batch, run in the CHECKOUT: the operator's own command, limited."""
+    argv = [_from_repo(pyinfra_bin(), checkout), "-y", _from_repo(inventory, checkout), DEPLOY_FILE,
             "--data", f"profile={profile}", *extra]
     for n in names:
         argv += ["--limit", n]
@@ -206,13 +231,13 @@ def inventory_hosts(inventory: str) -> list[tuple[str, dict]]:
     return hosts
 
 
-def check_profile(profile: str, hosts: Sequence[tuple[str, dict]] | None = None) -> None:
-    """Everything that stops PROFILE from being deployed (to HOSTS: a placeholder revision only
-    where every one has a weights stand-in), before any host is touched."""
+def check_profile(profile: str, profiles: Path, hosts: Sequence[tuple[str, dict]] | None = None) -> None:
+    """Everything that stops PROFILE (of the folder PROFILES) from being deployed (to HOSTS: a
+    placeholder revision only where every one has a weights stand-in), before any host is touched."""
     from dsv4deploy.cli.inventories import deploy_problems
 
     stand_in = hosts is None or all(data.get("weights_source") and data.get("stand_ins") for _, data in hosts)
-    problems = deploy_problems(profile, weights_stand_in=stand_in)
+    problems = deploy_problems(profile, profiles, weights_stand_in=stand_in)
     if problems:
         raise ProfileError(problems)
 
@@ -220,39 +245,38 @@ def check_profile(profile: str, hosts: Sequence[tuple[str, dict]] | None = None)
 Say = Callable[[str], None]
 
 
-def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[str] = (),
-              data: Sequence[str] = (), plan_only: bool = False, say: Say | None = None,
-              child_stdout=None, *, hosts_of=None, reader=None, runner=None) -> FleetResult:
-    """Roll PROFILE out over INVENTORY's hosts; ProfileError (exit 2) before anything on bad input.
-    HOSTS_OF (inventory -> hosts), READER (inventory, names -> records) and RUNNER (argv -> exit
-    code) are the inventory load, the release read and the pyinfra run (tests swap them)."""
+def run_fleet(request: FleetRequest, settings: Settings, say: Say | None = None, child_stdout=None,
+              effects: FleetEffects = FleetEffects()) -> FleetResult:
+    """Roll the REQUEST's profile out over its inventory's hosts; ProfileError (exit 2) before
+    anything on bad input. Each batch's pyinfra runs in the checkout, its output to CHILD_STDOUT."""
     from dsv4deploy.profile.boundary import check_name
     from dsv4deploy.host.connect import RemoteError
 
+    profile, inventory = request.profile, request.inventory
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
-    hosts_of = hosts_of or inventory_hosts
-    reader = reader or read_records
-    runner = runner or (lambda argv: subprocess.run(argv, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                                                     stdout=child_stdout).returncode)
+    hosts_of = effects.hosts_of or inventory_hosts
+    reader = effects.reader or read_records
+    runner = effects.runner or (lambda argv: subprocess.run(argv, cwd=settings.checkout, stdin=subprocess.DEVNULL,
+                                                             stdout=child_stdout).returncode)
     msg = check_name(profile)
     if msg:
         raise _bad(f"profile {ascii(profile)}: {msg}", "profile")
-    extra = data_args(data)
-    check_profile(profile)                   # the profile itself, before the inventory is even loaded
+    extra = data_args(request.data)
+    check_profile(profile, settings.profiles)      # the profile itself, before the inventory is even loaded
     inv_path = str(Path(inventory).absolute()) if Path(inventory).is_file() else inventory
     try:
         hosts = hosts_of(inventory)
     except RemoteError as exc:
         raise FleetError(str(exc)) from None
-    check_profile(profile, hosts)            # and what these hosts accept (a placeholder revision)
-    batches = plan_batches(hosts, batch, canaries)
+    check_profile(profile, settings.profiles, hosts)   # and what these hosts accept (a placeholder revision)
+    batches = plan_batches(hosts, request.batch, request.canaries)
     result = FleetResult(profile, inventory, batches)
     for i, names in enumerate(batches):
         for n in names:
             result.hosts[n] = HostResult(n, i)
     say(f"fleet: {profile} to {len(hosts)} host(s) of {inventory}: "
         + "; ".join(f"{'canary' if i == 0 else f'batch {i}'}: {', '.join(b)}" for i, b in enumerate(batches)))
-    if plan_only:
+    if request.plan_only:
         return result
     for i, names in enumerate(batches):
         label = "canary" if i == 0 else f"batch {i} of {len(batches) - 1}"
@@ -265,7 +289,7 @@ def run_fleet(profile: str, inventory: str, batch: int = 1, canaries: Sequence[s
                 result.hosts[n].detail = f"not deployed: cannot read its releases: {why}"
             result.stopped_at, result.exit_code = i, EXIT_FAILED
             break
-        argv = batch_argv(inv_path, profile, names, extra)
+        argv = batch_argv(inv_path, profile, names, extra, settings.checkout)
         say(f"fleet: $ {shlex.join(argv)}")
         try:
             rc = runner(argv)
@@ -333,8 +357,9 @@ def cmd_fleet_deploy(args) -> int:
     """`dsv4deploy fleet deploy`: bad input exits 2 before any host is touched; a failed batch 1."""
     out = sys.stderr if args.json else None
     try:
-        result = run_fleet(args.profile, args.inventory, batch=args.batch, canaries=args.canary or (),
-                           data=args.data or (), plan_only=args.plan, child_stdout=out)
+        request = FleetRequest(args.profile, args.inventory, batch=args.batch, canaries=args.canary or (),
+                               data=args.data or (), plan_only=args.plan)
+        result = run_fleet(request, args.settings, child_stdout=out)
     except FleetError as exc:
         print(f"dsv4deploy fleet: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dsv4deploy.cli.settings import HOST_DATA_KEY, Settings
 from dsv4deploy.profile.errors import EXIT_BAD_INPUT, Problem, ProfileError
 from dsv4deploy.profile.validate import PLACEHOLDER_REVISION
 
@@ -118,13 +119,14 @@ def placeholder_problem(profile) -> Problem | None:
         "weights stand-in (inventory/sim.py, the twin) deploys a placeholder")
 
 
-def deploy_problems(name: str, *, weights_stand_in: bool) -> list[Problem]:
-    """Every error that stops `name` from being deployed by this inventory (empty: go)."""
+def deploy_problems(name: str, profiles: Path, *, weights_stand_in: bool) -> list[Problem]:
+    """Every error that stops `name` (of the folder PROFILES) from being deployed by this
+    inventory (empty: go)."""
     from dsv4deploy.profile.load import load_profile
     from dsv4deploy.profile.validate import validate
 
     try:
-        profile = load_profile(name)
+        profile = load_profile(name, profiles)
         report = validate(profile)
     except ProfileError as exc:
         return list(exc.problems)
@@ -154,27 +156,33 @@ def refuse(inventory: str, lines: Iterable[str], cli: bool, code: int = EXIT_BAD
 
 def profile_data(inventory: str, *, env_names: Iterable[str], default: str | None, weights_stand_in: bool,
                  env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Host data `{"profile": NAME}` for an inventory file, decided and checked now.
+    """Host data `{"profile": NAME, "settings": Settings}` for an inventory file, decided and
+    checked now: the run's settings (cli/settings.py: folders, environment, --dry and --diff),
+    which the deploy steps read from the host data, and the profile.
 
     Under the pyinfra CLI with a profile deploy among the operations, the profile must be given
     and deployable, or the run stops here (exit 2) before pyinfra connects."""
     env = os.environ if env is None else env
     env_names = tuple(env_names)
     params = pyinfra_cli_params()
+    settings = Settings.from_environment(env, dry_run=bool((params or {}).get("dry")),
+                                         show_diffs=bool((params or {}).get("diff")))
     data = cli_data(params)
     name, where = choose_profile(data, env, env_names, default)
+    found = {HOST_DATA_KEY: settings, **({"profile": name} if name else {})}
     if params is None or not deploys_a_profile(params.get("operations") or ()):
-        return {"profile": name} if name else {}
+        return found
     if not name:
         empty = " (--data profile= is empty)" if where else ""
         refuse(inventory, [f"no profile{empty}: set {env_names[0]}=NAME (or --data profile=NAME; through make: "
-                           f"make deploy PROFILE=NAME INVENTORY={inventory}); profiles: {_names()}"], cli=True)
-    problems = deploy_problems(name, weights_stand_in=weights_stand_in)
+                           f"make deploy PROFILE=NAME INVENTORY={inventory}); profiles: {_names(settings.profiles)}"],
+               cli=True)
+    problems = deploy_problems(name, settings.profiles, weights_stand_in=weights_stand_in)
     if problems:
         refuse(inventory, [f"profile {_shown(name)} (from {where}) cannot be deployed; refused before connecting:",
                            *map(str, problems)], cli=True)
     _say(f"{inventory}: profile {name} (from {where})")
-    return {"profile": name}
+    return found
 
 
 def _shown(text: str) -> str:
@@ -182,10 +190,10 @@ def _shown(text: str) -> str:
     return text if text.isprintable() else ascii(text)
 
 
-def _names() -> str:
+def _names(profiles: Path) -> str:
     from dsv4deploy.profile.load import list_profiles
 
     try:
-        return ", ".join(list_profiles()) or "none"
+        return ", ".join(list_profiles(profiles)) or "none"
     except OSError:
         return "none found"

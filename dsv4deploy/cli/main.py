@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from dsv4deploy.cli.settings import Settings
 from dsv4deploy.profile.errors import EXIT_BAD_INPUT, EXIT_FAILED, Problem, ProfileError
 from dsv4deploy.profile.load import list_profiles, load_profile
 from dsv4deploy.profile.validate import Report, validate
@@ -26,9 +27,9 @@ def _err(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def checked_profile(name: str) -> Report:
+def checked_profile(name: str, settings: Settings) -> Report:
     """Load and validate; raise ProfileError (all errors) when it must not be deployed."""
-    report = validate(load_profile(name))
+    report = validate(load_profile(name, settings.profiles))
     if report.errors:
         raise ProfileError(report.problems)
     return report
@@ -89,7 +90,7 @@ def _replicas_json(report: Report):
 
 def cmd_validate(args) -> int:
     try:
-        report = validate(load_profile(args.profile))
+        report = validate(load_profile(args.profile, args.settings.profiles))
     except ProfileError as exc:
         if args.json:
             print(json.dumps({"profile": args.profile, "ok": False,
@@ -120,7 +121,7 @@ def cmd_validate(args) -> int:
 def cmd_render(args) -> int:
     from dsv4deploy.render.unit import SGLANG_MODULE, render
 
-    report = checked_profile(args.profile)
+    report = checked_profile(args.profile, args.settings)
     rendered = render(report.profile, module=args.module or SGLANG_MODULE)
     files = {host_path.lstrip("/"): text for host_path, text in rendered.files.items()}
     files["argv.json"] = json.dumps(rendered.argv, indent=2) + "\n"
@@ -194,7 +195,7 @@ def write_tree(out: Path, files: dict[str, str]) -> list[str]:
 
 
 def cmd_list(args) -> int:
-    for name in list_profiles():
+    for name in list_profiles(args.settings.profiles):
         print(name)
     return 0
 
@@ -223,7 +224,7 @@ def cmd_bench(args) -> int:
     from dsv4deploy.release.rollout import Target
     from dsv4deploy.host.gate import run_release_gate
 
-    target = Target.of(checked_profile(args.profile).profile.data)
+    target = Target.of(checked_profile(args.profile, args.settings).profile.data)
     try:
         with connected(args.inventory) as hosts:
             failed = 0
@@ -243,7 +244,7 @@ def cmd_pin(args) -> int:
 
     try:
         result = pin(args.profile, branch=args.branch, into_base=args.into_base, endpoint=args.endpoint,
-                     dry_run=args.dry_run)
+                     env=args.settings.environ, directory=args.settings.profiles, dry_run=args.dry_run)
     except PinError as exc:
         _err(str(exc))
         return exc.exit_code
@@ -256,21 +257,24 @@ def cmd_pin(args) -> int:
 def cmd_tune(args) -> int:
     """Plan (no host) or run a tune; the work is in dsv4deploy/tune/."""
     from dsv4deploy.tune.backend import NoBackend, open_backend
-    from dsv4deploy.tune.command import REPORTS_DIR, STATE_DIR, plan_json, plan_text, prepare, run_tune
+    from dsv4deploy.tune.command import TuneFolders, plan_json, plan_text, prepare, run_tune
     from dsv4deploy.tune.state import Busy
 
-    prep = prepare(args.profile, args.set, concurrency=args.concurrency, budget_s=args.budget_s, plan=args.plan)
+    settings = args.settings
+    prep = prepare(args.profile, args.set, directory=settings.profiles, concurrency=args.concurrency,
+                   budget_s=args.budget_s, plan=args.plan)
     if args.plan:
         print(json.dumps(plan_json(prep), indent=2) if args.json else plan_text(prep))
         return 0
     try:
-        backend = open_backend(args.inventory, prep.base, prep.method)
+        backend = open_backend(args.inventory, prep.base, prep.method, settings)
     except NoBackend as exc:
         _err(str(exc))
         return EXIT_FAILED
     try:
-        outcome = run_tune(prep, backend, state_dir=Path(args.state_dir) if args.state_dir else STATE_DIR,
-                           reports_dir=Path(args.reports_dir) if args.reports_dir else REPORTS_DIR, fresh=args.fresh)
+        folders = TuneFolders(state=Path(args.state_dir) if args.state_dir else settings.cache / "tune",
+                              reports=Path(args.reports_dir) if args.reports_dir else settings.reports)
+        outcome = run_tune(prep, backend, folders, fresh=args.fresh)
     except Busy as exc:
         _err(str(exc))
         return EXIT_FAILED
@@ -352,8 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
-    """Parse and dispatch; bad input is a message and exit 2, never a traceback."""
+    """Parse and dispatch; bad input is a message and exit 2, never a traceback. The run's
+    settings (folders, environment) are made here, once, and reach each verb as args.settings."""
     args = parser.parse_args(argv)
+    args.settings = Settings.from_environment(os.environ)
     try:
         return args.func(args)
     except ProfileError as exc:

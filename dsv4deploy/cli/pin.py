@@ -31,8 +31,8 @@ import yaml
 
 from dsv4deploy.profile.errors import EXIT_BAD_INPUT, EXIT_FAILED, Problem, ProfileError
 from dsv4deploy.weights.hftoken import HF_TOKEN_FILE_VAR, HF_TOKEN_VAR, HfTokenError, hf_token_from_env
-from dsv4deploy.profile.load import (DEFAULTS_FILE, Profile, _display, list_profiles, load_profile, load_raw,
-                                     profiles_dir)
+from dsv4deploy.cli.settings import Settings
+from dsv4deploy.profile.load import DEFAULTS_FILE, Profile, _display, list_profiles, load_profile, load_raw
 from dsv4deploy.profile.yamlpos import load_yaml, read_text
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -295,7 +295,7 @@ def _write(target: Path, text: str) -> None:
 def pin(name: str, *, branch: str = "main", into_base: bool = False, endpoint: str | None = None,
         env=os.environ, directory: Path | None = None, dry_run: bool = False) -> PinResult:
     """Resolve and write; raises PinError (or ProfileError, exit 2) when it must not."""
-    directory = Path(directory or profiles_dir())
+    directory = Path(directory or Settings.from_environment(env).profiles)   # the command passes its own
     profile: Profile = load_profile(name, directory)
     _valid_now(profile)
     repo = profile.model["repo"]

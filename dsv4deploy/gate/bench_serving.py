@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
 
+from dsv4deploy.gate.inputs import GateHost, GateOptions, GateServer
 from dsv4deploy.gate.result import BUDGET, EARLY_STOP, FAILED, OK, SKIPPED, GateResult, LevelResult, Stats
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
-
-Execute = Callable[[str, float], "tuple[int, str, str]"]
 
 MARK = "@@DSV4GATE"
 MODULE = "sglang.benchmark.serving"      # SGLang's benchmark client
@@ -79,19 +79,20 @@ def drop_privileges(user: str | None) -> list[str]:
     return ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--no-new-privs", "--"]
 
 
-def build_command(level: LevelSpec, *, venv_python: str, base_url: str, model_path: str,
-                  warmup_requests: int, limit_s: float, api_key_file: str | None = None,
+def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int, limit_s: float,
                   run_as: str | None = None, module: str = MODULE) -> str:
-    """The remote shell command (POSIX sh) for one level; prints marked sections on stdout.
+    """The remote shell command (POSIX sh) for one level against SERVER; prints marked sections
+    on stdout.
 
     bench_serving runs the model repository's tokenizer code (trust_remote_code), so with RUN_AS
     it may write only in a folder of its own ($d/out) inside root's private $d: stdout and stderr
     are files root's shell opens in $d, where RUN_AS can neither create nor replace a name, and
     the JSONL is read back as RUN_AS, so a link planted there reads nothing RUN_AS could not."""
     q = shlex.quote
+    api_key_file = server.api_key_file
     as_user = drop_privileges(run_as)
-    argv = as_user + bench_argv(level, venv_python=venv_python, base_url=base_url,
-                                model_path=model_path, warmup_requests=warmup_requests,
+    argv = as_user + bench_argv(level, venv_python=server.venv_python, base_url=server.base_url,
+                                model_path=server.model_path, warmup_requests=warmup_requests,
                                 output_file="@OUT@", module=module)
     cmd = " ".join('"$d/out/bench.jsonl"' if a == "@OUT@" else q(a) for a in argv)
     key = (f"if [ -s {q(api_key_file)} ]; then OPENAI_API_KEY=$(cat {q(api_key_file)}); export OPENAI_API_KEY; fi; "
@@ -185,10 +186,22 @@ def parse_jsonl(text: str, level: LevelSpec) -> LevelResult:
     return res
 
 
-def level_from_run(level: LevelSpec, rc: int | None, jsonl: str, stderr: str, *, warmup_requests: int,
-                   limit_kind: str = "budget", limit_s: float | None = None, wall_s: float | None = None,
-                   budget_s: float | None = None) -> LevelResult:
-    """One level's result from the exit status, JSONL text and stderr of its bench_serving run."""
+@dataclass(frozen=True)
+class BenchRun:
+    """What one level's bench_serving run left: its exit status (None: the remote command did not
+    run to its end), the JSONL it wrote, its stderr, and how long it took (WALL_S)."""
+
+    rc: int | None
+    jsonl: str
+    stderr: str
+    wall_s: float | None = None
+
+
+def level_from_run(level: LevelSpec, run: BenchRun, *, warmup_requests: int, limit_kind: str = "budget",
+                   limit_s: float | None = None, budget_s: float | None = None) -> LevelResult:
+    """One level's result from its bench_serving RUN, stopped at LIMIT_S (LIMIT_KIND "floor": it
+    could not reach its floor; "budget": the gate's budget, BUDGET_S)."""
+    rc, jsonl, stderr, wall_s = run.rc, run.jsonl, run.stderr, run.wall_s
     parsed: LevelResult | None = None
     parse_error = None
     if jsonl.strip():
@@ -246,11 +259,13 @@ def level_passes(level: LevelSpec, res: LevelResult, max_failed: int) -> bool:
     return True
 
 
-def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
-        order: str = "desc", fail_fast: bool = True, api_key_file: str | None = None,
-        run_as: str | None = None, budget_s: float | None = None, module: str = MODULE,
-        log: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> GateResult:
-    """Run the levels one remote command each; budget_s defaults to spec.budget_s."""
+def run(spec: GateSpec, host: GateHost, server: GateServer, options: GateOptions = GateOptions(), *,
+        budget_s: float | None = None, module: str = MODULE,
+        log: Callable[[str], None] | None = None) -> GateResult:
+    """Run the levels one remote command each on HOST against SERVER; budget_s defaults to
+    spec.budget_s."""
+    clock = time.monotonic
+    execute, order, fail_fast = host.execute, options.order, options.fail_fast
     budget = float(spec.budget_s if budget_s is None else budget_s)
     t0 = clock()
     started = time.time()
@@ -269,9 +284,8 @@ def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, ven
             continue
         fl = floor_limit_s(lv)
         kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
-        cmd = build_command(lv, venv_python=venv_python, base_url=base_url, model_path=model_path,
-                            warmup_requests=spec.warmup_requests, limit_s=limit, api_key_file=api_key_file,
-                            run_as=run_as, module=module)
+        cmd = build_command(lv, server, warmup_requests=spec.warmup_requests, limit_s=limit, run_as=host.run_as,
+                            module=module)
         if log:
             log(f"bench_serving ({module}) {lv.label}: {lv.num_prompts} prompts {lv.input_len}/{lv.output_len}, "
                 f"limit {limit:.0f} s ({kind})")
@@ -292,8 +306,8 @@ def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, ven
         stderr = sec["stderr"] or (err or "")
         if rc is None and rc_outer not in (0, None):
             stderr = (err or "") + "\n" + (out or "")
-        res = level_from_run(lv, rc, sec["jsonl"], stderr, warmup_requests=spec.warmup_requests,
-                             limit_kind=kind, limit_s=limit, wall_s=clock() - ts, budget_s=budget)
+        res = level_from_run(lv, BenchRun(rc, sec["jsonl"], stderr, clock() - ts),
+                             warmup_requests=spec.warmup_requests, limit_kind=kind, limit_s=limit, budget_s=budget)
         res.extra["wall_s"] = round(clock() - ts, 3)
         levels.append(res)
         if log:
@@ -304,7 +318,7 @@ def run(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, ven
             skip_reason = f"not run: gate budget {budget:g} s exhausted"
         elif fail_fast and not level_passes(lv, res, spec.max_failed_requests):
             skip_reason = f"not run: gate stopped after {lv.label} failed (fail fast)"
-    return GateResult(runner="bench_serving", levels=levels, base_url=base_url, started_at=started,
+    return GateResult(runner="bench_serving", levels=levels, base_url=server.base_url, started_at=started,
                       wall_s=clock() - t0, budget_s=budget, budget_exhausted=budget_hit,
-                      client={"venv_python": venv_python, "module": module, "model_path": model_path,
+                      client={"venv_python": server.venv_python, "module": module, "model_path": server.model_path,
                               "fail_fast": fail_fast, "order": order, "startup_allowance_s": STARTUP_ALLOWANCE_S})

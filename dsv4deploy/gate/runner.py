@@ -1,8 +1,9 @@
-"""Run the gate on the host and judge it: ``run_gate(spec, execute, ...) -> GateOutcome``.
+"""Run the gate on the host and judge it: ``run_gate(spec, host, server, options) -> GateOutcome``
+(gate/inputs.py: where it runs, the server it measures, how its levels run).
 
-The gate runs ON THE HOST (the server listens on 127.0.0.1 there): ``execute(cmd, timeout_s)
+The gate runs ON THE HOST (the server listens on 127.0.0.1 there): ``host.execute(cmd, timeout_s)
 -> (exit_code, stdout, stderr)`` runs one shell command on it (the deploy passes a pyinfra
-wrapper, tests a local subprocess) and ``upload(local_path, remote_path)`` puts the built-in
+wrapper, tests a local subprocess) and ``host.upload(local_path, remote_path)`` puts the built-in
 client there: into a root-owned 0700 directory, checked against its sha256 before each run, and
 run as an unprivileged user (the service user runs model code and must not be able to swap it).
 Runner ``auto``: bench_serving when the server's venv has SGLang's benchmark client, else the
@@ -24,19 +25,16 @@ from pathlib import Path
 from typing import Callable
 
 from dsv4deploy.gate import bench_serving as bs
+from dsv4deploy.gate.inputs import Execute, GateHost, GateOptions, GateServer, Upload
 from dsv4deploy.gate.result import FAILED, GateResult, LevelResult
 from dsv4deploy.gate.spec import GateSpec
 from dsv4deploy.gate.verdict import GateVerdict, judge
 
 CLIENT_PATH = Path(__file__).with_name("client.py")
-DEFAULT_CLIENT_DIR = "/opt/dsv4deploy/gate"      # root-owned 0700: nobody else can plant the client
 CLIENT_MISMATCH_RC = 96
 PROBE_TIMEOUT_S = 60.0         # the probe imports nothing (no torch): python starts and looks at files
 SSH_SLACK_S = 30.0
 HEARTBEAT_S = 1.0              # the client's heartbeat on stderr: it exits when its session is gone
-
-Execute = Callable[[str, float], "tuple[int, str, str]"]
-Upload = Callable[[str, str], object]
 
 
 @dataclass
@@ -134,27 +132,27 @@ def prepare_command(client_dir: str, *, as_root: bool) -> str:
             f"{{ sha256sum {q(client_dir + '/client.py')} 2>/dev/null || true; }}")
 
 
-def builtin_command(spec: GateSpec, *, client_path: str, base_url: str, host_python: str = "python3",
-                    api_key_file: str | None = None, run_as: str | None = None, sha256: str | None = None,
-                    order: str = "desc", fail_fast: bool = True, early_stop: bool = True,
-                    early_pass: bool = True, budget_s: float | None = None, seed: int = 42) -> str:
-    """The remote shell command. The client must match its sha256, is fed to python on stdin (so the
-    unprivileged user never needs to read the 0700 directory), and gets the API key on fd 3,
-    opened by the shell before privileges are dropped: never argv, never environment."""
+def builtin_command(spec: GateSpec, host: GateHost, server: GateServer, options: GateOptions = GateOptions(), *,
+                    budget_s: float | None = None, sha256: str | None = None, seed: int = 42) -> str:
+    """The remote shell command. The client (HOST.client_dir/client.py) must match its sha256, is
+    fed to python on stdin (so the unprivileged user never needs to read the 0700 directory), and
+    gets the API key on fd 3, opened by the shell before privileges are dropped: never argv, never
+    environment."""
     q = shlex.quote
+    client_path, api_key_file = f"{host.client_dir}/client.py", server.api_key_file
     digest = sha256 or client_sha256()
     budget = float(spec.budget_s if budget_s is None else budget_s)
-    argv = bs.drop_privileges(run_as) + [
-        host_python, "-I", "-S", "-", "--base-url", base_url,     # isolated, stdlib only: host/__init__.py
-        "--levels", json.dumps(client_levels(spec, order), separators=(",", ":")),
+    argv = bs.drop_privileges(host.run_as) + [
+        host.host_python, "-I", "-S", "-", "--base-url", server.base_url,     # isolated, stdlib only: host/__init__.py
+        "--levels", json.dumps(client_levels(spec, options.order), separators=(",", ":")),
         "--warmup-requests", str(spec.warmup_requests),
         "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}", "--seed", str(seed),
         "--heartbeat-s", f"{HEARTBEAT_S:g}"]
-    if fail_fast:
+    if options.fail_fast:
         argv.append("--fail-fast")
-    if not early_stop:
+    if not options.early_stop:
         argv.append("--no-early-stop")
-    if early_pass and spec.early_pass_margin is not None:
+    if options.early_pass and spec.early_pass_margin is not None:
         argv += ["--early-pass-margin", f"{spec.early_pass_margin:g}"]
         if spec.early_pass_min_requests:
             argv += ["--early-pass-min", str(spec.early_pass_min_requests)]
@@ -212,58 +210,41 @@ class Prepared:
     error: str | None = None
 
 
-def prepare_gate(spec: GateSpec, execute: Execute, *, venv_python: str, upload: Upload | None = None,
-                 runner: str | None = None, client_dir: str = DEFAULT_CLIENT_DIR,
-                 run_as: str | None = None) -> Prepared:
-    """Choose the runner (one probe of the venv) and put the built-in client in place (its
-    0700 directory, uploaded only when its sha256 differs). Neither needs the server."""
-    chosen, why, module = choose_runner(runner or spec.runner, execute, venv_python)
+def prepare_gate(spec: GateSpec, host: GateHost, venv_python: str, runner: str | None = None) -> Prepared:
+    """Choose the runner (one probe of VENV_PYTHON; RUNNER None: the spec's) and put the built-in
+    client in place (its 0700 directory, uploaded only when its sha256 differs). Neither needs
+    the server."""
+    chosen, why, module = choose_runner(runner or spec.runner, host.execute, venv_python)
     if chosen != "builtin":
         return Prepared(chosen, why, module)
-    if upload is None:
+    if host.upload is None:
         raise ValueError("the built-in runner needs upload(local_path, remote_path)")
     try:
-        install_client(execute, upload, client_dir, as_root=bool(run_as))
+        install_client(host.execute, host.upload, host.client_dir, as_root=bool(host.run_as))
     except Exception as e:  # noqa: BLE001 - upload failed, the SSH call broke: a failed gate
         return Prepared(chosen, why, error=f"{type(e).__name__}: {e}")
     return Prepared(chosen, why)
 
 
-def run_gate(spec: GateSpec, execute: Execute, *, base_url: str, model_path: str, venv_python: str,
-             runner: str | None = None, upload: Upload | None = None, host_python: str = "python3",
-             client_dir: str = DEFAULT_CLIENT_DIR, api_key_file: str | None = None, run_as: str | None = None,
-             order: str = "desc", fail_fast: bool = True, early_stop: bool = True, early_pass: bool = True,
+def run_gate(spec: GateSpec, host: GateHost, server: GateServer, options: GateOptions = GateOptions(), *,
              log: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> GateOutcome:
-    """Run the gate on the host and judge it.
-
-    runner: None = spec.runner; "auto" | "builtin" | "bench_serving".
-    run_as: the unprivileged user the client runs as (None: as the connecting user; tests).
-    order: "desc" (default, highest concurrency first: fails fast) or "asis" (profile order).
-    fail_fast: stop at the first failing level (the rest are reported "not run").
-    early_pass: let a level clearly above its floor stop early (spec.early_pass_margin); False runs
-    every level to the end (`--full`).
-    prepared: prepare_gate's answer when the caller prepared already (else prepared here).
-    """
+    """Run the gate on the host against SERVER and judge it. PREPARED: prepare_gate's answer when
+    the caller prepared already (else prepared here)."""
     t0 = time.monotonic()
     say = log or (lambda _m: None)
-    ready = prepared or prepare_gate(spec, execute, venv_python=venv_python, upload=upload, runner=runner,
-                                     client_dir=client_dir, run_as=run_as)
+    ready = prepared or prepare_gate(spec, host, server.venv_python, options.runner)
     say(f"gate: {ready.why}")
     remaining = max(1.0, spec.budget_s - (time.monotonic() - t0))
+    base_url, order = server.base_url, options.order
     if ready.runner == "bench_serving":
-        result = bs.run(spec, execute, base_url=base_url, model_path=model_path, venv_python=venv_python,
-                        order=order, fail_fast=fail_fast, api_key_file=api_key_file, run_as=run_as,
-                        budget_s=remaining, module=ready.module or bs.MODULE, log=log)
+        result = bs.run(spec, host, server, options, budget_s=remaining, module=ready.module or bs.MODULE, log=log)
     else:
-        client_path = f"{client_dir}/client.py"
         if ready.error:
             rc, out, err = None, "", ready.error
         else:
             try:
-                cmd = builtin_command(spec, client_path=client_path, base_url=base_url, host_python=host_python,
-                                      api_key_file=api_key_file, run_as=run_as, order=order, fail_fast=fail_fast,
-                                      early_stop=early_stop, early_pass=early_pass, budget_s=remaining)
-                rc, out, err = execute(cmd, remaining + SSH_SLACK_S)
+                cmd = builtin_command(spec, host, server, options, budget_s=remaining)
+                rc, out, err = host.execute(cmd, remaining + SSH_SLACK_S)
                 err = "\n".join(line for line in (err or "").splitlines() if line.strip())   # heartbeats
             except Exception as e:  # noqa: BLE001 - the SSH call timed out or broke: a failed gate
                 rc, out, err = None, "", f"{type(e).__name__}: {e}"

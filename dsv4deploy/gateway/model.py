@@ -294,6 +294,15 @@ def refused(exc: OSError) -> bool:
             or "Connection refused" in str(exc))
 
 
+@dataclass(frozen=True)
+class Clock:
+    """Where drain and readmit read the time and sleep between polls (tests: a fake that
+    advances itself as it sleeps)."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
 def wait_for(check: Callable[[], object], timeout_s: float, poll_s: float = 0.5,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
     """Call `check` until it returns something truthy (returned) or `timeout_s` passes (None)."""
@@ -308,21 +317,20 @@ def wait_for(check: Callable[[], object], timeout_s: float, poll_s: float = 0.5,
 
 
 def drain(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s: float,
-          poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
-          sleep: Callable[[float], None] = time.sleep) -> Drained:
+          poll_s: float = 0.5, clock: Clock = Clock()) -> Drained:
     """Take a replica out of the gateway and wait (bounded) for its in-flight requests: remove
     it, wait until smg lists it no more, then until the replica's own /metrics show nothing
     running or queued. Raises GatewayError when smg does not let go of it in time."""
-    start = clock()
+    start = clock.now()
     worker = find(list_workers(http, gateway, key), replica_url)
     if worker is not None:
         remove_worker(http, gateway, key, worker.id)
         gone = wait_for(lambda: find(list_workers(http, gateway, key), replica_url) is None,
-                        timeout_s, poll_s, clock, sleep)
+                        timeout_s, poll_s, clock.now, clock.sleep)
         if gone is None:
             raise GatewayError(f"{replica_url} is still listed by the gateway {timeout_s:g} s after "
                                "DELETE /workers")
-    removed = clock() - start
+    removed = clock.now() - start
     left, unanswered = [0], [None]
 
     def idle() -> bool:
@@ -343,22 +351,21 @@ def drain(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s
         left[0] = n
         return n == 0
 
-    done = wait_for(idle, max(0.0, timeout_s - removed), poll_s, clock, sleep)
-    return Drained(removed_s=removed, idle_s=(clock() - start) if done else None, in_flight=left[0],
+    done = wait_for(idle, max(0.0, timeout_s - removed), poll_s, clock.now, clock.sleep)
+    return Drained(removed_s=removed, idle_s=(clock.now() - start) if done else None, in_flight=left[0],
                    unanswered=None if done else unanswered[0])
 
 
 def readmit(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s: float,
-            poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
-            sleep: Callable[[float], None] = time.sleep) -> Worker:
+            poll_s: float = 0.5, clock: Clock = Clock()) -> Worker:
     """Add a replica back (its health and gate already passed) and wait until smg routes to it.
     A replica still draining from an earlier removal is waited out first (adding it then is a
     409); an add already in progress (409 WORKER_CREATE_IN_PROGRESS) is waited on, not repeated."""
-    start = clock()
+    start = clock.now()
     listed = find(list_workers(http, gateway, key), replica_url)
     if listed is not None and listed.status == "draining":
         gone = wait_for(lambda: find(list_workers(http, gateway, key), replica_url) is None,
-                        timeout_s, poll_s, clock, sleep)
+                        timeout_s, poll_s, clock.now, clock.sleep)
         if gone is None:
             raise GatewayError(f"{replica_url} is still draining in the gateway after {timeout_s:g} s")
         listed = None
@@ -368,8 +375,8 @@ def readmit(http: Http, gateway: str, key: str | None, replica_url: str, timeout
         except GatewayError as exc:
             if exc.code != "WORKER_CREATE_IN_PROGRESS":
                 raise
-    left = max(0.0, timeout_s - (clock() - start))
-    worker = wait_for(lambda: _routable(http, gateway, key, replica_url), left, poll_s, clock, sleep)
+    left = max(0.0, timeout_s - (clock.now() - start))
+    worker = wait_for(lambda: _routable(http, gateway, key, replica_url), left, poll_s, clock.now, clock.sleep)
     if worker is None:
         raise GatewayError(f"{replica_url} is not routable through the gateway {timeout_s:g} s after POST /workers")
     return worker

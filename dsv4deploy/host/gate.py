@@ -1,6 +1,7 @@
 """The smoke-benchmark gate after health, with the campaign's methodology (random 256/256 at
 C=1/16/64): it runs on the host, is judged on the control node, and its reports (JSON,
-Markdown, PNG) go next to the release on the host and into reports/ here.
+Markdown, PNG) go next to the release on the host and into the run's reports folder here (the
+settings the inventory put in the host data: reports/ of the checkout).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from functools import partial
 from pathlib import Path
 
 from dsv4deploy.gate import GateSpec, run_gate, write_report
+from dsv4deploy.gate.inputs import GateHost, GateServer
 from dsv4deploy.gate.runner import Prepared, prepare_gate
 from dsv4deploy.gate import split
 from dsv4deploy.host.io import put, run, sh
 from dsv4deploy.render.layout import GATE_USER
-from dsv4deploy.profile.load import REPO_ROOT
+from dsv4deploy.cli.settings import settings_of
 from dsv4deploy.host.release_store import ReleaseStore
 
 RC_MARK = "__dsv4deploy_rc="
@@ -88,8 +90,12 @@ def prepare_release_gate(h, target) -> Prepared:
     """The gate's runner chosen and its client put in place (two commands), before the server
     is up: a deploy calls this while its server starts, so the gate's first request follows
     health and identity at once."""
-    return prepare_gate(GateSpec.from_profile(target.data), host_execute(h), venv_python=target.layout.python,
-                        upload=lambda src, dst: put(h, src, dst), run_as=GATE_USER)
+    return prepare_gate(GateSpec.from_profile(target.data), gate_host(h), target.layout.python)
+
+
+def gate_host(h) -> GateHost:
+    """The gate's commands on H, over the pyinfra connection, its client run as the gate's user."""
+    return GateHost(host_execute(h), upload=lambda src, dst: put(h, src, dst), run_as=GATE_USER)
 
 
 def run_release_gate(h, target, release: int | None, previous: int | None, profile_name: str,
@@ -107,15 +113,15 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
     # through a replica set's gateway: which replica served the gate, by the replicas' own counters
     urls = [rt.base_url for rt in target.replica_targets] if target.is_set else []
     before = replica_requests(h, urls) if urls else {}
-    outcome = run_gate(spec, host_execute(h), base_url=target.base_url, model_path=target.layout.model_dir,
-                       venv_python=target.layout.python, upload=lambda src, dst: put(h, src, dst),
-                       api_key_file=target.layout.api_key_file, run_as=GATE_USER, prepared=prepared)
+    server = GateServer(target.base_url, target.layout.model_dir, target.layout.python, target.layout.api_key_file)
+    outcome = run_gate(spec, gate_host(h), server, prepared=prepared)
     if urls:
         outcome.result.replicas = split.split(urls, before, replica_requests(h, urls))
     store = ReleaseStore(h, target.layout.releases_dir)
     number = f"{release:04d}" if release else "adhoc"
     gate_dir = _gate_dir(part)
-    local = REPO_ROOT / "reports" / h.name / (f"{number}-{profile_name}" + (f"-{part}" if part else ""))
+    settings = settings_of(h.data)
+    local = settings.reports / h.name / (f"{number}-{profile_name}" + (f"-{part}" if part else ""))
     prev_doc = previous_report(h, target, previous, part) if previous_doc is _READ else previous_doc
     title = f"{profile_name} release {number}" + (f" ({part})" if part else "") + f" on {h.name}"
     files = write_report(outcome, local, previous=prev_doc, title=title, figure=spare_figure())
@@ -131,7 +137,7 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
             print(f"[{h.name}]   {line}")
         for warning in split.warnings(outcome.result.replicas) + warns:
             print(f"[{h.name}] WARNING: {warning}")
-    print(f"[{h.name}] gate report: {local.relative_to(REPO_ROOT)}")
+    print(f"[{h.name}] gate report: {settings.shown(local)}")
     return outcome
 
 

@@ -164,9 +164,10 @@ def read_state(h, r: Rollout, first: str = "") -> HostState:
     deploy lock's command: the host is then read under the lock)."""
     hub = None      # what every file must be, by size and sha256: the hub's metadata, or the rsync source's
     if r.weights_source.get("type") == "hf":
-        hub = json.dumps(hub_expectation(r.weights_source, r.data["model"]["repo"], r.data["model"]["revision"]))
+        hub = json.dumps(hub_expectation(r.weights_source, r.data["model"]["repo"], r.data["model"]["revision"],
+                                         r.settings))
     elif r.weights_source.get("type") == "rsync":
-        hub = json.dumps(local_expectation(rsync_folder(r.weights_source)))
+        hub = json.dumps(local_expectation(rsync_folder(r.weights_source, r.settings.checkout), r.settings.cache))
     snap = snapshot.read(h, queries(r, hub), first=first)
     units = tuple(u.removesuffix(".service") for u in r.target.units) if r.target.is_set else ()
     return HostState(values=snap.values, commands=snap.commands, units=units, first=snap.first)

@@ -11,8 +11,11 @@ venv exists::
     python3 -m dsv4deploy.host.uvpip install --python .venv/bin/python --compile-bytecode -c requirements.lock -e '.[test,twin]'
     python3 -m dsv4deploy.host.uvpip path          # the uv it runs (bootstrapped if missing)
 
-As a module: ``uv()`` (its path), ``install_command(python, args)``, ``pip_settings()``.
-It also runs on the GPU host (host/installer.py: the host's uv, pinned, fills the venvs there).
+As a module: ``uv(home)`` (its path), ``install_command(python, args, home, environ)``,
+``pip_settings()``; ``UvHome.of(environ, root)`` says where uv and its cache live (main reads
+DSV4_UV_HOME and UV_CACHE_DIR, else .cache/ of the working directory: the checkout, for make).
+It also runs on the GPU host (host/installer.py: the host's uv, pinned, fills the venvs there;
+the installer's command sets both variables).
 """
 
 from __future__ import annotations
@@ -22,14 +25,27 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 UV_VERSION = "0.13.9"
-REPO = Path(__file__).resolve().parents[2]
-TOOLS = Path(os.environ.get("DSV4_UV_HOME") or REPO / ".cache" / f"uv-{UV_VERSION}")
-# in the checkout, not ~/.cache: a fresh clone starts cold, as CI does; one file system with the
-# venvs it fills, so uv hardlinks from it
-CACHE = Path(os.environ.get("UV_CACHE_DIR") or REPO / ".cache" / "uv-cache")
+
+
+@dataclass(frozen=True)
+class UvHome:
+    """Where the pinned uv lives (TOOLS: a venv of its own) and where it caches (CACHE)."""
+
+    tools: Path
+    cache: Path
+
+    @classmethod
+    def of(cls, environ: Mapping[str, str], root: Path) -> "UvHome":
+        """DSV4_UV_HOME and UV_CACHE_DIR of ENVIRON, else under ROOT/.cache: in the checkout, not
+        ~/.cache (a fresh clone starts cold, as CI does; one file system with the venvs it fills,
+        so uv hardlinks from it)."""
+        return cls(tools=Path(environ.get("DSV4_UV_HOME") or root / ".cache" / f"uv-{UV_VERSION}"),
+                   cache=Path(environ.get("UV_CACHE_DIR") or root / ".cache" / "uv-cache"))
 
 # pip's keys that say where packages come from, and how to reach it; (uv's option, repeated?)
 _INDEX_KEYS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links"}
@@ -70,19 +86,20 @@ def uv_arguments(settings: dict[str, list[str]], given: list[str] = ()) -> tuple
     return args, env
 
 
-def uv() -> Path:
-    """The pinned uv, in a venv of its own under .cache (bootstrapped with pip once)."""
-    path = TOOLS / "bin" / "uv"
+def uv(home: UvHome) -> Path:
+    """The pinned uv, in a venv of its own under HOME.tools (bootstrapped with pip once)."""
+    tools = home.tools
+    path = tools / "bin" / "uv"
     if path.is_file():
         return path
-    tmp = TOOLS.with_name(f".{TOOLS.name}.{os.getpid()}")
+    tmp = tools.with_name(f".{tools.name}.{os.getpid()}")
     try:
         subprocess.run([sys.executable, "-I", "-m", "venv", str(tmp)], check=True)
         subprocess.run([str(tmp / "bin" / "python"), "-I", "-m", "pip", "install", "--quiet",
                         "--disable-pip-version-check", f"uv=={UV_VERSION}"], check=True)
         # renamed whole once complete: the venv's own scripts then name a folder that is gone,
         # but uv is a static binary and runs from anywhere
-        os.rename(tmp, TOOLS)
+        os.rename(tmp, tools)
     except (OSError, subprocess.CalledProcessError):
         if not path.is_file():       # another builder's rename wins the race: use its uv
             raise
@@ -96,25 +113,28 @@ def uv() -> Path:
 PIP_CONFIG = [sys.executable, "-I", "-m", "pip", "config", "list"]
 
 
-def install_command(python: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
-    """(argv, environment) of `uv pip install ARGS` into the venv of PYTHON, with pip's settings."""
+def install_command(python: str, args: list[str], home: UvHome,
+                    environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of `uv pip install ARGS` into the venv of PYTHON, with pip's settings:
+    the environment is ENVIRON (the caller's) with what pip's configuration says added."""
     listing = subprocess.run(PIP_CONFIG, capture_output=True, text=True).stdout
     extra, env = uv_arguments(pip_settings(listing), args)
-    return ([str(uv()), "pip", "install", "--quiet", "--python", python, "--cache-dir", str(CACHE), *extra, *args],
-            {**os.environ, **env})
+    return ([str(uv(home)), "pip", "install", "--quiet", "--python", python, "--cache-dir", str(home.cache),
+             *extra, *args], {**environ, **env})
 
 
 def main(argv: list[str]) -> int:
+    home = UvHome.of(os.environ, Path.cwd())
     if argv[:1] != ["path"] and (argv[:2] != ["install", "--python"] or len(argv) < 3):
         print("usage: python3 -m dsv4deploy.host.uvpip install --python PYTHON ARGS... | path", file=sys.stderr)
         return 2
     try:
         if argv[:1] == ["path"]:
-            print(uv())
+            print(uv(home))
             return 0
-        cmd, env = install_command(argv[2], argv[3:])
+        cmd, env = install_command(argv[2], argv[3:], home, os.environ)
     except (OSError, subprocess.CalledProcessError) as exc:
-        print(f"dsv4deploy: could not bootstrap uv {UV_VERSION} under {TOOLS} with {sys.executable} -m pip "
+        print(f"dsv4deploy: could not bootstrap uv {UV_VERSION} under {home.tools} with {sys.executable} -m pip "
               f"({exc}); pip's own output is above. Is PyPI (or pip's configured index) reachable?", file=sys.stderr)
         return 1
     return subprocess.run(cmd, env=env).returncode

@@ -34,10 +34,10 @@ def _err(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def _load(name: str):
+def _load(name: str, profiles: Path):
     from dsv4deploy.profile.load import load_profile
 
-    return load_profile(name)
+    return load_profile(name, profiles)
 
 
 # --- pieces the deploy calls -------------------------------------------------------------------
@@ -113,7 +113,7 @@ def cmd_gpus(args) -> int:
     expect = None
     if args.profile:
         try:
-            profile = _load(args.profile)
+            profile = _load(args.profile, args.settings.profiles)
             expect = G.profile_expectations(profile.data, compute_cap=args.expect_compute_cap,
                                             min_driver_branch=args.min_driver_branch)
         except ProfileError as exc:
@@ -161,13 +161,13 @@ def cmd_gpus(args) -> int:
 
 # --- nccl --------------------------------------------------------------------------------------
 
-def visible_gpus(nvidia_smi: str = "nvidia-smi") -> int | None:
-    """GPUs the ranks will see (CUDA_VISIBLE_DEVICES applied), None if nvidia-smi is missing."""
+def visible_gpus(nvidia_smi: str, cvd: str | None) -> int | None:
+    """GPUs the ranks will see (CVD: the CUDA_VISIBLE_DEVICES they inherit, applied), None if
+    nvidia-smi is missing."""
     try:
         count = len(G.parse_query(_run_nvidia_smi(nvidia_smi, G.query_args()[1:])))
     except G.NvidiaSmiError:
         return None
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
         count = min(count, len([x for x in cvd.split(",") if x.strip()]))
     return count
@@ -180,7 +180,7 @@ def cmd_nccl(args) -> int:
     data = None
     try:
         if args.profile:
-            data = _load(args.profile).data
+            data = _load(args.profile, args.settings.profiles).data
         elif not (args.env_file and (args.nranks or args.groups)):
             raise ValueError("give --profile (or --env-file with --nranks or --groups)")
         if args.compare_presets and args.env_file:
@@ -223,15 +223,15 @@ def cmd_nccl(args) -> int:
 
     P.exit_on_term()
     unit_env = unit_environment(data) if data else {}
-    common = dict(unit_env=unit_env, python=python, sizes=sizes, dtype=args.dtype,
-                  timeout_s=args.timeout, hang_rank=args.hang_rank, dry_run=args.dry_run,
-                  nccl_debug=args.nccl_debug, keep_inherited=P.KEEP_INHERITED + tuple(args.keep_env))
+    settings = P.ProbeSettings(base_env=dict(args.settings.environ), unit_env=unit_env, python=python,
+                               sizes=tuple(sizes), dtype=args.dtype, timeout_s=args.timeout, dry_run=args.dry_run,
+                               nccl_debug=args.nccl_debug, keep_inherited=P.KEEP_INHERITED + tuple(args.keep_env))
 
     def probe(nccl_env: dict, label: str) -> dict:
         if groups is None:
-            return P.launch(nranks=nranks, nccl_env=nccl_env, label=label, **common)
-        return P.launch_groups(groups, nccl_env=nccl_env, label=label, hang_group=args.hang_group,
-                               alone=not args.no_alone, **common)
+            return P.launch(nranks, nccl_env, settings, label, hang_rank=args.hang_rank)
+        return P.launch_groups(groups, nccl_env, settings, label, hang_group=args.hang_group,
+                               hang_rank=args.hang_rank, alone=not args.no_alone)
 
     show = P.format_result if groups is None else R.format_groups
     if args.compare_presets:
@@ -268,7 +268,7 @@ def cmd_nccl(args) -> int:
 def _missing_gpus(args, nranks: int | None, groups: list[list[int]] | None) -> str | None:
     """Why the ranks cannot get their GPUs here, or None (also when nvidia-smi is missing)."""
     if groups is None:
-        visible = visible_gpus(args.nvidia_smi)
+        visible = visible_gpus(args.nvidia_smi, args.settings.environ.get("CUDA_VISIBLE_DEVICES"))
         if visible is not None and visible < nranks:
             return (f"{nranks} ranks need {nranks} GPUs; {visible} visible"
                     + (" (use --nranks to probe fewer)" if not args.nranks else ""))

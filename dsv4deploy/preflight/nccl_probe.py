@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_SIZES = (8 << 10, 32 << 10, 128 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -289,18 +290,39 @@ def _transports(text: str) -> list[str]:
     return sorted(set(re.findall(r"Channel \S+ : \S+ -> \S+ via (\S+)", text)))
 
 
-def launch(*, nranks: int, nccl_env: dict[str, str], label: str = "", hang_rank: int | None = None,
-           gpus: list[int] | None = None, **kw) -> dict:
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How a probe's ranks run, the same for each of its groups: the environment they start from
+    (BASE_ENV, the launcher's own as its caller passes it; AS_SERVICE keeps only what systemd
+    gives a unit's server, plus the unit's Environment= UNIT_ENV), the python and the rank program
+    (PROGRAM: this file; tests use a fake), what is all-reduced (SIZES in DTYPE) and one deadline
+    (TIMEOUT_S) for all the groups. DRY_RUN ranks dump their environment, no torch."""
+
+    base_env: dict[str, str]
+    unit_env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    program: str | None = None
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    dtype: str = "bfloat16"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    dry_run: bool = False
+    nccl_debug: bool = False
+    keep_inherited: tuple[str, ...] = KEEP_INHERITED
+    as_service: bool = False
+    workdir: str | None = None
+
+
+def launch(nranks: int, nccl_env: dict[str, str], settings: ProbeSettings, label: str = "",
+           hang_rank: int | None = None, gpus: list[int] | None = None) -> dict:
     """Run the probe with one group of `nranks` ranks; return the result document. Never raises
     for a rank's failure or a hang: those are results. `gpus`: the group's GPU set (its
-    CUDA_VISIBLE_DEVICES; default: inherited). Keywords as `run_groups` takes them."""
+    CUDA_VISIBLE_DEVICES; default: inherited)."""
     spec = {"nranks": nranks, "gpus": gpus, "hang_rank": hang_rank}
-    return run_groups([spec], nccl_env=nccl_env, label=label, **kw)["runs"][0]
+    return run_groups([spec], nccl_env, settings, label)["runs"][0]
 
 
-def launch_groups(groups: list[list[int]], *, nccl_env: dict[str, str], label: str = "",
-                  hang_group: int | None = None, hang_rank: int | None = None, alone: bool = True,
-                  **kw) -> dict:
+def launch_groups(groups: list[list[int]], nccl_env: dict[str, str], settings: ProbeSettings, label: str = "",
+                  hang_group: int | None = None, hang_rank: int | None = None, alone: bool = True) -> dict:
     """Several groups at once, as a DP x TP layout runs: group i has len(groups[i]) ranks on GPU
     set groups[i] (CUDA_VISIBLE_DEVICES, nvidia-smi numbering) and its own MASTER_PORT; one
     deadline (`timeout_s`) covers all of them. With `alone`, each group then runs by itself,
@@ -308,35 +330,31 @@ def launch_groups(groups: list[list[int]], *, nccl_env: dict[str, str], label: s
     hang_group = 0 if hang_rank is not None and hang_group is None else hang_group
     specs = [{"nranks": len(g), "gpus": list(g), "hang_rank": hang_rank if i == hang_group else None}
              for i, g in enumerate(groups)]
-    together = run_groups(specs, nccl_env=nccl_env, label=label, **kw)
+    together = run_groups(specs, nccl_env, settings, label)
     solo = []
     if alone and len(specs) > 1:
         for i, spec in enumerate(specs):
-            res = run_groups([spec], nccl_env=nccl_env, label=label, **kw)["runs"][0]
+            res = run_groups([spec], nccl_env, settings, label)["runs"][0]
             solo.append(dict(res, group=i))
     return {"mode": "groups", "label": label, "groups": [list(g) for g in groups],
-            "timeout_s": kw.get("timeout_s", DEFAULT_TIMEOUT_S),
+            "timeout_s": settings.timeout_s,
             "ok": together["ok"] and all(r["ok"] for r in solo), "together": together, "alone": solo}
 
 
-def run_groups(specs: list[dict], *, nccl_env: dict[str, str], unit_env: dict[str, str] | None = None,
-               python: str | None = None, sizes=DEFAULT_SIZES, dtype: str = "bfloat16",
-               timeout_s: float = DEFAULT_TIMEOUT_S, label: str = "", dry_run: bool = False,
-               nccl_debug: bool = False, program: str | None = None,
-               base_env: dict[str, str] | None = None, workdir: str | None = None,
-               keep_inherited: tuple[str, ...] = KEEP_INHERITED, as_service: bool = False) -> dict:
+def run_groups(specs: list[dict], nccl_env: dict[str, str], settings: ProbeSettings, label: str = "") -> dict:
     """Start every group of `specs` ({nranks, gpus, hang_rank}) at once and wait for all under
     one deadline; {ok, elapsed_s, cleanup_s, leftover, runs: [one result per group]}. A rank
     that fails ends its own group after FAIL_GRACE_S; the deadline ends every group still
-    running. `program` replaces this file as the rank program (tests use a fake); `dry_run`
-    ranks dump their environment, no torch."""
-    python = python or sys.executable
-    program = program or os.path.abspath(__file__)
-    env, env_note = rank_environment(dict(os.environ if base_env is None else base_env), nccl_env, unit_env,
-                                     keep_inherited, service_user=_user_name() if as_service else None)
+    running."""
+    s = settings
+    python, program = s.python or sys.executable, s.program or os.path.abspath(__file__)
+    sizes, dtype, timeout_s, unit_env = s.sizes, s.dtype, s.timeout_s, s.unit_env
+    dry_run, nccl_debug = s.dry_run, s.nccl_debug
+    env, env_note = rank_environment(dict(s.base_env), nccl_env, unit_env, s.keep_inherited,
+                                     service_user=_user_name() if s.as_service else None)
     env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"} if nccl_debug else {})
-    own_dir = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="nccl-probe-")
+    own_dir = s.workdir is None
+    workdir = s.workdir or tempfile.mkdtemp(prefix="nccl-probe-")
     many = len(specs) > 1
     groups, ports = [], []
     for i, spec in enumerate(specs):
@@ -513,6 +531,7 @@ def format_result(res: dict) -> str:
 
 
 def _grid(rows, right=frozenset()) -> list[str]:
+    """ROWS as aligned text lines, the columns in RIGHT right-aligned (the reports' tables)."""
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
                       for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
@@ -537,13 +556,14 @@ def _hang_forever() -> None:
         time.sleep(3600)
 
 
-def rank_main(config_path: str, rank: int) -> int:
+def rank_main(config_path: str, rank: int, environ: dict[str, str]) -> int:
+    """One rank (ENVIRON: its own environment, as main passes it)."""
     with open(config_path, encoding="utf-8") as f:
         cfg = json.load(f)
     workdir, world = cfg["workdir"], int(cfg["nranks"])
     _mark(workdir, rank, "python")
     if cfg.get("dry_run"):
-        env = {k: v for k, v in os.environ.items()
+        env = {k: v for k, v in environ.items()
                if k.startswith(("NCCL_", "MASTER_", "CUDA_", "TORCH_", "NVSHMEM_", "DSV4_", "PYTHON", "LD_"))
                or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PATH", "HOME", "USER", "LOGNAME", "LANG")}
         if cfg.get("hang_rank") == rank:
@@ -565,7 +585,7 @@ def rank_main(config_path: str, rank: int) -> int:
         _hang_forever()
     if torch.cuda.device_count() < world:
         print(f"rank {rank}: {world} ranks need {world} GPUs; torch sees {torch.cuda.device_count()} "
-              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})", file=sys.stderr)
+              f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')})", file=sys.stderr)
         return 3
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
@@ -624,11 +644,11 @@ def rank_main(config_path: str, rank: int) -> int:
               else str(nccl_version),
               "gpus": [torch.cuda.get_device_name(i) for i in range(world)],
               "gpu_uuids": [str(getattr(torch.cuda.get_device_properties(i), "uuid", "")) for i in range(world)],
-              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+              "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
               "hostname": socket.gethostname()}
     _write(workdir, rank, {"rank": rank, "ok": all(r["correct"] for r in results),
                            "results": results if rank == 0 else [], "system": system,
-                           "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}})
+                           "env": {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}})
     dist.destroy_process_group()
     _mark(workdir, rank, "done")
     return 0
@@ -693,7 +713,7 @@ def exit_on_term() -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.mode == "rank":
-        return rank_main(args.config, args.rank)
+        return rank_main(args.config, args.rank, dict(os.environ))
     try:
         nccl_env: dict[str, str] = {}
         for path in args.env_file:
@@ -710,15 +730,16 @@ def main(argv=None) -> int:
         print(f"nccl_probe: {exc}", file=sys.stderr)
         return 2
     exit_on_term()
-    common = dict(nccl_env=nccl_env, unit_env=unit_env, python=args.python, sizes=sizes, dtype=args.dtype,
-                  timeout_s=args.timeout, label=args.label, hang_rank=args.hang_rank, dry_run=args.dry_run,
-                  nccl_debug=args.nccl_debug, keep_inherited=KEEP_INHERITED + tuple(args.keep_env),
-                  as_service=args.as_service)
+    settings = ProbeSettings(base_env=dict(os.environ), unit_env=unit_env, python=args.python, sizes=tuple(sizes),
+                             dtype=args.dtype, timeout_s=args.timeout, dry_run=args.dry_run,
+                             nccl_debug=args.nccl_debug, keep_inherited=KEEP_INHERITED + tuple(args.keep_env),
+                             as_service=args.as_service)
     if groups is None:
-        res = launch(nranks=args.nranks, **common)
+        res = launch(args.nranks, nccl_env, settings, args.label, hang_rank=args.hang_rank)
         text = format_result(res)
     else:
-        res = launch_groups(groups, hang_group=args.hang_group, alone=not args.no_alone, **common)
+        res = launch_groups(groups, nccl_env, settings, args.label, hang_group=args.hang_group,
+                            hang_rank=args.hang_rank, alone=not args.no_alone)
         text = "".join([*map(format_result, res["together"]["runs"]),
                         *("alone: " + format_result(r) for r in res["alone"]),
                         f"{len(groups)} groups at once: {'OK' if res['ok'] else 'FAILED'}\n"])

@@ -10,7 +10,6 @@ import difflib
 import hashlib
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -23,15 +22,9 @@ from dsv4deploy.profile.boundary import NAME_PATTERN, check_name, value_problems
 from dsv4deploy.profile.errors import Problem, ProfileError
 from dsv4deploy.profile.yamlpos import Origins, format_path, load_yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 NAME_RE = re.compile(NAME_PATTERN + r"\Z")  # use with .match: \Z, never $ (it matches before a final newline)
 DEFAULTS_FILE = "dsv4deploy/data/defaults.yaml"
 NOT_DEPLOYED = ("tune",)  # top-level keys that are not part of what a release deploys
-
-
-def profiles_dir() -> Path:
-    """Where named profiles live (env DSV4_PROFILES_DIR overrides, for tests and forks)."""
-    return Path(os.environ.get("DSV4_PROFILES_DIR", REPO_ROOT / "profiles"))
 
 
 @cache
@@ -80,9 +73,9 @@ class Profile:
         return self.data["server"]
 
 
-def list_profiles(directory: Path | None = None) -> list[str]:
-    """Deployable profile names (files starting with `_` are shared bases, not deployable)."""
-    directory = directory or profiles_dir()
+def list_profiles(directory: Path) -> list[str]:
+    """Deployable profile names in DIRECTORY (files starting with `_` are shared bases, not
+    deployable). DIRECTORY is the run's profiles folder: cli/settings.py Settings.profiles."""
     return sorted(p.stem for p in directory.glob("*.yaml") if not p.stem.startswith("_"))
 
 
@@ -133,9 +126,8 @@ def _merge(base: dict, base_origins: Origins, over: dict, over_origins: Origins,
                 base_origins[p] = o
 
 
-def load_raw(name: str, directory: Path | None = None) -> tuple[dict, Origins, tuple[str, ...]]:
+def load_raw(name: str, directory: Path) -> tuple[dict, Origins, tuple[str, ...]]:
     """Merge defaults, the extends chain and the profile; no schema check yet."""
-    directory = directory or profiles_dir()
     chain: list[tuple[str, dict, Origins]] = []
     seen: list[str] = []
     referrer = None
@@ -169,10 +161,9 @@ def load_raw(name: str, directory: Path | None = None) -> tuple[dict, Origins, t
     return merged, merged_origins, tuple(shown for shown, _, _ in reversed(chain))
 
 
-def load_profile(name: str, directory: Path | None = None) -> Profile:
-    """Load, merge and check a deployable profile (boundary rule, then the schema); raise
-    ProfileError listing every problem."""
-    directory = directory or profiles_dir()
+def load_profile(name: str, directory: Path) -> Profile:
+    """Load, merge and check the deployable profile NAME of DIRECTORY (boundary rule, then the
+    schema); raise ProfileError listing every problem."""
     path = _profile_path(name, directory)
     if name.startswith("_"):
         users = [p for p in list_profiles(directory) if _extends(directory, p) == name]

@@ -13,6 +13,7 @@ from pyinfra.api import DeployError
 
 from dsv4deploy.profile.errors import ProfileError
 from dsv4deploy.cli.inventories import placeholder_problem
+from dsv4deploy.cli.settings import Settings, settings_of
 from dsv4deploy.render.layout import Layout
 from dsv4deploy.profile.load import Profile, load_profile
 from dsv4deploy.release.records import Release
@@ -129,6 +130,7 @@ class Rollout:
     rendered: Rendered
     layout: Layout
     module: str
+    settings: Settings                               # the run's folders and inputs (host data `settings`)
     stand_ins: dict = field(default_factory=dict)   # inventory data `stand_ins`
     weights_source: dict = field(default_factory=dict)
     allow_reboot: bool = False
@@ -149,8 +151,8 @@ class Rollout:
 
 
 def rollout_for(host_data) -> Rollout:
-    """Build the Rollout from the host data: `profile` (set by the inventory, or `--data profile=`)
-    and the inventory's stand-ins.
+    """Build the Rollout from the host data: `profile` (set by the inventory, or `--data profile=`),
+    the run's `settings` (set by the inventory: where the profiles are) and the inventory's stand-ins.
 
     A bad profile raises DeployError here, in pyinfra's prepare stage: nothing is changed. (This
     project's inventories refuse it earlier, before connecting: dsv4deploy/cli/inventories.py.)"""
@@ -158,8 +160,9 @@ def rollout_for(host_data) -> Rollout:
     if not name:
         raise DeployError("no profile given: set it in the inventory's host data (inventory/ct200.py reads "
                           "CT200_PROFILE), or use --data profile=NAME (make deploy PROFILE=NAME)")
+    settings = settings_of(host_data)
     try:
-        profile = load_profile(str(name))
+        profile = load_profile(str(name), settings.profiles)
         report = validate(profile)
     except ProfileError as exc:
         raise DeployError(f"invalid profile {name}:\n{exc}") from None
@@ -175,7 +178,7 @@ def rollout_for(host_data) -> Rollout:
     if "{repo}" in weights_source.get("path", ""):
         weights_source["path"] = weights_source["path"].format(repo=profile.data["model"]["repo"].replace("/", "--"))
     return Rollout(profile=profile, report=report, rendered=render(profile, module=module),
-                   layout=Layout.of(profile.data), module=module, stand_ins=stand_ins,
+                   layout=Layout.of(profile.data), module=module, settings=settings, stand_ins=stand_ins,
                    weights_source=weights_source, allow_reboot=bool(host_data.get("allow_reboot", False)),
                    expect_compute_cap=host_data.get("expect_compute_cap"))
 

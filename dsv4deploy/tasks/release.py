@@ -9,7 +9,6 @@ operation ends or one fails, so a run that changes nothing reports no changed op
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,6 +18,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import python
 
+from dsv4deploy.cli.settings import settings_of
 from dsv4deploy.release import records as releases
 from dsv4deploy.release.records import Release
 from dsv4deploy.host.state import HostState, read_state
@@ -37,7 +37,7 @@ def read_locked(r: Rollout, label: str) -> HostState:
     the run decides from cannot change under it and the lock costs no round trip of its own;
     refused with the holder's PID and start. A dry run (`--dry`, `make plan`) reads, unlocked."""
     h = ctx_host.get()          # the real Host, not the proxy: the callback that gives the lock back compares hosts
-    if "--dry" in sys.argv:
+    if settings_of(host.data).dry_run:
         return read_state(h, r)
     return ReleaseStore(h, r.layout.releases_dir).read_locked(
         label, lambda first: read_state(h, r, first=first), break_lock=host.data.get("break_lock"),
@@ -47,7 +47,7 @@ def read_locked(r: Rollout, label: str) -> HostState:
 def deploy_lock(label: str) -> None:
     """Take the host's deploy lock now (prepare stage), in one command; refuse with the holder's
     PID and start. A dry run (`--dry`, `make plan`) changes nothing, so it takes no lock."""
-    if "--dry" in sys.argv:
+    if settings_of(host.data).dry_run:
         return
     # the real Host, not the proxy: the callback that gives the lock back compares hosts
     ReleaseStore(ctx_host.get()).take_lock(label, break_lock=host.data.get("break_lock"), state=ctx_state.get())

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import os
 import shlex
-import sys
 
 from pyinfra import host
 from pyinfra.api import DeployError, deploy
@@ -29,7 +27,7 @@ from dsv4deploy.release.rollout import Rollout
 LEGACY_SECRETS_ENV = f"{ETC}/secrets.env"   # before systemd credentials: adopted once, never read by the unit
 
 
-def hf_token_from_control_node(env=os.environ) -> str | None:
+def hf_token_from_control_node(env) -> str | None:
     """The operator's HF token: DSV4_HF_TOKEN_FILE (a file) or DSV4_HF_TOKEN. Never a profile key."""
     try:
         return hf_token_from_env(env)
@@ -43,7 +41,7 @@ def secrets(r: Rollout, state: HostState) -> list[OperationMeta]:
     with SGLang's --config credential, in the root-only secrets directory (service_user makes it).
     A secret file is never shown as a diff (make plan runs --diff): only its hash is compared."""
     layout = r.layout
-    token = hf_token_from_control_node()
+    token = hf_token_from_control_node(r.settings.environ)
     if token:
         ops.file(name="HF token from the control node (0600, root)", dest=layout.hf_token_file,
                  content=token.encode(), state=state.file(layout.hf_token_file), mode="600", secret=True)
@@ -117,7 +115,7 @@ def _carried(pending: Pending | None) -> dict:
 
 
 def _items(r: Rollout, state: HostState) -> list[tuple[str, bytes, dict | None]]:
-    if "--diff" in sys.argv or "--dry" in sys.argv:      # make plan: show what would be written
+    if r.settings.show_diffs:      # make plan (--dry --diff): show what would be written
         for label in files_differ(r, state):
             show_diff(r, state, label)
     return [(path, content, state.file(path)) for _, path, content in unit_files(r)]

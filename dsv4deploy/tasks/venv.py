@@ -24,7 +24,6 @@ from pyinfra.operations import files, server
 from dsv4deploy.host import ISOLATED, installer, ops
 from dsv4deploy.release import records as releases
 from dsv4deploy.host.state import PARSER_LOCK, PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
-from dsv4deploy.profile.load import REPO_ROOT
 from dsv4deploy.render.unit import SGLANG_CONFIG_CREDENTIAL
 from dsv4deploy.sglang.versions import lock_file, lock_sha256, parser_lock_file
 from dsv4deploy.release.rollout import Rollout
@@ -148,7 +147,7 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
                     files.download(name=f"patch {patch['name']} (sha256-pinned)", src=patch["url"], dest=dest,
                                    sha256sum=patch["sha256"])
             else:
-                local = REPO_ROOT / patch["file"]
+                local = r.settings.checkout / patch["file"]      # a profile's patch file is the checkout's
                 content = local.read_bytes() if local.is_file() else b""
                 digest = hashlib.sha256(content).hexdigest() if local.is_file() else None
                 if digest != patch["sha256"]:

@@ -11,7 +11,6 @@ by size and sha256 against the hub's metadata), `local` (a folder already on the
 from __future__ import annotations
 
 import json
-import os
 import shlex
 
 from pyinfra import host
@@ -51,23 +50,24 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
     if state.checkpoint_complete:
         host.noop(f"{repo}@{rev[:12]} complete at {dest}")
         if src["type"] == "rsync" and (state["checkpoint"] or {}).get("hashed"):
+            folder = rsync_folder(src, r.settings.checkout)
             # complete, but some file was hashed (no marker yet, e.g. pushed by an older release of
             # this tool): record the marker once, so a re-deploy hashes nothing. Not a change.
             verified_checkpoint(name="record the verified checkpoint's marker", path=dest,
-                                expected=json.dumps(local_expectation(rsync_folder(src))),
-                                source=str(rsync_folder(src)))
+                                expected=json.dumps(local_expectation(folder, r.settings.cache)),
+                                source=str(folder))
         return []
     if src["type"] == "hf":
         return [hf_checkpoint(name=f"{repo}@{rev[:12]} from the hub, verified by size and sha256", path=dest,
-                              repo=repo, revision=rev, expected=json.dumps(hub_expectation(src, repo, rev)),
+                              repo=repo, revision=rev, expected=json.dumps(hub_expectation(src, repo, rev, r.settings)),
                               hf=f"{r.layout.venv}/bin/hf", token_file=r.layout.hf_token_file,
-                              endpoint=src.get("endpoint") or os.environ.get("HF_ENDPOINT"))]
+                              endpoint=src.get("endpoint") or r.settings.hf_endpoint)]
     changed: list[OperationMeta] = []
     expected = ""
     ops.directory(name="model dir", path=dest, state=state.file(dest))
     if src["type"] == "rsync":
-        folder = rsync_folder(src)
-        expected = json.dumps(local_expectation(folder))
+        folder = rsync_folder(src, r.settings.checkout)
+        expected = json.dumps(local_expectation(folder, r.settings.cache))
         # files.sync uploads every file whose sha1 differs: a truncated or corrupted copy is replaced
         changed.append(files.sync(name=f"push {folder} (rsync source)", src=str(folder), dest=dest))
         verified_checkpoint(name="verify every file by size and sha256 against the source", path=dest,

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from dsv4deploy.cli.settings import Settings
 from dsv4deploy.profile.load import Profile
 from dsv4deploy.tune.candidates import Candidate
 from dsv4deploy.tune.objective import Method
@@ -45,7 +46,7 @@ class Backend:
     close: Callable[[], None] = lambda: None
 
 
-def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
+def open_backend(inventory: str, base: Profile, method: Method, settings: Settings) -> Backend:
     """The measuring backend for the hosts of `inventory`, starting from `base`: the rollout
     itself (dsv4deploy/tune/rollout_backend.py). The release serving now is what a cut-off or
     fruitless search puts back."""
@@ -61,4 +62,5 @@ def open_backend(inventory: str, base: Profile, method: Method) -> Backend:
                 live = ReleaseStore(hosts[0]).current()
     except RemoteError as exc:
         raise NoBackend(f"cannot reach the host of {inventory}: {exc}") from None
-    return RolloutBackend(inventory, base, method, start_release=live["release"] if live else None).backend()
+    return RolloutBackend(inventory, base, method, settings,
+                          start_release=live["release"] if live else None).backend()

@@ -3,8 +3,8 @@
 `prepare` checks every input first (the base profile, the space, the name and place of the tuned
 profile) and raises ProfileError (exit 2) before anything is written. `plan_text` / `plan_json`
 show the candidates and touch nothing. `run_tune` measures through an injected backend, keeps
-its state under .cache/tune/, then writes the tuned profile (validated on the way), the report,
-and lets the backend settle the host.
+its state in its TuneFolders (.cache/tune/ from the command), then writes the tuned profile
+(validated on the way), the report, and lets the backend settle the host.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from dsv4deploy.profile.errors import ProfileError
-from dsv4deploy.profile.load import REPO_ROOT, Profile, load_profile, profiles_dir
+from dsv4deploy.profile.load import Profile, load_profile
 from dsv4deploy.profile.validate import validate
 from dsv4deploy.tune.backend import Backend
 from dsv4deploy.tune.candidates import Candidate, build_candidates
@@ -26,8 +26,14 @@ from dsv4deploy.tune.space import Space, build_space
 from dsv4deploy.tune.state import TuneState
 from dsv4deploy.tune.tuned import check_target, tuned_name, write_tuned
 
-STATE_DIR = REPO_ROOT / ".cache" / "tune"
-REPORTS_DIR = REPO_ROOT / "reports"
+
+@dataclass(frozen=True)
+class TuneFolders:
+    """Where a tune keeps its resumable state (one file per base profile) and writes its report
+    folder: the command's .cache/tune and reports, unless --state-dir / --reports-dir."""
+
+    state: Path
+    reports: Path
 
 
 @dataclass
@@ -49,19 +55,20 @@ class Prepared:
         return [c for c in self.candidates if not c.refused]
 
 
-def prepare(name: str, sets: list[str] | None = None, *, concurrency: int | None = None,
-            budget_s: int | None = None, directory: Path | None = None, plan: bool = False) -> Prepared:
-    """Everything checked, nothing written; ProfileError lists what is wrong. With `plan`, a
-    tuned profile that could not be written is a note, not an error (a run refuses it first)."""
+def prepare(name: str, sets: list[str] | None = None, *, directory: Path, concurrency: int | None = None,
+            budget_s: int | None = None, plan: bool = False) -> Prepared:
+    """Everything checked, nothing written; ProfileError lists what is wrong. DIRECTORY holds the
+    base profile and gets the tuned one. With `plan`, a tuned profile that could not be written
+    is a note, not an error (a run refuses it first)."""
     base = load_profile(name, directory)
     report = validate(base)
     if report.errors:
         raise ProfileError(report.errors)
     space = build_space(base, sets, concurrency=concurrency, budget_s=budget_s)
     target = tuned_name(name)
-    path, problem = (directory or profiles_dir()) / f"{target}.yaml", ""
+    path, problem = directory / f"{target}.yaml", ""
     try:
-        check_target(target, directory or profiles_dir())
+        check_target(target, directory)
     except ProfileError as exc:
         if not plan:
             raise
@@ -98,8 +105,9 @@ def plan_json(p: Prepared) -> dict:
 
 
 def _shown_path(path: Path) -> str:
+    """PATH relative to the working directory (the checkout, for `make tune`), else absolute."""
     try:
-        return str(path.resolve().relative_to(REPO_ROOT))
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
 
@@ -113,13 +121,13 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-def run_tune(p: Prepared, backend: Backend, *, state_dir: Path = STATE_DIR, reports_dir: Path = REPORTS_DIR,
-             fresh: bool = False, clock: Callable[[], float] = time.monotonic,
-             log: Callable[[str], None] = print, png: bool = True) -> Outcome:
+def run_tune(p: Prepared, backend: Backend, folders: TuneFolders, *, fresh: bool = False,
+             clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = print,
+             png: bool = True) -> Outcome:
     """Search, then write the tuned profile (if something beat the base) and the report, then
     let the backend leave the host on the best release that passed."""
     started = time.time()
-    with TuneState.open(state_dir / f"{p.base.name}.json", p.base.name, p.method, fresh=fresh) as state:
+    with TuneState.open(folders.state / f"{p.base.name}.json", p.base.name, p.method, fresh=fresh) as state:
         notes = [state.note] if state.note else []
         for n in notes:
             log(n)
@@ -130,7 +138,7 @@ def run_tune(p: Prepared, backend: Backend, *, state_dir: Path = STATE_DIR, repo
             backend.settle(None, None)
             raise
     tuned = None
-    folder = report_dir(reports_dir, p.base.name, started)
+    folder = report_dir(folders.reports, p.base.name, started)
     if result.chosen is not None:
         t = result.best_trial
         tuned = write_tuned(

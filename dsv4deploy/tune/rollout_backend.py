@@ -11,18 +11,19 @@ The measurement is read from the gate's own report (reports/<host>/<release>-<pr
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
-from dsv4deploy.profile.load import REPO_ROOT, Profile, profiles_dir
+from dsv4deploy.cli.settings import PROFILES_VAR, Settings
+from dsv4deploy.profile.load import Profile
 from dsv4deploy.tune.backend import Backend
 from dsv4deploy.tune.candidates import Candidate
 from dsv4deploy.tune.knobs import KNOBS
@@ -35,12 +36,13 @@ DEPLOYED = re.compile(r"release (\d{4}) deployed")
 Runner = Callable[[str, str, Path, list[str]], tuple[int, str]]
 
 
-def run_pyinfra(inventory: str, profile: str, profiles: Path, extra: list[str]) -> tuple[int, str]:
-    """`pyinfra -y INVENTORY deploy/serve.py --data profile=NAME` with the candidates' folder."""
+def run_pyinfra(settings: Settings, inventory: str, profile: str, profiles: Path, extra: list[str]) -> tuple[int, str]:
+    """`pyinfra -y INVENTORY deploy/serve.py --data profile=NAME` in the checkout, with the
+    candidates' folder as its profiles (the inventory builds its settings from the environment)."""
     pyinfra = str(Path(sys.executable).with_name("pyinfra"))
     argv = [pyinfra, "-y", inventory, "deploy/serve.py", "--data", f"profile={profile}", *extra]
-    out = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True,
-                         env={**os.environ, "DSV4_PROFILES_DIR": str(profiles)})
+    out = subprocess.run(argv, cwd=settings.checkout, capture_output=True, text=True,
+                         env={**settings.environ, PROFILES_VAR: str(profiles)})
     return out.returncode, out.stdout + out.stderr
 
 
@@ -95,12 +97,13 @@ def _last_line(pattern: re.Pattern, text: str) -> str | None:
 class RolloutBackend:
     """Backend whose measure/settle run the rollout (see the module docstring)."""
 
-    def __init__(self, inventory: str, base: Profile, method: Method, runner: Runner = run_pyinfra,
-                 start_release: int | None = None):
-        self.inventory, self.base, self.method, self.runner = inventory, base, method, runner
+    def __init__(self, inventory: str, base: Profile, method: Method, settings: Settings,
+                 runner: Runner | None = None, start_release: int | None = None):
+        self.inventory, self.base, self.method, self.settings = inventory, base, method, settings
+        self.runner = runner or partial(run_pyinfra, settings)
         self.start_release = start_release
         self._dir = Path(tempfile.mkdtemp(prefix="dsv4deploy-tune-"))
-        for path in profiles_dir().glob("*.yaml"):
+        for path in settings.profiles.glob("*.yaml"):
             shutil.copyfile(path, self._dir / path.name)
         self.log: list[str] = []
 
@@ -113,7 +116,7 @@ class RolloutBackend:
         report = _last_line(REPORT_LINE, out)
         # the release that served the measurement: its report folder is reports/<host>/NNNN-<profile>
         number = int(Path(report).name[:4]) if report and Path(report).name[:4].isdigit() else None
-        path = REPO_ROOT / report / "gate.json" if report else None
+        path = self.settings.checkout / report / "gate.json" if report else None   # as host/gate.py shows it
         if path is None or not path.is_file():
             return Measurement(output_throughput=0.0, error=f"no gate ran (exit {rc}): {why_failed(out)}",
                                release=number)
@@ -122,7 +125,7 @@ class RolloutBackend:
     def settle(self, chosen: Candidate | None, tuned_profile: str | None) -> str:
         """Deploy the tuned profile (full gate), or restore the release that served at the start."""
         if chosen is not None and tuned_profile:
-            rc, out = self.runner(self.inventory, tuned_profile, profiles_dir(), [])
+            rc, out = self.runner(self.inventory, tuned_profile, self.settings.profiles, [])
             self.log.append(out)
             release = _last_line(DEPLOYED, out)
             if rc == 0 and release:
@@ -131,7 +134,7 @@ class RolloutBackend:
             return "no starting release was recorded: the host serves what the last deploy left"
         argv = [str(Path(sys.executable).with_name("pyinfra")), "-y", self.inventory, "deploy/rollback.py",
                 "--data", f"to={self.start_release}"]
-        out = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True)
+        out = subprocess.run(argv, cwd=self.settings.checkout, capture_output=True, text=True)
         self.log.append(out.stdout + out.stderr)
         if out.returncode == 0:
             return f"release {self.start_release:04d} (the one serving at the start) is serving again"

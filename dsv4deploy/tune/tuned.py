@@ -17,7 +17,7 @@ import yaml
 
 from dsv4deploy.profile.boundary import TEXT, check_name
 from dsv4deploy.profile.errors import Problem, ProfileError
-from dsv4deploy.profile.load import load_profile, profiles_dir
+from dsv4deploy.profile.load import load_profile
 from dsv4deploy.profile.validate import validate
 from dsv4deploy.tune.candidates import Candidate
 from dsv4deploy.tune.knobs import KNOBS
@@ -37,9 +37,9 @@ def tuned_name(base: str) -> str:
     return name
 
 
-def check_target(name: str, directory: Path | None = None) -> Path:
-    """Where the tuned profile goes; ProfileError if a profile not written by tune is there."""
-    path = (directory or profiles_dir()) / f"{name}.yaml"
+def check_target(name: str, directory: Path) -> Path:
+    """Where the tuned profile goes in DIRECTORY; ProfileError if a profile not written by tune is there."""
+    path = directory / f"{name}.yaml"
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise ProfileError([Problem("is in the way (a symlink or not a file): the tuned profile is not written "
                                     "through it", file=str(path), line=1)])
@@ -74,9 +74,9 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def write_tuned(base_name: str, cand: Candidate, *, description: str, notes: list[str],
-                directory: Path | None = None) -> Path:
-    """Write the tuned profile, load and validate it back, or restore what was there and raise."""
-    directory = directory or profiles_dir()
+                directory: Path) -> Path:
+    """Write the tuned profile into DIRECTORY, load and validate it back, or restore what was
+    there and raise."""
     name = tuned_name(base_name)
     path = check_target(name, directory)
     text = tuned_text(base_name, cand, description=description, notes=notes)

@@ -4,7 +4,6 @@ host's 0600 token file) and `dsv4deploy pin` (which resolves a revision with it)
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -20,8 +19,9 @@ class HfTokenError(ValueError):
         self.source = source
 
 
-def hf_token_from_env(env=os.environ) -> str | None:
-    """The token, None when neither variable is set; HfTokenError when unreadable or malformed."""
+def hf_token_from_env(env) -> str | None:
+    """The token ENV (the control node's environment, as the command's settings hold it) names,
+    None when neither variable is set; HfTokenError when unreadable or malformed."""
     path = env.get(HF_TOKEN_FILE_VAR)
     if path:
         try:

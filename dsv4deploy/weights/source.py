@@ -1,25 +1,26 @@
 """What a checkpoint on the host must hold, file by file (size and sha256), per source, computed
-on the control node: the hub's metadata for the pinned commit (fetched once, kept under
-.cache/hub-metadata/: it never changes for a commit, so a re-deploy needs no hub), or an rsync
-source folder's own digests (hashed once, kept under .cache/rsync-digests/). The host checks its
+on the control node: the hub's metadata for the pinned commit (fetched once, kept under the
+run's cache folder, hub-metadata/: it never changes for a commit, so a re-deploy needs no hub), or
+an rsync source folder's own digests (hashed once, kept under rsync-digests/ there). The host checks its
 files against it (weights_check.py); the deploy reads it before its one read of the host.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from pyinfra.api import DeployError
 
+from dsv4deploy.cli.settings import Settings
 from dsv4deploy.weights import check as weights_check
-from dsv4deploy.profile.load import REPO_ROOT
 
 
-def hub_expectation(src: dict, repo: str, revision: str) -> dict:
-    """{"commit", "files"} for repo@revision, from the cache or the hub (DeployError when it cannot)."""
-    cache = REPO_ROOT / ".cache" / "hub-metadata" / f"{repo.replace('/', '--')}--{revision}.json"
+def hub_expectation(src: dict, repo: str, revision: str, settings: Settings) -> dict:
+    """{"commit", "files"} for repo@revision, from the cache or the hub (DeployError when it
+    cannot); the hub is the source's endpoint, else the control node's (SETTINGS: its cache
+    folder, HF_ENDPOINT and HF token)."""
+    cache = settings.cache / "hub-metadata" / f"{repo.replace('/', '--')}--{revision}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
     import httpx2      # huggingface_hub's HTTP client: an unreachable hub raises its errors
@@ -28,9 +29,9 @@ def hub_expectation(src: dict, repo: str, revision: str) -> dict:
 
     from dsv4deploy.weights.hftoken import HfTokenError, hf_token_from_env
 
-    endpoint = src.get("endpoint") or os.environ.get("HF_ENDPOINT")
+    endpoint = src.get("endpoint") or settings.hf_endpoint
     try:
-        info = HfApi(endpoint=endpoint, token=hf_token_from_env() or False).model_info(
+        info = HfApi(endpoint=endpoint, token=hf_token_from_env(settings.environ) or False).model_info(
             repo, revision=revision, files_metadata=True)
     except HfTokenError as exc:
         raise DeployError(str(exc)) from None
@@ -59,19 +60,19 @@ def _local_sizes(folder: Path) -> dict[str, int]:
     return {s: (folder / s).stat().st_size for s in shards}
 
 
-def rsync_folder(src: dict) -> Path:
+def rsync_folder(src: dict, checkout: Path) -> Path:
+    """An rsync source's folder: a relative path is the CHECKOUT's."""
     folder = Path(src["path"])
-    return folder if folder.is_absolute() else REPO_ROOT / folder
+    return folder if folder.is_absolute() else checkout / folder
 
 
-def local_expectation(folder: Path) -> dict:
+def local_expectation(folder: Path, cache_dir: Path) -> dict:
     """{"commit": None, "files": {name: {size, sha256}}} of the source folder (DeployError when it
-    is not a complete safetensors checkpoint)."""
+    is not a complete safetensors checkpoint); digests kept under CACHE_DIR/rsync-digests/."""
     import hashlib
 
     _local_sizes(folder)                     # index present, every shard it names present
-    cache = REPO_ROOT / ".cache" / "rsync-digests" / (hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
-                                                       + ".json")
+    cache = cache_dir / "rsync-digests" / (hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16] + ".json")
     try:
         known = json.loads(cache.read_text())
     except (OSError, ValueError):

@@ -240,7 +240,7 @@ def _installer(python: str) -> tuple[list[str], dict[str, str]]:
     control venv."""
     sys.path.insert(0, str(REPO))
     from dsv4deploy.host import uvpip
-    return uvpip.install_command(python, [])
+    return uvpip.install_command(python, [], uvpip.UvHome.of(os.environ, REPO), os.environ)
 
 
 def _run(cmd: list[str], log, **kw) -> None:

@@ -41,8 +41,9 @@ def split_argv(argv: list[str]) -> tuple[str | None, list[str]]:
     return name, flags
 
 
-def read_key(name: str, environ=os.environ) -> str:
-    """The key in $CREDENTIALS_DIRECTORY/name: one line, stripped; ValueError if absent or empty."""
+def read_key(name: str, environ) -> str:
+    """The key in $CREDENTIALS_DIRECTORY/name (of ENVIRON, the process's own as main passes it):
+    one line, stripped; ValueError if absent or empty."""
     folder = environ.get("CREDENTIALS_DIRECTORY")
     if not folder:
         raise ValueError("CREDENTIALS_DIRECTORY is not set: start this from the unit (LoadCredential=)")
@@ -59,7 +60,7 @@ def read_key(name: str, environ=os.environ) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         name, flags = split_argv(sys.argv[1:] if argv is None else argv)
-        key = read_key(name) if name else None
+        key = read_key(name, os.environ) if name else None
     except ValueError as exc:
         return _fail(str(exc))
     from smg.launch_router import launch_router, parse_router_args
