@@ -10,11 +10,12 @@ history entry points at the release it restored. An unknown release is refused.
 
 from pyinfra import host
 
-from dsv4deploy.host.io import sessions_ahead
+from dsv4deploy.host.dependency_patches import sessions_ahead
 
 sessions_ahead(host)        # SSH channels open one ahead: a round trip less per command
 
 from dsv4deploy import tasks  # noqa: E402
 
-tasks.deploy_lock("rollback")
-tasks.manual_rollback(host.data.get("to"))
+store = tasks.release_store()             # the host's releases and deploy lock, as this run holds them
+tasks.deploy_lock(store, "rollback")
+tasks.manual_rollback(store, host.data.get("to"))

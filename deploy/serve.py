@@ -12,7 +12,7 @@ recorded `pending` before the switch, `deployed` or `failed` after its gate.
 
 from pyinfra import host
 
-from dsv4deploy.host.io import sessions_ahead
+from dsv4deploy.host.dependency_patches import sessions_ahead
 
 sessions_ahead(host)        # SSH channels open one ahead: a round trip less per command
 
@@ -21,10 +21,11 @@ from dsv4deploy.release.changes import Changes  # noqa: E402
 from dsv4deploy.release.rollout import rollout_for  # noqa: E402
 
 rollout = rollout_for(host.data)                      # validate the profile, render its files
-state = tasks.read_locked(rollout, f"deploy {rollout.profile.name}")  # the host's state, one command, under
-                                                      # the deploy lock it takes: one deploy at a time
+store = tasks.release_store(rollout)                  # the host's releases and deploy lock, as this run holds them
+state = tasks.read_locked(rollout, store, f"deploy {rollout.profile.name}")  # the host's state, one command,
+                                                      # under the deploy lock it takes: one deploy at a time
 found = tasks.preflight(rollout, state)               # OS, GPUs, driver, disk, port: refuse clearly
-tasks.settle_interrupted(rollout, state)              # settle what a cut-off run left pending
+tasks.settle_interrupted(rollout, state, store)       # settle what a cut-off run left pending
 
 changes = Changes()                                   # why the server restarts, if it does
 tasks.host_packages(rollout, state)                   # python3-venv, curl, patch, pinned uv: what a fresh server lacks
@@ -45,12 +46,12 @@ pending = None
 if changes:
     tasks.launch_check(rollout, state, changes.reasons)  # the host's own SGLang parses the argv first
     tasks.nccl_probe(rollout)                         # all-reduce with the new NCCL env, bounded in time
-    pending = tasks.begin_release(rollout, state)     # release NNNN: pending, written first by the switch
+    pending = tasks.begin_release(rollout, state, store)  # release NNNN: pending, written first by the switch
 if rollout.target.is_set:                             # replicas behind the gateway: one at a time, each gated
     tasks.config_files(rollout, state, pending)       # the record, NCCL env, launch manifest, units
-    tasks.switch_set(rollout, state, changes.reasons, restart_gateway=gateway_restart)
+    tasks.switch_set(rollout, state, changes.reasons, gateway_restart, store, pending)
 else:
     # one command: the record, NCCL env, launch manifest, unit, then daemon-reload + restart only with a reason
     started = tasks.switch(rollout, state, changes.reasons, pending)
     if changes or started.will_change:
-        tasks.verify_and_record(rollout)              # health, identity, gate; a failure rolls back
+        tasks.verify_and_record(rollout, store, pending)  # health, identity, gate; a failure rolls back

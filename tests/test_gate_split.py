@@ -192,10 +192,11 @@ def test_a_gate_on_one_replica_reads_no_counters(monkeypatch, tmp_path):
                                                               output_throughput=460.0, duration_s=9.0)])
     monkeypatch.setattr(host_gate, "run_gate", lambda s, *a, **kw: GateOutcome(s, result, judge(s, result)))
     monkeypatch.setattr(host_gate, "warm_plotting", lambda: None)
-    monkeypatch.setattr(host_gate, "write_report", lambda outcome, local, **kw: None)
-    outcome = host_gate.run_release_gate(Host(tmp_path), target().replica(0), None, None, "nvfp4-ctx8k-dp2",
-                                         part="replica-0")
+    written = []
+    monkeypatch.setattr(host_gate, "write_report", lambda outcome, local, **kw: written.append(local))
+    outcome = host_gate.run_release_gate(Host(tmp_path), target().replica(0), None, None, "nvfp4-ctx8k-dp2")
     assert outcome.result.replicas == [] and "split" not in host_gate.gate_record(outcome)
+    assert written[0].name == "adhoc-nvfp4-ctx8k-dp2-replica-0"           # the replica's own reports
 
 
 # --- smg's load reports, waited for before the gate through it ---------------------------------------
@@ -253,6 +254,7 @@ def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling,
     monkeypatch.setattr(tr, "wait_load_reports", lambda h, t_, log: events.append("wait") or 9.8)
     gate = type("G", (), {"passed": True})()
     monkeypatch.setattr(tr, "run_release_gate", lambda *a, **k: events.append("gate") or gate)
+    monkeypatch.setattr(tr, "previous_report", lambda h, t_, previous: None)
     monkeypatch.setattr(tr, "probe", lambda h, t_, requests: events.append("probe") or "said")
     monkeypatch.setattr(tr, "gate_record", lambda g: {})
     monkeypatch.setattr(tr, "rolling_gate_record", lambda per_replica, said: {})

@@ -67,12 +67,13 @@ def test_carried_reports_stay_inside_one_command_line_and_the_rest_are_kept_at_o
 def test_the_previous_report_is_read_from_that_release_and_part(tmp_path):
     from types import SimpleNamespace
     h = FakeHost()
-    target = SimpleNamespace(layout=SimpleNamespace(releases_dir=str(tmp_path / "releases")))
+    layout = SimpleNamespace(releases_dir=str(tmp_path / "releases"))
+    target, replica_1 = SimpleNamespace(layout=layout, index=None), SimpleNamespace(layout=layout, index=1)
     for gate_dir, doc in (("gate", '{"passed": true}'), ("gate-replica-1", '{"passed": false}')):
         (tmp_path / "releases" / "0007" / gate_dir).mkdir(parents=True)
         (tmp_path / "releases" / "0007" / gate_dir / "gate.json").write_text(doc)
     assert gate.previous_report(h, target, 7) == {"passed": True}
-    assert gate.previous_report(h, target, 7, part="replica-1") == {"passed": False}
+    assert gate.previous_report(h, replica_1, 7) == {"passed": False}      # a replica's own
     assert gate.previous_report(h, target, 8) is None                     # it kept none
     h.commands.clear()
     assert gate.previous_report(h, target, None) is None and h.commands == []   # nothing to compare with

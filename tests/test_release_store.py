@@ -20,7 +20,8 @@ from dsv4deploy.host.release_store import LockCallback, ReleaseStore, RollbackEr
 from dsv4deploy.render.layout import Layout
 from checkout import load_profile
 from dsv4deploy.release.records import Release
-from dsv4deploy.tasks import rollback
+from dsv4deploy.host import rollback
+from dsv4deploy.host.rollback import Kept, Rollback
 
 FIXTURES = Path(__file__).parent / "fixtures" / "releases"
 
@@ -171,7 +172,8 @@ def test_under_the_lock_a_run_reads_the_records_once_and_keeps_its_copy_current(
         live = store.mark_deployed(rel.with_gate({"passed": True, "summary": "ok"}))
         assert len(h.commands) == 2 and not any(c.startswith("set -- ") for c in h.commands)   # begin, save
         assert store.records() == [on_disk(store, 1), on_disk(store, 2)] and store.current() == live.record
-        assert ReleaseStore(h, store.dir).current() == live.record   # another handle on the same store agrees
+        assert ReleaseStore(h, store.dir).current() == live.record   # another handle holds no lock: it reads
+        assert len(h.commands) == 3 and h.commands[-1].startswith("set -- ")
     finally:
         store.give_back_lock()
     h.commands.clear()
@@ -180,7 +182,8 @@ def test_under_the_lock_a_run_reads_the_records_once_and_keeps_its_copy_current(
 
 def test_a_failed_release_keeps_what_the_run_learnt(h, store, tmp_path):
     rel = begin(store, tmp_path).with_gate({"passed": False}).with_replicas([{"index": 0, "status": "failed"}])
-    failed = store.mark_failed(rel, "smoke gate failed: C=64")
+    failed = rel.with_status(releases.FAILED, "smoke gate failed: C=64")
+    store.save(failed.record)
     assert on_disk(store, 1) == failed.record
     assert failed.record["status"] == releases.FAILED and failed.record["reason"] == "smoke gate failed: C=64"
     assert failed.record["gate"] == {"passed": False} and failed.record["replicas"][0]["status"] == "failed"
@@ -455,17 +458,12 @@ def test_a_run_whose_lock_was_broken_leaves_the_new_holders_lock_when_it_ends(h,
     lock back removes nothing: the lock is B's."""
     store.take_lock("deploy a")
     other = ReleaseStore(h, store.dir, lock=store.lock)
-    import dsv4deploy.host.release_store as rs
-    a_owner = dict(rs._OWNER)
     other.take_lock("deploy b", break_lock=True)         # B, from another process in real life
     b = owner(store)
     assert b["what"] == "deploy b"
-    rs._OWNER.update(a_owner)                            # A's memory of its own lock, as A's process has it
-    store.give_back_lock()
+    store.give_back_lock()                               # A ends
     assert owner(store) == b                             # B's lock stays
-    rs._OWNER[store._key()] = json.dumps(b, sort_keys=True)
-    rs._HELD[store._key()] = []
-    store.give_back_lock()                               # B ending: its own lock goes
+    other.give_back_lock()                               # B ending: its own lock goes
     assert not Path(store.lock).exists()
 
 
@@ -608,11 +606,10 @@ def test_after_a_cut_off_run_a_manual_rollback_goes_back_to_the_last_release_tha
 
 def test_a_failure_with_no_release_that_passed_stops_the_units(h, tmp_path, monkeypatch):
     store = ReleaseStore(h, str(tmp_path / "releases"))
-    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     rel = begin(store, tmp_path)
     h.answer("systemctl stop", "")
     t = store.target(rel.record)
-    out = rollback.after_failure(h, rel, t, "not healthy after 10 s")
+    out = Rollback(store).after_failure(rel, t, "not healthy after 10 s")
     assert out == "no earlier release passed, so nothing to roll back to: sglang.service is stopped and left stopped"
     assert h.commands[-1] == "systemctl stop sglang.service"
     assert on_disk(store, 1)["status"] == releases.FAILED and on_disk(store, 1)["reason"] == "not healthy after 10 s"
@@ -620,12 +617,11 @@ def test_a_failure_with_no_release_that_passed_stops_the_units(h, tmp_path, monk
 
 def test_a_previous_release_whose_files_were_pruned_cannot_come_back(h, tmp_path, monkeypatch):
     store = ReleaseStore(h, str(tmp_path / "releases"))
-    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     store.mark_deployed(begin(store, tmp_path, manifest="m1"))
     os.remove(Path(store.folder(1), "profile.json"))
     rel = begin(store, tmp_path, manifest="m2")
     h.answer("systemctl stop", "")
-    out = rollback.after_failure(h, rel, store.target(rel.record), "smoke gate failed: C=64")
+    out = Rollback(store).after_failure(rel, store.target(rel.record), "smoke gate failed: C=64")
     assert out.startswith("release 0001 has no profile.json: its files were pruned\n"
                           "NOTHING IS SERVING (sglang.service stopped)")
     # the failed release answered (its gate failed, not its health): it does not go on serving unrecorded
@@ -636,7 +632,6 @@ def test_a_previous_release_whose_files_were_pruned_cannot_come_back(h, tmp_path
 
 def test_a_restore_is_a_new_entry_with_its_own_copy_then_deployed(h, tmp_path, monkeypatch):
     store = ReleaseStore(h, str(tmp_path / "releases"))
-    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: None)
     monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
     first = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
@@ -644,7 +639,7 @@ def test_a_restore_is_a_new_entry_with_its_own_copy_then_deployed(h, tmp_path, m
     h.answer("test -x", "")                                          # its venv, weights and files are there
     h.answer("/files/. / &&", not_into_this_machines_root(store))   # never copy into this machine's /
     h.commands.clear()
-    new = rollback.restore(h, first, cause="manual rollback to release 0001")
+    new = Rollback(store).restore(first, "manual rollback to release 0001")
     assert len(h.commands) == 6      # records, profile, what is gone, entry+copy+files back, records, the writes
     assert new.number == 3 and new.restores == 1 and new.record["status"] == releases.DEPLOYED
     assert on_disk(store, 3)["reason"] == "manual rollback to release 0001"
@@ -656,12 +651,11 @@ def test_a_restore_is_a_new_entry_with_its_own_copy_then_deployed(h, tmp_path, m
 
 def test_a_restore_whose_files_are_gone_is_a_failed_entry_naming_them(h, tmp_path, monkeypatch):
     store = ReleaseStore(h, str(tmp_path / "releases"))
-    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     first = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
     shutil.rmtree(Path(store.folder(1), "files"))
     h.answer("test -x", f"its kept files ({store.folder(1)}/files)\n")
     with pytest.raises(RollbackError, match=r"release 0001 cannot be restored: gone from the host: its kept files"):
-        rollback.restore(h, first, cause="manual rollback to release 0001")
+        Rollback(store).restore(first, "manual rollback to release 0001")
     assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["kind"] == "rollback"
     assert on_disk(store, 2)["reason"].startswith("rollback failed: release 0001 cannot be restored")
 
@@ -671,19 +665,18 @@ def test_a_rollback_prepared_while_the_server_started_goes_straight_to_the_files
     while its new server starts); the rollback after a failure then goes straight to the files,
     and the failed release's record rides in that same command."""
     store = ReleaseStore(h, str(tmp_path / "releases"))
-    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: None)
     monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
     good = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
     h.answer("test -x", "")                                          # its venv, weights and files are there
     h.answer("/files/. / &&", not_into_this_machines_root(store))   # never copy into this machine's /
-    ready = rollback.ready_to_restore(h, good)
-    assert ready[0] == good and ready[1].unit == "sglang.service"
+    ready = Rollback(store).ready(good)
+    assert ready.record == good and ready.target.unit == "sglang.service" and ready.checked
     store.take_lock("deploy nvfp4-ctx8k")
     try:
         bad = begin(store, tmp_path, manifest="m2")
         h.commands.clear()
-        out = rollback.after_failure(h, bad, store.target(bad.record), "not healthy after 10 s", ready=ready)
+        out = Rollback(store).after_failure(bad, store.target(bad.record), "not healthy after 10 s", ready=ready)
         h.commands.remove(h.commands[0])                             # the test's own store.target(bad)
         # the failed record + the entry + its copy + the files back + restart, then the records
         assert len(h.commands) == 2 and not any(c.startswith(("cat ", "test -x")) for c in h.commands)
@@ -697,7 +690,6 @@ def test_a_rollback_prepared_while_the_server_started_goes_straight_to_the_files
 
 def test_a_rollback_that_ends_the_run_gives_the_lock_back_with_its_last_record(h, tmp_path, monkeypatch):
     store = ReleaseStore(h, str(tmp_path / "releases"), lock=str(tmp_path / "state" / "deploy.lock"))
-    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: None)
     monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
     good = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
@@ -706,9 +698,9 @@ def test_a_rollback_that_ends_the_run_gives_the_lock_back_with_its_last_record(h
     store.take_lock("deploy nvfp4-ctx8k", state=st)
     (cb,) = st.handlers
     bad = begin(store, tmp_path, manifest="m2")
-    ready = (good, store.target(good))
+    ready = Kept(good, store.target(good), checked=True)
     h.commands.clear()
-    rollback.after_failure(h, bad, ready[1], "not healthy after 10 s", ready=ready, last=True)
+    Rollback(store).after_failure(bad, ready.target, "not healthy after 10 s", ready=ready, last=True)
     assert len(h.commands) == 2 and f"; flock {store.lock}.flock sh -c " in h.commands[1]   # the files; the records + the lock
     assert not Path(store.lock).exists() and on_disk(store, 3)["status"] == releases.DEPLOYED
     cb.operation_end(st, "op2")
@@ -717,13 +709,12 @@ def test_a_rollback_that_ends_the_run_gives_the_lock_back_with_its_last_record(h
 
 def test_a_previous_release_that_is_not_restorable_is_not_ready_and_the_rollback_says_why(h, tmp_path, monkeypatch):
     store = ReleaseStore(h, str(tmp_path / "releases"))
-    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     good = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
     h.answer("test -x", "its venv (/opt/dsv4deploy/venvs/x)\n")
-    assert rollback.ready_to_restore(h, good) is None and rollback.ready_to_restore(h, None) is None
+    assert Rollback(store).ready(good) is None and Rollback(store).ready(None) is None
     bad = begin(store, tmp_path, manifest="m2")
     h.answer("systemctl stop", "")
-    out = rollback.after_failure(h, bad, store.target(bad.record), "not healthy after 10 s", ready=None)
+    out = Rollback(store).after_failure(bad, store.target(bad.record), "not healthy after 10 s", ready=None)
     assert "cannot be restored: gone from the host: its venv" in out and "NOTHING IS SERVING" in out
     assert h.commands[-1] == "systemctl stop sglang.service"
     assert on_disk(store, 2)["status"] == releases.FAILED and on_disk(store, 2)["reason"] == "not healthy after 10 s"
@@ -783,7 +774,6 @@ def test_a_manual_rollback_that_fails_after_its_switch_puts_the_release_that_ser
     was; the failed attempt stays in the history."""
     from dsv4deploy.sglang.health import HealthError
     store = ReleaseStore(h, str(tmp_path / "releases"))
-    monkeypatch.setattr(rollback, "ReleaseStore", lambda host: store)
     monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
     monkeypatch.setattr(rollback, "journal_tail", lambda *a, **kw: "CUDA error")
     first = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
@@ -798,11 +788,12 @@ def test_a_manual_rollback_that_fails_after_its_switch_puts_the_release_that_ser
             raise HealthError("not healthy after 1800 s")
     monkeypatch.setattr(rollback, "confirm", confirm)
     with pytest.raises(rollback.RollbackError) as exc:
-        rollback.restore(h, first, cause="manual rollback to release 0001")
+        Rollback(store, poll_s=0.1).manual(first, live)
     assert exc.value.switched
-    said = rollback.back_to_live(h, live, first, poll_s=0.1)
-    assert said == ("release 0002 (nvfp4-ctx8k), which served before, is serving again (release 0004); "
-                    "the failed rollback to release 0001 is in the history")
+    said = str(exc.value).splitlines()
+    assert said[0] == "rollback to release 0001 failed: not healthy after 1800 s" and "CUDA error" in said
+    assert said[-1] == ("release 0002 (nvfp4-ctx8k), which served before, is serving again (release 0004); "
+                        "the failed rollback to release 0001 is in the history")
     assert [(r["release"], r["status"], r.get("restores")) for r in store.records()] == [
         (1, releases.SUPERSEDED, None), (2, releases.SUPERSEDED, None), (3, releases.FAILED, 1),
         (4, releases.DEPLOYED, 2)]
@@ -810,5 +801,5 @@ def test_a_manual_rollback_that_fails_after_its_switch_puts_the_release_that_ser
     tries.clear()
     monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: (_ for _ in ()).throw(HealthError("crash")))
     h.answer("systemctl stop", "")
-    said = rollback.back_to_live(h, store.records()[-1], first, poll_s=0.1)
+    said = Rollback(store, poll_s=0.1).back_to_live(store.records()[-1], first)
     assert "NOTHING IS SERVING (sglang.service stopped): neither release 0001 nor 0004" in said

@@ -29,6 +29,7 @@ def outcome(tok_s: float) -> GateOutcome:
 
 class Store:
     def __init__(self, h, releases_dir=None):
+        self.h = h
         self.saved: list[dict] = []
         Store.last = self
 
@@ -47,15 +48,13 @@ class Store:
 def switch(monkeypatch):
     events: list[tuple] = []
     data = load_profile("nvfp4-ctx8k-dp2").data
-    r = SimpleNamespace(target=Target.of(data), layout=Layout.of(data), profile=SimpleNamespace(name="nvfp4-ctx8k-dp2"),
-                        run=SimpleNamespace(release=Release({"release": 2, "profile": "nvfp4-ctx8k-dp2",
-                                                             "status": "pending"})))
-    monkeypatch.setattr(tr, "ReleaseStore", Store)
+    r = SimpleNamespace(target=Target.of(data), layout=Layout.of(data), profile=SimpleNamespace(name="nvfp4-ctx8k-dp2"))
+    pending = Release({"release": 2, "profile": "nvfp4-ctx8k-dp2", "status": "pending"})
     monkeypatch.setattr(tr, "unit_active", lambda h, unit: True)
     monkeypatch.setattr(tr, "sh", lambda h, cmd, timeout=None: (True, ""))
     speeds = {0: 420.0, 1: 380.0}
 
-    def gate(h, t, number, previous, profile, part=None, prepared=None):
+    def gate(h, t, number, previous_doc, profile, prepared=None):
         events.append(("gate", t.base_url) + ((prepared,) if prepared else ()))
         return outcome(speeds[t.index] if t.index is not None else 999.0)
 
@@ -76,11 +75,12 @@ def switch(monkeypatch):
         return f"{requests}/{requests} probe requests through {t.base_url} answered {tokens} tokens each"
 
     monkeypatch.setattr(tr, "run_release_gate", gate)
+    monkeypatch.setattr(tr, "previous_report", lambda h, t, previous: None)
     monkeypatch.setattr(tr, "prepare_release_gate", prepare)
     monkeypatch.setattr(tr, "roll", roll)
     monkeypatch.setattr(tr, "probe", probe)
     h = SimpleNamespace(name="fake", data={"health_poll_s": 0})
-    switch = SimpleNamespace(make=lambda: tr.Switch(h, r, ["the unit changed"], restart_gateway=False), events=events)
+    switch = SimpleNamespace(make=lambda: tr.Switch(Store(h), r, ["the unit changed"], False, pending), events=events)
     return switch
 
 
@@ -100,11 +100,11 @@ def test_a_failed_probe_through_the_gateway_fails_the_release_and_restores_every
     switch.probe_fails = True
     restored = {}
 
-    def after_failure(h, rel, t, reason, poll_s, indices):
+    def after_failure(rel, t, reason, indices):
         restored.update(reason=reason, indices=indices, status=rel.record["status"])
         return "rolled back: release 0003 (restores 0001, profile nvfp4-ctx8k-dp2) is serving"
 
-    monkeypatch.setattr(tr, "after_failure", after_failure)
+    monkeypatch.setattr(tr, "Rollback", lambda store, poll_s: SimpleNamespace(after_failure=after_failure))
     with pytest.raises(tr.DeployError, match="probe request 1/4 failed"):
         switch.make().run()
     assert restored["indices"] is None and "probe request" in restored["reason"]     # the whole set comes back
@@ -126,7 +126,7 @@ def test_a_set_restore_restarts_the_gateway_only_when_it_runs_other_files_than_t
     """Across a change of smg itself (version, policy, launcher) the gateway still runs the failed
     release's files after the restore put the old ones back: it restarts from them. A release
     that changed only the replicas leaves it running (a restart would drop every connection)."""
-    from dsv4deploy.tasks import rollback as rb
+    from dsv4deploy.host import rollback as rb
 
     t = Target.of(load_profile("nvfp4-ctx8k-dp2").data)
     events: list[str] = []
@@ -137,7 +137,7 @@ def test_a_set_restore_restarts_the_gateway_only_when_it_runs_other_files_than_t
     monkeypatch.setattr(rb.gateway, "list_workers", lambda http, endpoint, key: [])
     monkeypatch.setattr(rb, "gateway_stale", lambda h, t: stale)
     monkeypatch.setattr(rb, "start_gateway", lambda h, t, restart: events.append(f"gateway restart={restart}"))
-    rb.restore_set(SimpleNamespace(name="fake"), t, None, 0.1)
+    rb.Rollback(Store(SimpleNamespace(name="fake")), poll_s=0.1).restore_set(t, None)
     assert events == ["surplus", "roll [0, 1]"] + (["gateway restart=True"] if stale else [])
 
 
@@ -152,13 +152,13 @@ def test_a_replica_restarted_during_a_failed_roll_is_restored_with_the_touched_o
     def roll(h, t, indices, check, poll_s, log, steps):
         raise tr.ReplicaFailed(0, "replica 0: smoke gate failed", done=[])
 
-    def after_failure(h, rel, t, reason, poll_s, indices):
+    def after_failure(rel, t, reason, indices):
         restored.update(indices=indices)
         return "rolled back"
 
     asked = []
     monkeypatch.setattr(tr, "roll", roll)
-    monkeypatch.setattr(tr, "after_failure", after_failure)
+    monkeypatch.setattr(tr, "Rollback", lambda store, poll_s: SimpleNamespace(after_failure=after_failure))
     monkeypatch.setattr(tr, "sh", lambda h, cmd, timeout=None: (asked.append(cmd), (True, f"{pid_now}\n"))[1])
     s = switch.make()
     s.pids_before = {0: 4141, 1: 4242}
@@ -199,7 +199,7 @@ def test_a_restore_takes_the_stopped_surplus_out_of_the_gateway_at_once_and_move
     routed there would get errors for the whole restore); a stray that still answers (a replica
     that moved and serves) stays until the restored replicas are back."""
     from dsv4deploy.gateway.model import Worker
-    from dsv4deploy.tasks import rollback as rb
+    from dsv4deploy.host import rollback as rb
 
     t = Target.of(load_profile("nvfp4-ctx8k-dp2").data)
     listed = {"a": "http://127.0.0.1:30001", "b": "http://127.0.0.1:30002",
@@ -220,5 +220,5 @@ def test_a_restore_takes_the_stopped_surplus_out_of_the_gateway_at_once_and_move
     monkeypatch.setattr(rb.gateway, "remove_worker", lambda http_, endpoint, key, wid: (events.append(f"remove {wid}"),
                                                                                           listed.pop(wid)))
     monkeypatch.setattr(rb, "gateway_stale", lambda h, t: False)
-    rb.restore_set(SimpleNamespace(name="fake"), t, None, 0.1)
+    rb.Rollback(Store(SimpleNamespace(name="fake")), poll_s=0.1).restore_set(t, None)
     assert events == ["remove dead", "roll", "remove moved"]

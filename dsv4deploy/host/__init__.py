@@ -1,7 +1,8 @@
 """Everything that touches the GPU host: facts (what it says), the snapshot that reads them in
 one command, the state a deploy decides from, the operations derived from it, the small
-direct effects (host/io.py) and the release store with the deploy lock (host/release_store.py).
-`tasks/` holds the `@deploy` steps that use them."""
+direct effects (host/io.py), the release store with the deploy lock (host/release_store.py)
+and the rollback that restores a release (host/rollback.py). `tasks/` holds the `@deploy`
+steps that use them."""
 
 # Programs that are copied to the GPU host and run there with its own python3: each starts with
 # the line HOST_PROGRAM_MARK and imports only the standard library (tests/test_host_programs.py).

@@ -70,20 +70,24 @@ def spare_figure():
     return None
 
 
-def previous_report(h, target, previous: int | None, part: str | None = None) -> dict | None:
-    """Release PREVIOUS's gate report (its gate.json on the host), which a new gate is compared
-    with; None: no previous release, or it kept none. One command (none without PREVIOUS)."""
+def previous_report(h, target, previous: int | None) -> dict | None:
+    """Release PREVIOUS's gate report (its gate.json on the host) for TARGET (a replica: its
+    own), which a new gate is compared with; None: no previous release, or it kept none. One
+    command (none without PREVIOUS)."""
     if not previous:
         return None
     store = ReleaseStore(h, target.layout.releases_dir)
-    return store.read(previous, f"{_gate_dir(part)}/gate.json")
+    return store.read(previous, f"{_gate_dir(gate_part(target))}/gate.json")
+
+
+def gate_part(target) -> str | None:
+    """Which part of a replica set TARGET is, as its gate's reports are named (`replica-0`); None
+    for a single server or the whole set."""
+    return f"replica-{target.index}" if target.index is not None else None
 
 
 def _gate_dir(part: str | None) -> str:
     return f"gate-{part}" if part else "gate"
-
-
-_READ = object()
 
 
 def prepare_release_gate(h, target) -> Prepared:
@@ -98,16 +102,15 @@ def gate_host(h) -> GateHost:
     return GateHost(host_execute(h), upload=lambda src, dst: put(h, src, dst), run_as=GATE_USER)
 
 
-def run_release_gate(h, target, release: int | None, previous: int | None, profile_name: str,
-                     part: str | None = None, keep=None, previous_doc=_READ, prepared: Prepared | None = None):
-    """Run the profile's gate against release RELEASE's server (or one PART of a replica set,
-    e.g. `replica-0`, on its own port); write and fetch its reports, compared with release
-    PREVIOUS's (None: an ad-hoc run, kept nowhere on the host, or nothing to compare with).
-    The reports go next to the release on the host by KEEP(remote_dir, paths): default
-    keep_reports, now; a caller may carry them in its next command instead (reports_command).
-    PREVIOUS_DOC: PREVIOUS's report when the caller has read it already (previous_report: a
-    deploy reads it while the server starts), else it is read after the gate; PREPARED likewise
-    (prepare_release_gate), else the gate prepares first."""
+def run_release_gate(h, target, release: int | None, previous_doc: dict | None, profile_name: str,
+                     keep=None, prepared: Prepared | None = None):
+    """Run the profile's gate against release RELEASE's server (TARGET: a replica of a set is
+    gated alone, on its own port, its reports named `replica-N`); write and fetch its reports,
+    compared with PREVIOUS_DOC, the previous release's report (previous_report; None: nothing
+    to compare with). RELEASE None: an ad-hoc run, kept nowhere on the host. The reports go next
+    to the release on the host by KEEP(remote_dir, paths): default keep_reports, now; a caller
+    may carry them in its next command instead (reports_command). PREPARED: the gate's runner
+    and client made ready ahead (prepare_release_gate), else the gate prepares first."""
     warm_plotting()
     spec = GateSpec.from_profile(target.data)
     # through a replica set's gateway: which replica served the gate, by the replicas' own counters
@@ -119,12 +122,12 @@ def run_release_gate(h, target, release: int | None, previous: int | None, profi
         outcome.result.replicas = split.split(urls, before, replica_requests(h, urls))
     store = ReleaseStore(h, target.layout.releases_dir)
     number = f"{release:04d}" if release else "adhoc"
+    part = gate_part(target)
     gate_dir = _gate_dir(part)
     settings = settings_of(h.data)
     local = settings.reports / h.name / (f"{number}-{profile_name}" + (f"-{part}" if part else ""))
-    prev_doc = previous_report(h, target, previous, part) if previous_doc is _READ else previous_doc
     title = f"{profile_name} release {number}" + (f" ({part})" if part else "") + f" on {h.name}"
-    files = write_report(outcome, local, previous=prev_doc, title=title, figure=spare_figure())
+    files = write_report(outcome, local, previous=previous_doc, title=title, figure=spare_figure())
     if release:
         (keep or partial(keep_reports, h))(f"{store.folder(release)}/{gate_dir}",
                                            [Path(p) for p in (files.json, files.markdown, files.png) if p])

@@ -242,6 +242,13 @@ def restart_command(unit: str, first: str = "") -> str:
             f"systemctl restart {q(unit)}")
 
 
+def stop_set_units(service: str) -> str:
+    """A command prefix that stops and disables a replica set of SERVICE, if one runs (the single
+    server takes its port and GPUs back): the switch's (restart_command's FIRST) and a restore's."""
+    return (f"systemctl disable --now $(systemctl list-units --all --plain --no-legend --type=service "
+            f"'{service}@*' '{service}-gateway.service' | cut -d' ' -f1) >/dev/null 2>&1; ")
+
+
 @operation()
 def uv_tool(requirements: bytes, program: bytes, requirements_state: dict | None, program_state: dict | None,
             installed_state: dict | None):

@@ -5,7 +5,9 @@ touch them live in one place. What a record says and how its status moves is pur
 (dsv4deploy/release/records.py); the steps that decide when to call these are in tasks/.
 
 Every method is one remote command unless its docstring says otherwise: each one costs a
-round trip on a real link.
+round trip on a real link. A run uses one store per host from its read to its end (tasks/
+pass it to each step): while it holds the lock, the store keeps the run's copy of the records,
+so a step that needs them sends no command for them.
 """
 
 from __future__ import annotations
@@ -31,14 +33,6 @@ from dsv4deploy.host.io import json_write_command, read_json, sh
 from dsv4deploy.host.state import LOCK, PIP_FREEZE, HostState
 
 
-# The records as this run last read or wrote them, per (host, store): valid only while this
-# process holds the host's deploy lock (nothing else writes records then), so a run reads them
-# once, with the lock, and each later step costs no round trip for them. Dropped when the lock
-# is given back.
-_HELD: dict[tuple[str, str], list[dict]] = {}
-_OWNER: dict[tuple[str, str], str] = {}     # what this run wrote into the lock it holds (owner.json)
-
-
 ALSO_FAILED = "__dsv4deploy_also_failed"
 PRUNE_MARK = "__dsv4deploy_prune"
 
@@ -60,32 +54,32 @@ class ReleaseStore:
         self.h = h
         self.dir = releases_dir
         self.lock = lock
+        # The records as this run last read or wrote them: kept only while this store holds the
+        # host's deploy lock (nothing else writes records then), so a run reads them once, with
+        # the lock, and each later step costs no round trip for them. Dropped with the lock.
+        self._held: list[dict] | None = None
+        self._owner: str | None = None      # what this run wrote into the lock it holds (owner.json)
 
     def folder(self, number: int) -> str:
         return releases.release_dir(self.dir, number)
 
     # --- records ------------------------------------------------------------------------------
 
-    def _key(self) -> tuple[str, str]:
-        return (self.h.name, self.dir)
-
     def records(self) -> list[dict]:
         """Every record, oldest first (one command). While this run holds the lock: its own copy
         (no command) of the records it read with the lock: a deploy's read, those it decides from
         (facts.py RecentReleases); take_lock, every one."""
-        held = _HELD.get(self._key())
-        if held is None:
+        if self._held is None:
             return self.h.get_fact(Releases, releases_dir=self.dir)
-        return [dict(r) for r in held]
+        return [dict(r) for r in self._held]
 
     def _remember(self, docs: list[dict]) -> None:
         """DOCS were written: the run's copy of the records says what the host now holds."""
-        held = _HELD.get(self._key())
-        if held is None:            # not under this run's lock: nothing to keep current
+        if self._held is None:      # not under this run's lock: nothing to keep current
             return
-        by_number = {r["release"]: r for r in held}
+        by_number = {r["release"]: r for r in self._held}
         by_number.update({d["release"]: dict(d) for d in docs})
-        _HELD[self._key()] = sorted(by_number.values(), key=lambda d: d["release"])
+        self._held = sorted(by_number.values(), key=lambda d: d["release"])
 
     def current(self) -> dict | None:
         """The release that passed last and serves (None: none has)."""
@@ -172,11 +166,6 @@ class ReleaseStore:
     @staticmethod
     def _live(docs: list[dict], release: Release) -> Release:
         return next((Release(d) for d in docs if d["release"] == release.number), release)
-
-    def mark_failed(self, release: Release, reason: str) -> Release:
-        failed = release.with_status(releases.FAILED, reason)
-        self.save(failed.record)
-        return failed
 
     def settle_interrupted(self, live_manifest_sha256: str | None, healthy: bool) -> list[dict]:
         """Settle the `pending` records a cut-off run left (releases.settle_interrupted); returns
@@ -358,8 +347,8 @@ class ReleaseStore:
     def adopt_lock(self, owner: str, records: list[dict], label: str, state=None) -> None:
         """The lock is this run's (OWNER), and RECORDS were read under it: from here on this run's
         copy of the records is the store's; with a pyinfra STATE, the run's end gives it back."""
-        _HELD[self._key()] = [dict(r) for r in records]
-        _OWNER[self._key()] = owner
+        self._held = [dict(r) for r in records]
+        self._owner = owner
         if state is not None:
             state.add_callback_handler(LockCallback(self, label))
 
@@ -390,10 +379,9 @@ class ReleaseStore:
     def _give_back_command(self) -> str:
         """Remove the lock if it is still this run's (the owner it wrote), under the same flock as a
         takeover: a run whose lock was broken (break_lock=true) leaves the new holder's alone."""
-        mine = _OWNER.get(self._key())
-        if mine is None:
+        if self._owner is None:
             return f"rm -rf {shlex.quote(self.lock)}"
-        return self._remove_if_owner(mine)
+        return self._remove_if_owner(self._owner)
 
     def _remove_if_owner(self, owner_text: str) -> str:
         q = shlex.quote
@@ -403,12 +391,10 @@ class ReleaseStore:
     def holds_lock(self) -> bool:
         """Whether this run took the lock and has not given it back (a LAST write may have): its
         copy of the records lives exactly as long as the lock."""
-        return self._key() in _HELD
+        return self._held is not None
 
     def _lock_given_back(self) -> None:
-        for key in [k for k in _HELD if k[0] == self.h.name]:
-            del _HELD[key]
-            _OWNER.pop(key, None)
+        self._held = self._owner = None
 
 
 KEPT_SEP = "@@dsv4deploy-kept-manifest@@"

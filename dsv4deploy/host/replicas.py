@@ -1,4 +1,4 @@
-"""A replica set on the host: start it, roll it one replica at a time behind the gateway, stop it.
+"""A replica set on the host: start it, roll it one replica at a time behind the gateway.
 
 A rolling step for replica i: take it out of the gateway and wait for its in-flight requests
 (gateway.drain: smg itself does not wait), restart its instance, health and identity on its own
@@ -243,8 +243,3 @@ def roll(h, t: Target, indices: list[int], check: Callable[[Target], None], poll
         done.append(i)
         log(f"{rt.label} switched in {step.seconds:.1f} s" + (", back in the gateway" if gateway_up else ""))
     return steps
-
-
-def stop_set(h, t: Target) -> None:
-    """Stop and disable the gateway and every instance of the set (the single server takes over)."""
-    sh(h, f"systemctl disable --now {t.unit} {' '.join(rt.unit for rt in t.replica_targets)}")

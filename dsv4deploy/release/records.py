@@ -32,12 +32,12 @@ def next_number(records: list[dict]) -> int:
 
 
 def new_record(records: list[dict], *, profile: str, content_hash: str, manifest_sha256: str,
-               sglang_version: str, kind: str = "deploy", restores: int | None = None,
-               launch_check: str | None = None) -> dict:
-    """LAUNCH_CHECK: what the host's SGLang parsed before the switch (tasks/venv.launch_check_key),
-    so a later run with the same argv and venv need not import it again."""
+               sglang_version: str, launch_check: str | None = None) -> dict:
+    """A deploy's record, numbered after RECORDS. LAUNCH_CHECK: what the host's SGLang parsed
+    before the switch (tasks/venv.launch_check_key), so a later run with the same argv and venv
+    need not import it again."""
     stamp = now()
-    return {"release": next_number(records), "kind": kind, "restores": restores, "profile": profile,
+    return {"release": next_number(records), "kind": "deploy", "restores": None, "profile": profile,
             "content_hash": content_hash, "manifest_sha256": manifest_sha256,
             "sglang_version": sglang_version, "status": PENDING, "reason": None,
             "created": stamp, "updated": stamp, "gate": None, "launch_check": launch_check}
@@ -48,9 +48,8 @@ def rollback_record(records: list[dict], restored: dict, cause: str) -> dict:
     release whose files it restores (the original one when RESTORED was itself a rollback)."""
     rec = new_record(records, profile=restored["profile"], content_hash=restored["content_hash"],
                      manifest_sha256=restored["manifest_sha256"], sglang_version=restored["sglang_version"],
-                     kind="rollback", restores=restored.get("restores") or restored["release"],
                      launch_check=restored.get("launch_check"))
-    return {**rec, "reason": cause}
+    return {**rec, "kind": "rollback", "restores": restored.get("restores") or restored["release"], "reason": cause}
 
 
 def with_status(record: dict, status: str, reason: str | None = None, **extra) -> dict:

@@ -16,7 +16,6 @@ from dsv4deploy.cli.inventories import placeholder_problem
 from dsv4deploy.cli.settings import Settings, settings_of
 from dsv4deploy.render.layout import Layout
 from dsv4deploy.profile.load import Profile, load_profile
-from dsv4deploy.release.records import Release
 from dsv4deploy.render.unit import SGLANG_MODULE, Rendered, render
 from dsv4deploy.profile.replicas import ReplicaPlan
 from dsv4deploy.profile import replicas
@@ -115,14 +114,6 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-@dataclass
-class Run:
-    """What this run learns while pyinfra executes its steps (their callbacks run after the
-    plan is made): the release it recorded, once the switch has written begin_release's record."""
-
-    release: Release | None = None
-
-
 @dataclass(frozen=True)
 class Rollout:
     profile: Profile
@@ -135,7 +126,6 @@ class Rollout:
     weights_source: dict = field(default_factory=dict)
     allow_reboot: bool = False
     expect_compute_cap: str | None = None            # inventory data: the GPUs' compute capability
-    run: Run = field(default_factory=Run)            # execution-time state of this run
 
     @property
     def data(self) -> dict:

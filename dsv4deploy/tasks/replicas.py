@@ -9,7 +9,7 @@ The switch, when this run has a reason to restart:
   figures;
 - otherwise (first deploy, or a switch from the single server, which stops first): every
   replica starts, then the gateway, then the gate runs through the gateway as users see it.
-A failure marks the release failed and restores the last good release (tasks/rollback.py): in a
+A failure marks the release failed and restores the last good release (host/rollback.py): in a
 rolling update only the replicas already touched, one at a time, while the others serve.
 """
 
@@ -24,20 +24,22 @@ from pyinfra.operations import python
 
 from dsv4deploy.gateway import model as gateway
 from dsv4deploy.release import records as releases
+from dsv4deploy.release.records import Release
 from dsv4deploy.profile import replicas
 from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.host import installer, ops
 from dsv4deploy.host.checks import confirm, probe
-from dsv4deploy.host.gate import gate_record, prepare_release_gate, rolling_gate_record, run_release_gate
+from dsv4deploy.host.gate import (gate_record, prepare_release_gate, previous_report, rolling_gate_record,
+                                  run_release_gate)
 from dsv4deploy.host.io import sh
 from dsv4deploy.host.release_store import ReleaseStore, RollbackError
+from dsv4deploy.host.rollback import Rollback
 from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, roll, start_gateway, start_set,
                                       unit_active, wait_load_reports)
 from dsv4deploy.host.state import VENV_MARKER, HostState
 from dsv4deploy.release.rollout import Rollout, Target
-from dsv4deploy.tasks.release import reported
+from dsv4deploy.tasks.release import Pending, reported
 from dsv4deploy.tasks.service import gateway_files_differ
-from dsv4deploy.tasks.rollback import after_failure
 
 
 def gateway_venv_marker(r: Rollout) -> dict:
@@ -115,10 +117,12 @@ def gateway_restart(r: Rollout, state: HostState, differ: list[str], venv_change
 
 
 @deploy("Replica set")
-def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway: str | None) -> None:
-    """Roll the set (see the module doc); with no reason and every unit active: nothing at all,
-    unless the gateway lists a replica no more (it is checked, then added back) or runs older
-    files than those in place (RESTART_GATEWAY: why it restarts)."""
+def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway: str | None,
+               store: ReleaseStore, pending: Pending | None) -> None:
+    """Roll the set (see the module doc) to PENDING's release (None: no new release), its record
+    kept through STORE, the run's; with no reason and every unit active: nothing at all, unless
+    the gateway lists a replica no more (it is checked, then added back) or runs older files
+    than those in place (RESTART_GATEWAY: why it restarts)."""
     down = down_units(r, state)
     if not reasons and not down:
         missing = out_of_gateway(r, state)
@@ -134,7 +138,7 @@ def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway
     pids = {rt.index: state.unit(rt.unit.removesuffix(".service")).get("MainPID") for rt in r.target.replica_targets}
 
     def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
-        Switch(host, r, reasons, restart_gateway, pids_before=pids).run()
+        Switch(store, r, reasons, restart_gateway, pending.release if pending else None, pids_before=pids).run()
 
     python.call(name=f"replica set: {what}", function=reported(run))
 
@@ -168,14 +172,13 @@ def readmit_replicas(r: Rollout, missing: list[Target]) -> None:
 class Switch:
     """One run's switch of the set: which path, the gate per replica, the record."""
 
-    def __init__(self, h, r: Rollout, reasons: list[str], restart_gateway: str | None,
-                 pids_before: dict[int, int | None] | None = None):
-        self.h, self.r, self.t, self.reasons = h, r, r.target, reasons
+    def __init__(self, store: ReleaseStore, r: Rollout, reasons: list[str], restart_gateway: str | None,
+                 release: Release | None, pids_before: dict[int, int | None] | None = None):
+        self.store, self.h, self.r, self.t, self.reasons = store, store.h, r, r.target, reasons
         self.restart_gateway = restart_gateway
         self.pids_before = pids_before or {}
-        self.poll = float(h.data.get("health_poll_s", 2.0))
-        self.store = ReleaseStore(h, r.layout.releases_dir)
-        self.release = r.run.release
+        self.poll = float(self.h.data.get("health_poll_s", 2.0))
+        self.release = release            # the release this switch records (None: none is new)
         self.previous = self.store.current()
         self.gates: dict[int, object] = {}
         self.prepared = None              # the gate's runner and client, once for every replica
@@ -187,9 +190,9 @@ class Switch:
     def _number(self) -> int | None:
         return self.release.number if self.release else None
 
-    @property
-    def _previous_number(self) -> int | None:
-        return self.previous["release"] if self.previous else None
+    def _previous_report(self, t: Target) -> dict | None:
+        """The previous release's gate report for T (the set, or one replica), to compare with."""
+        return previous_report(self.h, t, self.previous["release"] if self.previous else None)
 
     def _previous_target(self) -> Target | None:
         if self.previous is None:
@@ -201,8 +204,8 @@ class Switch:
 
     def gate_replica(self, rt: Target) -> None:
         """The profile's gate against one replica on its own port, before it rejoins the gateway."""
-        outcome = run_release_gate(self.h, rt, self._number, self._previous_number, self.r.profile.name,
-                                   part=f"replica-{rt.index}", prepared=self.prepared)
+        outcome = run_release_gate(self.h, rt, self._number, self._previous_report(rt), self.r.profile.name,
+                                   prepared=self.prepared)
         self.gates[rt.index] = outcome
         if not outcome.passed:
             raise HealthError(f"smoke gate failed: {outcome.verdict.message}")
@@ -233,7 +236,7 @@ class Switch:
             else:
                 start_set(self.h, t, lambda rt: None, self.poll, self.log, steps)
                 self.settle_routing()
-                gate = run_release_gate(self.h, t, self._number, self._previous_number, self.r.profile.name)
+                gate = run_release_gate(self.h, t, self._number, self._previous_report(t), self.r.profile.name)
                 if not gate.passed:
                     self.fail(steps, f"smoke gate through the gateway failed: {gate.verdict.message}", None)
                 summary = gate_record(gate)
@@ -292,7 +295,7 @@ class Switch:
         if failed is not None:
             indices = [failed.index] + failed.done     # the one out of the gateway first
             indices += self.restarted_meanwhile(indices)
-        outcome = after_failure(self.h, rel, self.t, reason, poll_s=self.poll, indices=indices)
+        outcome = Rollback(self.store, self.poll).after_failure(rel, self.t, reason, indices=indices)
         name = self.release.name if self.release else "the new release"
         raise DeployError(f"{name} ({self.r.profile.name}) failed: {reason}\n{outcome}")
 

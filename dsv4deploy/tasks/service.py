@@ -21,7 +21,6 @@ from dsv4deploy.host.io import sh
 from dsv4deploy.host.state import HostState
 from dsv4deploy.render.layout import ETC
 from dsv4deploy.tasks.release import Pending
-from dsv4deploy.tasks.rollback import stop_set_units
 from dsv4deploy.release.rollout import Rollout
 
 LEGACY_SECRETS_ENV = f"{ETC}/secrets.env"   # before systemd credentials: adopted once, never read by the unit
@@ -95,7 +94,7 @@ def switch(r: Rollout, state: HostState, reasons: list[str], pending: Pending | 
     operation: it changes when it had to start a stopped unit."""
     unit = f"{r.layout.service}.service"
     set_running = state.unit(r.layout.gateway_service).get("ActiveState") == "active"
-    first = stop_set_units(r.target) if set_running else ""    # a replica set gives back the port and GPUs
+    first = ops.stop_set_units(r.layout.service) if set_running else ""    # a replica set gives back the port and GPUs
     if reasons:
         name = f"restart {unit} ({'; '.join(reasons)})" + (" after stopping the replica set" if set_running else "")
         name += f", after {pending.release.name} recorded pending" if pending else ""
