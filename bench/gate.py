@@ -27,7 +27,7 @@ from dsv4deploy.gate import GateHost, GateOptions, GateServer, GateSpec, run_gat
 from dsv4deploy.gate.runner import local_execute, local_upload  # noqa: E402
 from dsv4deploy.cli.settings import Settings  # noqa: E402
 from dsv4deploy.profile import load  # noqa: E402
-from dsv4deploy.render.unit import server_args  # noqa: E402
+from dsv4deploy.render.argv import server_args  # noqa: E402
 from ct200twin.server.args import VERSION_ENV  # noqa: E402
 from ct200twin.server.faults import Faults  # noqa: E402
 from ct200twin.server.perf import PerfConfig, simulate_bench  # noqa: E402

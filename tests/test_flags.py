@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dsv4deploy.sglang.flags import MANAGED_FLAGS, flag, flag_owner
 from checkout import load_profile
-from dsv4deploy.render.unit import server_args
+from dsv4deploy.render.argv import server_args
 from dsv4deploy.profile.validate import validate
 
 

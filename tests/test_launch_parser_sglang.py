@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 import sglang_parser  # noqa: E402
 
 from checkout import list_profiles, load_profile  # noqa: E402
-from dsv4deploy.render.unit import server_args  # noqa: E402
+from dsv4deploy.render.argv import server_args  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,9 @@ import pytest
 
 from dsv4deploy.render.layout import Layout
 from checkout import list_profiles, load_profile
-from dsv4deploy.render.unit import render, server_args, systemd_exec, systemd_word
+from dsv4deploy.render.argv import server_args
+from dsv4deploy.render.systemd import systemd_exec, systemd_word
+from dsv4deploy.render.unit import render
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from dsv4deploy.profile.errors import ProfileError
 from dsv4deploy.render.nccl import env_file_value
 from checkout import load_profile
-from dsv4deploy.render.unit import render, systemd_env, systemd_exec, unit_specifiers
+from dsv4deploy.render.systemd import systemd_env, systemd_exec, unit_specifiers
+from dsv4deploy.render.unit import render
 from dsv4deploy.render.unitcheck import env_file, environment_assignments, exec_argv, split_words, unit_directives
 from dsv4deploy.profile.validate import validate
 

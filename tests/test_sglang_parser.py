@@ -63,11 +63,11 @@ def _renderer():
     """The project's renderer API, or a failure that says what is missing (never a skip)."""
     try:
         from checkout import list_profiles, load_profile
-        from dsv4deploy.render.unit import server_args
+        from dsv4deploy.render.argv import server_args
     except ImportError as exc:  # pragma: no cover - only while the renderer is being written
         pytest.fail("the renderer API this test checks is missing: need "
                     "`from dsv4deploy.profile.load import load_profile, list_profiles` and "
-                    f"`from dsv4deploy.render.unit import server_args` ({exc})", pytrace=False)
+                    f"`from dsv4deploy.render.argv import server_args` ({exc})", pytrace=False)
     return list_profiles, load_profile, server_args
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dsv4deploy.render import systemd
 from dsv4deploy.render import unit as render_module
 from dsv4deploy.profile.errors import ProfileError
 from dsv4deploy.profile.load import schema
@@ -87,7 +88,7 @@ def test_a_renderer_that_forgets_to_escape_is_caught(profile_dir, monkeypatch):
     profile_dir.write("q", 'extends: nvfp4-ctx8k\nserver:\n  extra_args: [--chat-template, \'say "hi" $X\']\n')
     profile = load_profile("q")
     assert render(profile).argv[-1] == 'say "hi" $X'
-    monkeypatch.setattr(render_module, "systemd_word", lambda w: '"' + w + '"')
+    monkeypatch.setattr(systemd, "systemd_word", lambda w: '"' + w + '"')
     with pytest.raises(ProfileError) as info:
         render(profile)
     (problem,) = info.value.problems

@@ -73,7 +73,7 @@ def test_extra_args_may_not_override_a_managed_flag(profile_dir):
 def test_num_continuous_decode_steps_is_a_warning_at_any_value(profile_dir, value):
     """SGLang 0.5.12-0.5.23 declare the flag but never read it: the key is not rendered, and an old
     profile that still sets it (even to 1) is told so, without failing."""
-    from dsv4deploy.render.unit import server_args
+    from dsv4deploy.render.argv import server_args
 
     report = report_for(profile_dir, f"server:\n  num_continuous_decode_steps: {value}\n")
     assert report.ok, errors(report)

@@ -32,7 +32,7 @@ import yaml
 from dsv4deploy.profile.errors import EXIT_BAD_INPUT, EXIT_FAILED, Problem, ProfileError
 from dsv4deploy.weights.hftoken import HF_TOKEN_FILE_VAR, HF_TOKEN_VAR, HfTokenError, hf_token_from_env
 from dsv4deploy.cli.settings import Settings
-from dsv4deploy.profile.load import DEFAULTS_FILE, Profile, _display, list_profiles, load_profile, load_raw
+from dsv4deploy.profile.load import DEFAULTS_FILE, Profile, display_path, list_profiles, load_profile, load_raw
 from dsv4deploy.profile.yamlpos import load_yaml, read_text
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -262,11 +262,11 @@ def _validated(name: str, directory: Path, target: Path, candidate: str) -> None
         except ProfileError as exc:
             problems = exc.problems
         if problems:
-            shown = _display(directory)
+            shown = display_path(directory)
             lines = [str(Problem(p.message, path=p.path, file=p.file.replace(str(scratch), shown)
-                                 .replace(_display(scratch), shown), line=p.line)) for p in problems]
+                                 .replace(display_path(scratch), shown), line=p.line)) for p in problems]
             raise PinError("\n".join(lines + [f"dsv4deploy pin: refused: with that revision {name} would not be "
-                                              f"valid (lines as they would be after the edit); {_display(target)} "
+                                              f"valid (lines as they would be after the edit); {display_path(target)} "
                                               "is unchanged"]), EXIT_BAD_INPUT)
 
 

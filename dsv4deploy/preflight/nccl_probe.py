@@ -524,13 +524,13 @@ def format_result(res: dict) -> str:
         for x in res["results"]:
             rows.append((human_size(x["bytes"]), f"{x['latency_us']:.1f}", f"{x['algbw_gbps']:.2f}",
                          f"{x['busbw_gbps']:.2f}", "ok" if x["correct"] else "WRONG"))
-        lines += _grid(rows, right={1, 2, 3})
+        lines += text_grid(rows, right={1, 2, 3})
     status = "OK" if res["ok"] else f"FAILED ({res['error']['kind']}): {res['error']['message']}"
     lines.append(f"{status} in {res['elapsed_s']:.1f} s")
     return "\n".join(lines) + "\n"
 
 
-def _grid(rows, right=frozenset()) -> list[str]:
+def text_grid(rows, right=frozenset()) -> list[str]:
     """ROWS as aligned text lines, the columns in RIGHT right-aligned (the reports' tables)."""
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)

@@ -7,7 +7,7 @@ and standard-library only on the GPU host; these read the JSON documents it prin
 
 from __future__ import annotations
 
-from dsv4deploy.preflight.nccl_probe import _grid, human_size
+from dsv4deploy.preflight.nccl_probe import human_size, text_grid
 
 
 def _at(res: dict, size: int) -> dict | None:
@@ -37,7 +37,7 @@ def format_compare(results: list[dict]) -> str:
         status += [_status(res), f"{res['elapsed_s']:.1f} s"]
     rows.append(tuple(status))
     lines = ["NCCL all-reduce, latency (us, max over ranks) and bus bandwidth (GB/s)"]
-    lines += _grid(rows, right=set(range(1, len(head))))
+    lines += text_grid(rows, right=set(range(1, len(head))))
     for res in results:
         if not res["ok"]:
             lines.append(f"{res['label']}: {res['error']['message']}")
@@ -77,7 +77,7 @@ def format_groups(doc: dict) -> str:
     lines = [f"NCCL all-reduce{label}, {len(together)} groups at once ({sets})"
              + (", each also alone" if alone else "") + ": latency (us, max over ranks), bus bandwidth (GB/s)"
              + (", ratio at once / alone" if alone else "")]
-    lines += _grid(rows, right=set(range(1, len(head))))
+    lines += text_grid(rows, right=set(range(1, len(head))))
     conc = doc["together"]
     lines.append(f"at once: {'OK' if conc['ok'] else 'FAILED'} in {conc['elapsed_s']:.1f} s (cleanup "
                  f"{conc['cleanup_s']:.1f} s), {len(conc['leftover'])} process(es) left")

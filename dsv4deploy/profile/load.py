@@ -79,7 +79,8 @@ def list_profiles(directory: Path) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def _display(path: Path) -> str:
+def display_path(path: Path) -> str:
+    """PATH as a message names it: relative to the working directory when under it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -103,7 +104,7 @@ def _profile_path(name: str, directory: Path, referrer: Problem | None = None) -
     if not found:
         known = list_profiles(directory)
         hint = difflib.get_close_matches(name, known, n=1)
-        msg = f"no profile named {name!r} ({_display(path)} does not exist)"
+        msg = f"no profile named {name!r} ({display_path(path)} does not exist)"
         msg += f"; did you mean {hint[0]}?" if hint else f"; available: {', '.join(known) or 'none'}"
         raise ProfileError([Problem(msg, path=where.path, file=where.file, line=where.line)])
     return path
@@ -139,7 +140,7 @@ def load_raw(name: str, directory: Path) -> tuple[dict, Origins, tuple[str, ...]
                                         file=referrer.file, line=referrer.line)])
         seen.append(current)
         path = _profile_path(current, directory, referrer)
-        shown = _display(path)
+        shown = display_path(path)
         data, origins = load_yaml(path, shown)
         chain.append((shown, data, origins))
         parent = data.get("extends")
@@ -170,7 +171,7 @@ def load_profile(name: str, directory: Path) -> Profile:
         raise ProfileError([Problem(
             f"{name} is a shared base (files starting with '_' are merged into other profiles through "
             f"extends:), not a deployable profile; deploy one that extends it"
-            + (f": {', '.join(users)}" if users else ""), path="profile", file=_display(path), line=1)])
+            + (f": {', '.join(users)}" if users else ""), path="profile", file=display_path(path), line=1)])
     data, origins, files = load_raw(name, directory)
     profile = Profile(name=name, data=data, origins=origins, files=files)
     problems = [profile.problem(path, msg) for path, msg in value_problems(profile.data)]

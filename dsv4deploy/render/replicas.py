@@ -11,56 +11,25 @@ replica's argv and environment, or the render is refused like any other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib.resources import files as package_files
 
 from dsv4deploy.gateway import model as gateway
 from dsv4deploy.profile import replicas
-from dsv4deploy.render import unitcheck
 from dsv4deploy.profile.boundary import RENDERED_LINE_MAX
 from dsv4deploy.profile.errors import ProfileError
-from dsv4deploy.sglang.flags import unit_environment
+from dsv4deploy.profile.load import Profile
+from dsv4deploy.render import unitcheck
+from dsv4deploy.render.argv import SGLANG_CONFIG_CREDENTIAL, launch_argv
 from dsv4deploy.render.layout import Layout
 from dsv4deploy.render.nccl import nccl_environment, render_env_file
-from dsv4deploy.profile.load import Profile
-from dsv4deploy.render.unit import (SGLANG_CONFIG_CREDENTIAL, _blame, _check_template_inputs, launch_argv,
-                                    manifest_base, manifest_text, Rendered, systemd_env, systemd_exec, systemd_word,
-                                    _templates, unit_specifiers)
+from dsv4deploy.render.rendered import Rendered, RenderedGateway, RenderedReplica, manifest_base, manifest_text
+from dsv4deploy.render.systemd import (blame, check_template_inputs, systemd_env, systemd_exec, systemd_word,
+                                       templates, unit_specifiers)
+from dsv4deploy.sglang.flags import unit_environment
 from dsv4deploy.sglang.versions import facts
 
 PORT_VAR = "DSV4_REPLICA_PORT"
 GATEWAY_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
-
-
-@dataclass(frozen=True)
-class RenderedReplica:
-    """One replica: instance `<service>@<index>`, its GPUs, port, resolved argv and env files."""
-
-    index: int
-    instance: str
-    gpus: tuple[int, ...]
-    port: int
-    url: str
-    argv: list[str]
-    env_file: str
-    nccl_env_file: str
-
-
-@dataclass(frozen=True)
-class RenderedGateway:
-    """The smg gateway: its unit, argv (key from a credential), venv and public endpoint."""
-
-    service: str
-    unit_path: str
-    unit: str
-    argv: list[str]
-    version: str
-    venv: str
-    lock_sha256: str | None
-    launcher: str
-    endpoint: str
-    metrics: str
-    worker_urls: list[str]
 
 
 def instance_specifiers(service: str, index: int) -> dict[str, str]:
@@ -98,8 +67,8 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
         start_limit_interval=max(600, 3 * service["timeout_start_s"]),
         instance_note=", replica %i",
     )
-    _check_template_inputs(profile, inputs)
-    unit = _templates().get_template("sglang.service.j2").render(**inputs)
+    check_template_inputs(profile, inputs)
+    unit = templates().get_template("sglang.service.j2").render(**inputs)
     files = {layout.template_unit: unit}
     rendered_replicas = []
     found: list[tuple[tuple, tuple, str]] = []
@@ -143,7 +112,7 @@ def _where(profile: Profile, argv: list[str], loc: tuple) -> tuple:
         return loc
     if loc[0] == "gateway":
         return ("replicas", "gateway")
-    return _blame(profile, argv, loc)
+    return blame(profile, argv, loc)
 
 
 def _gateway(profile: Profile, layout: Layout, plan, keyed: bool) -> RenderedGateway:
@@ -164,8 +133,8 @@ def _gateway(profile: Profile, layout: Layout, plan, keyed: bool) -> RenderedGat
         credentials=[(gateway.KEY_CREDENTIAL, layout.api_key_file)] if keyed else [],
         exec_start=systemd_exec(argv), timeout_stop_s=gateway.SHUTDOWN_GRACE_S + 30,
     )
-    _check_template_inputs(profile, inputs)
-    unit = _templates().get_template("gateway.service.j2").render(**inputs)
+    check_template_inputs(profile, inputs)
+    unit = templates().get_template("gateway.service.j2").render(**inputs)
     host = f"[{spec.host}]" if ":" in spec.host else spec.host
     return RenderedGateway(service=service, unit_path=layout.gateway_unit, unit=unit, argv=argv, version=spec.version,
                            venv=venv, lock_sha256=lock, launcher=launcher, endpoint=f"http://{host}:{spec.port}",

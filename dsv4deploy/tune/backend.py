@@ -62,5 +62,5 @@ def open_backend(inventory: str, base: Profile, method: Method, settings: Settin
                 live = ReleaseStore(hosts[0]).current()
     except RemoteError as exc:
         raise NoBackend(f"cannot reach the host of {inventory}: {exc}") from None
-    return RolloutBackend(inventory, base, method, settings,
-                          start_release=live["release"] if live else None).backend()
+    rollout = RolloutBackend(inventory, base, method, settings, start_release=live["release"] if live else None)
+    return Backend(measure=rollout.measure, settle=rollout.settle, close=rollout.close)

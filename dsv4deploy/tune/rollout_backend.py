@@ -24,7 +24,6 @@ import yaml
 
 from dsv4deploy.cli.settings import PROFILES_VAR, Settings
 from dsv4deploy.profile.load import Profile
-from dsv4deploy.tune.backend import Backend
 from dsv4deploy.tune.candidates import Candidate
 from dsv4deploy.tune.knobs import KNOBS
 from dsv4deploy.tune.objective import Level, Measurement, Method
@@ -142,6 +141,3 @@ class RolloutBackend:
 
     def close(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
-
-    def backend(self) -> Backend:
-        return Backend(measure=self.measure, settle=self.settle, close=self.close)
