@@ -4,8 +4,6 @@ command and upload goes through sudo (pyinfra applies host data to operations an
 from __future__ import annotations
 
 from io import StringIO
-import threading
-import time
 
 import pytest
 from pyinfra.api import DeployError
@@ -137,93 +135,3 @@ def test_the_first_command_turns_nagle_off_on_the_hosts_ssh_socket():
     finally:
         sock.close()
         server.close()
-
-
-class Channel:
-    def __init__(self, n):
-        self.n, self.active, self.closed = n, True, False
-
-
-class Transport:
-    """A paramiko transport that opens channel n on the n-th request, each answered when the test
-    says (RELEASE), or failing when told to."""
-    sock = None
-
-    def __init__(self):
-        self.asked, self.answer = 0, threading.Event()
-        self.fail: set[int] = set()       # the requests that fail
-        self.calls: list[dict] = []
-
-    def open_session(self, window_size=None, max_packet_size=None, timeout=None):
-        self.asked += 1
-        n = self.asked
-        self.calls.append({"window_size": window_size, "max_packet_size": max_packet_size})
-        self.answer.wait(10)
-        if n in self.fail:
-            raise EOFError("no channel")
-        return Channel(n)
-
-
-def ssh_host(transport):
-    h = FakeHost()
-    h.connector = type("Connector", (), {"client": type("Client", (), {"get_transport": lambda self: transport})()})()
-    return h
-
-
-def test_a_channel_is_asked_for_at_once_without_waiting_for_the_host():
-    """The deploy files call sessions_ahead first: sshd sets the session up (52 ms on the twin)
-    while the deploy loads; the call does not wait for it."""
-    t = Transport()
-    hostio.sessions_ahead(ssh_host(t))
-    assert not t.dsv4deploy_sessions_ahead._spare[0].is_set()     # returned before the host answered
-    deadline = time.monotonic() + 10
-    while t.asked == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert t.asked == 1                               # asked for, not answered yet
-    t.answer.set()
-    assert t.open_session().n == 1                    # the command takes the channel opened ahead ...
-    deadline = time.monotonic() + 10
-    while t.asked < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert t.open_session().n == 2                    # ... and the next one was asked for meanwhile
-    hostio.sessions_ahead(ssh_host(t))                # once per connection
-    assert t.open_session().n == 3
-    hostio.sessions_ahead(FakeHost())                 # no connector: nothing to open
-
-
-def spare_opened(t, n):
-    deadline = time.monotonic() + 10
-    while t.asked < n and time.monotonic() < deadline:
-        time.sleep(0.01)
-    ahead = t.dsv4deploy_sessions_ahead
-    ahead._spare[0].wait(10)
-    return ahead._spare[1]
-
-
-def test_a_spare_that_failed_or_closed_is_replaced_and_sftp_opens_its_own():
-    t = Transport()
-    t.answer.set()
-    t.fail = {1, 2}                    # the spare fails, and so does the channel opened instead
-    hostio.sessions_ahead(ssh_host(t))
-    with pytest.raises(EOFError):      # the command meets the failure as it would with paramiko's own
-        t.open_session()
-    assert spare_opened(t, 3) and t.open_session().n == 3          # the spare asked for after the failure
-    box = spare_opened(t, 4)
-    box[0].closed = True                                            # the host closed the spare meanwhile
-    assert t.open_session().n == 5                                  # not handed out: a channel opened now
-    spare_opened(t, 6)
-    sftp = t.open_session(window_size=2 ** 21, max_packet_size=2 ** 15)
-    assert sftp.n == 7 and t.calls[-1]["window_size"] == 2 ** 21    # SFTP's own sizes: opened as paramiko does
-    assert t.open_session().n == 6                                  # the spare still waits for the next command
-
-
-def test_the_stand_in_transport_and_the_pool_take_paramikos_arguments():
-    """SessionsAhead stands in for paramiko's Transport.open_session: the same parameters."""
-    import inspect
-
-    import paramiko
-
-    theirs = list(inspect.signature(paramiko.Transport.open_session).parameters)
-    assert theirs == ["self", "window_size", "max_packet_size", "timeout"]
-    assert list(inspect.signature(hostio.SessionsAhead.open_session).parameters) == theirs
-    assert list(inspect.signature(Transport.open_session).parameters) == theirs

@@ -12,7 +12,6 @@ import json
 import re
 import shlex
 import socket
-import threading
 import uuid
 
 from pyinfra.api import DeployError, FileUploadCommand
@@ -34,83 +33,17 @@ def privileged(h) -> dict:
 def no_delay(h) -> None:
     """Send each SSH packet of H's connection at once (TCP_NODELAY). paramiko leaves Nagle's
     algorithm on, and a command's small packets then wait for the host's delayed ACK: about 40 ms
-    of every command (50 ms for `true` on the twin, 6-10 ms without). sessions_ahead (the deploy
+    of every command (50 ms for `true` on the twin, 6-10 ms without). dependency_patches.sessions_ahead (the deploy
     files' first call) and every command through here set it, for pyinfra's own commands too; a
     connection that is not a TCP socket (a local one, a ProxyCommand) is left as it is."""
     with contextlib.suppress(AttributeError, OSError):
-        _transport(h).sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ssh_transport(h).sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def _transport(h):
+def ssh_transport(h):
     """H's paramiko transport (None: not an SSH connection, or not connected)."""
     client = getattr(getattr(h, "connector", None), "client", None)
     return client.get_transport() if client is not None else None
-
-
-class SessionsAhead:
-    """A paramiko transport's session channels, one opened ahead of the command that takes it.
-
-    Every command pyinfra runs opens a channel first (paramiko's exec_command): a round trip
-    before the command itself is sent, 30 ms on a link 30 ms away. Here the next channel is
-    asked for as soon as one is taken, while the command runs, so the next command's channel is
-    open when it is sent: one round trip per command. The first is asked for at once: sshd sets
-    up a connection's session (PAM, logind, motd: 52 ms on the twin) when its first channel
-    opens, and that now overlaps the deploy's loading instead of delaying the host's read. A
-    spare that did not open, or closed, is replaced by a channel opened then; a call with its
-    own window or packet size is opened as paramiko does. The spare opens with paramiko's own
-    timeout, and a caller waits for it as long as its own timeout says (None: as paramiko
-    would). One spare at most: never near sshd's MaxSessions (10); one nobody takes is closed
-    with the connection."""
-
-    def __init__(self, transport):
-        self._open = transport.open_session       # paramiko's own
-        self._spare: tuple[threading.Event, list] | None = None
-        self._ask()
-
-    def _ask(self) -> None:
-        if self._spare is not None:         # one is on its way already
-            return
-        done, box = threading.Event(), []
-
-        def opener() -> None:
-            try:
-                box.append(self._open())
-            except Exception:  # noqa: BLE001 - a spare that did not open: the command opens its own
-                pass
-            finally:
-                done.set()
-
-        self._spare = (done, box)
-        # under pyinfra's gevent, start() runs the opener until it waits for the host's answer:
-        # the request is on its way before this returns
-        threading.Thread(target=opener, name="ssh-session-ahead", daemon=True).start()
-
-    def open_session(self, window_size=None, max_packet_size=None, timeout=None):
-        if window_size is not None or max_packet_size is not None:      # its own sizes: as asked
-            return self._open(window_size=window_size, max_packet_size=max_packet_size, timeout=timeout)
-        spare, self._spare = self._spare, None
-        channel = None
-        if spare is not None:
-            done, box = spare
-            done.wait(timeout)
-            channel = box[0] if box and box[0].active and not box[0].closed else None
-        try:
-            return channel or self._open(timeout=timeout)
-        finally:
-            self._ask()
-
-
-def sessions_ahead(h) -> None:
-    """Open H's SSH session channels one ahead of its commands (SessionsAhead) from now on; the
-    deploy files call it first. Once per connection; not an SSH connection (a fake, a local
-    one): nothing."""
-    no_delay(h)
-    transport = _transport(h)
-    if transport is None or getattr(transport, "dsv4deploy_sessions_ahead", None) is not None:
-        return
-    ahead = SessionsAhead(transport)
-    transport.dsv4deploy_sessions_ahead = ahead
-    transport.open_session = ahead.open_session
 
 
 def run(h, command: str, timeout: float | None = None):
