@@ -1,9 +1,9 @@
 """The rollout's steps as reusable pyinfra `@deploy` functions, one module per concern,
 in the order deploy/serve.py calls them. Host effects live in dsv4deploy/host/."""
 
-from dsv4deploy.host import op_order
+from dsv4deploy.host.dependency_patches import install_operation_order
 
-op_order.install()      # pyinfra's operation order without inspect.stack(): 2 ms less per operation
+install_operation_order()      # pyinfra's operation order without inspect.stack(): ~50 ms of CPU less a run
 
 from dsv4deploy.tasks.preflight import preflight
 from dsv4deploy.tasks.driver import driver
