@@ -6,7 +6,7 @@ the warmup generation ends and then runs a 1-token generation per call.  Here: t
 phases (a multi-node rendezvous, weight load, KV cache, graph capture, bind, warmup) and
 ``main`` (argv, knob file, signals).  What the start works out: :mod:`.resolved`; the
 endpoints: :mod:`.http_api`; tokens in wall time: :mod:`.engine`; log lines: :mod:`.logs`;
-knobs: :mod:`.faults`.  See docs/twin-server.md.
+knobs: :mod:`.faults`.  See docs/twin.md.
 
 Tests and benchmarks import ``LocalTwin``, ``nvfp4_ctx8k_argv`` and ``free_port`` (from
 :mod:`.local_twin`) from here.
