@@ -8,6 +8,11 @@ differs. Until the switch's steps, everything only reads: a bad profile or a ref
 stops with nothing changed (and the lock given back). The server
 restarts only for a reason this run found (dsv4deploy/release/changes.py), and then a release is
 recorded `pending` before the switch, `deployed` or `failed` after its gate.
+
+One hop from here: the unit the server runs is dsv4deploy/render/templates/sglang.service.j2
+(rendered by dsv4deploy/render/unit.py), the gate's levels and floors are the profile's `gate:`
+block (dsv4deploy/gate/spec.py reads it; the steps are in dsv4deploy/tasks/), and a failed gate's
+rollback is dsv4deploy/host/rollback.py.
 """
 
 from pyinfra import host
