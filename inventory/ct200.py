@@ -53,6 +53,6 @@ if os.environ.get("CT200_SUDO") == "1":
     _data["_sudo"] = True
 # No weights stand-in here: the real checkpoint at a pinned revision, so a placeholder is refused.
 _data.update(profile_data(_INVENTORY, env_names=("CT200_PROFILE", "PROFILE"), default=None,
-                          weights_stand_in=False))
+                          weights_stand_in=False, ssh_user=_data["ssh_user"]))
 
 ct200 = [(_address, _data)]

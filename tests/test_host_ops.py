@@ -124,13 +124,20 @@ def test_packages_only_the_missing_ones(fake):
 
 
 def test_system_account(fake):
-    accounts = {"users": {"sglang": {"gid": 999, "home": "/var/lib/dsv4deploy/sglang", "shell": "/usr/sbin/nologin"}},
+    """Made with the deploy's mark; an earlier release's account without it gets it."""
+    home = "/var/lib/dsv4deploy/sglang"
+    mark = "dsv4deploy service account"
+    accounts = {"users": {"sglang": {"gid": 999, "home": home, "shell": "/usr/sbin/nologin", "comment": mark}},
                 "groups": {"sglang": 999}}
-    assert _cmds(ops.system_account, user="sglang", home="/var/lib/dsv4deploy/sglang", accounts=accounts) == []
-    cmds = _cmds(ops.system_account, user="sglang", home="/var/lib/dsv4deploy/sglang", accounts={})
+    assert _cmds(ops.system_account, user="sglang", home=home, accounts=accounts, comment=mark) == []
+    cmds = _cmds(ops.system_account, user="sglang", home=home, accounts={}, comment=mark)
     assert [c.split()[1] for c in cmds] == ["group", "passwd"] and "groupadd --system sglang" in cmds[0]
-    moved = _cmds(ops.system_account, user="sglang", home="/srv/x", accounts=accounts)
-    assert moved == ["usermod --home /srv/x --shell /usr/sbin/nologin sglang"]
+    assert "useradd --system --gid sglang --comment 'dsv4deploy service account' " in cmds[1]
+    moved = _cmds(ops.system_account, user="sglang", home="/srv/x", accounts=accounts, comment=mark)
+    assert moved == ["usermod --comment 'dsv4deploy service account' --home /srv/x --shell /usr/sbin/nologin sglang"]
+    unmarked = {**accounts, "users": {"sglang": {**accounts["users"]["sglang"], "comment": ""}}}
+    assert _cmds(ops.system_account, user="sglang", home=home, accounts=unmarked, comment=mark) == [
+        f"usermod --comment 'dsv4deploy service account' --home {home} --shell /usr/sbin/nologin sglang"]
 
 
 def _tar(files: dict[str, bytes]) -> bytes:

@@ -199,6 +199,17 @@ def test_an_invalid_profile_is_refused_with_file_line_and_key(pinned):
     clean(out)
 
 
+def test_the_ssh_user_as_service_user_is_refused_before_connecting(pinned):
+    """pyinfra's --user wins over CT200_USER, as it does for the connection."""
+    out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", "--user", "sglang",
+                     env={"CT200_HOST": NOWHERE, "CT200_USER": "ops", "CT200_PROFILE": "nvfp4-ctx8k",
+                          "DSV4_PROFILES_DIR": str(pinned)})
+    assert out.returncode == 2, out.text
+    assert re.search(r"\.yaml:\d+: service\.user: 'sglang' is the inventory's SSH user", out.text), out.text
+    assert "Connecting" not in out.text
+    clean(out)
+
+
 @pytest.mark.slow
 def test_ssh_hostname_data_stands_in_for_ct200_host():
     out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", env={"CT200_PROFILE": "nvfp4-ctx8k"})
@@ -411,6 +422,21 @@ def test_placeholder_is_an_error_only_without_a_weights_stand_in(pinned, monkeyp
     assert inventories.deploy_problems("nvfp4-ctx8k", profiles_dir(), weights_stand_in=True) == []
     assert inventories.deploy_problems("nvfp4-ctx8k", pinned, weights_stand_in=False) == []
     assert "no profile named" in str(inventories.deploy_problems("nope", profiles_dir(), weights_stand_in=True)[0])
+
+
+def test_the_inventory_s_ssh_user_cannot_be_the_service_user(pinned):
+    """The shipped profiles run as sglang: an inventory logging in as sglang is refused before it
+    connects (its message names file, line and key), and again at deploy time from the host data."""
+    from pyinfra.api import DeployError
+
+    from dsv4deploy.release.rollout import rollout_for
+
+    problems = inventories.deploy_problems("nvfp4-ctx8k", pinned, weights_stand_in=False, ssh_user="sglang")
+    assert [p.path for p in problems] == ["service.user"] and "the inventory's SSH user" in str(problems[0])
+    assert inventories.deploy_problems("nvfp4-ctx8k", pinned, weights_stand_in=False, ssh_user="deploy") == []
+    with pytest.raises(DeployError, match="'sglang' is the inventory's SSH user"):
+        rollout_for({"profile": "nvfp4-ctx8k", "weights_source": {"type": "hf"}, "ssh_user": "sglang",
+                     "settings": settings()})
 
 
 def test_rollout_for_refuses_the_placeholder_without_a_weights_source():

@@ -202,3 +202,16 @@ def test_pre_pr25820_profile_with_an_api_key_is_refused(profile_dir):
     profile_dir.write("case", PR_OLD + "server:\n  api_key: true\n")
     assert "server.api_key: SGLang 0.5.13.post1 writes the API key into the journal" in errors(
         validate(load_profile("case")))
+
+
+def test_root_and_the_ssh_user_cannot_be_the_service_user(profile_dir):
+    """root is refused by name for every inventory; the inventory's SSH user (the deploy's own
+    login: the deploy would set its shell to nologin) when the inventory names it."""
+    from dsv4deploy.profile.validate import ssh_user_problem
+
+    assert "dedicated unprivileged user" in errors(report_for(profile_dir, "service:\n  user: root\n"))
+    report = report_for(profile_dir, "service:\n  user: deploy\n")
+    assert report.ok                                    # no inventory named: only the host can tell
+    problem = ssh_user_problem(report.profile, "deploy")
+    assert problem.path == "service.user" and "the inventory's SSH user" in str(problem)
+    assert ssh_user_problem(report.profile, "ops") is None and ssh_user_problem(report.profile, None) is None

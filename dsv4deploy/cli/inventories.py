@@ -119,11 +119,11 @@ def placeholder_problem(profile) -> Problem | None:
         "weights stand-in (inventory/sim.py, the twin) deploys a placeholder")
 
 
-def deploy_problems(name: str, profiles: Path, *, weights_stand_in: bool) -> list[Problem]:
+def deploy_problems(name: str, profiles: Path, *, weights_stand_in: bool, ssh_user: str | None = None) -> list[Problem]:
     """Every error that stops `name` (of the folder PROFILES) from being deployed by this
-    inventory (empty: go)."""
+    inventory (empty: go); SSH_USER: the inventory's login, which service.user must not be."""
     from dsv4deploy.profile.load import load_profile
-    from dsv4deploy.profile.validate import validate
+    from dsv4deploy.profile.validate import ssh_user_problem, validate
 
     try:
         profile = load_profile(name, profiles)
@@ -131,6 +131,8 @@ def deploy_problems(name: str, profiles: Path, *, weights_stand_in: bool) -> lis
     except ProfileError as exc:
         return list(exc.problems)
     problems = list(report.errors)
+    if (own := ssh_user_problem(profile, ssh_user)) and not any(p.path == own.path for p in problems):
+        problems.append(own)
     if not weights_stand_in:
         problem = placeholder_problem(profile)
         if problem is not None and not any(p.path == problem.path for p in problems):
@@ -155,10 +157,11 @@ def refuse(inventory: str, lines: Iterable[str], cli: bool, code: int = EXIT_BAD
 
 
 def profile_data(inventory: str, *, env_names: Iterable[str], default: str | None, weights_stand_in: bool,
-                 env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                 env: Mapping[str, str] | None = None, ssh_user: str | None = None) -> dict[str, Any]:
     """Host data `{"profile": NAME, "settings": Settings}` for an inventory file, decided and
     checked now: the run's settings (cli/settings.py: folders, environment, --dry and --diff),
-    which the deploy steps read from the host data, and the profile.
+    which the deploy steps read from the host data, and the profile. SSH_USER: the inventory's
+    login (pyinfra's --user or --data ssh_user win), which service.user must not be.
 
     Under the pyinfra CLI with a profile deploy among the operations, the profile must be given
     and deployable, or the run stops here (exit 2) before pyinfra connects."""
@@ -177,7 +180,8 @@ def profile_data(inventory: str, *, env_names: Iterable[str], default: str | Non
         refuse(inventory, [f"no profile{empty}: set {env_names[0]}=NAME (or --data profile=NAME; through make: "
                            f"make deploy PROFILE=NAME INVENTORY={inventory}); profiles: {_names(settings.profiles)}"],
                cli=True)
-    problems = deploy_problems(name, settings.profiles, weights_stand_in=weights_stand_in)
+    problems = deploy_problems(name, settings.profiles, weights_stand_in=weights_stand_in,
+                               ssh_user=(params or {}).get("ssh_user") or data.get("ssh_user") or ssh_user)
     if problems:
         refuse(inventory, [f"profile {_shown(name)} (from {where}) cannot be deployed; refused before connecting:",
                            *map(str, problems)], cli=True)

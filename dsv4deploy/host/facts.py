@@ -304,25 +304,36 @@ class DebPackages(FactBase):
 
 
 class Accounts(FactBase):
-    """System users and groups that exist: {"users": {name: {"gid", "home", "shell"}}, "groups": {name: gid}}."""
+    """The named users and groups that exist, who the deploy logs in as and where system uids end:
+    {"users": {name: {"uid", "gid", "comment", "home", "shell"}}, "groups": {name: gid},
+    "ssh_user": the login (SUDO_USER under sudo), "sys_uid_max": login.defs' SYS_UID_MAX or None}.
+    host/accounts.py judges whether the deploy may make or keep each account."""
 
     default = dict
 
     def command(self, users: list[str], groups: list[str]):
         u = " ".join(shlex.quote(n) for n in users)
         g = " ".join(shlex.quote(n) for n in groups)
-        return f"getent passwd {u} | sed 's/^/user:/'; getent group {g} | sed 's/^/group:/'; true"
+        return (f"getent passwd {u} | sed 's/^/user:/'; getent group {g} | sed 's/^/group:/'; "
+                "printf 'ssh_user:%s\\n' \"${SUDO_USER:-$(id -un)}\"; "
+                "sed -n 's/^[[:space:]]*SYS_UID_MAX[[:space:]]\\{1,\\}\\([0-9]\\{1,\\}\\).*/sys_uid_max:\\1/p' "
+                "/etc/login.defs 2>/dev/null; true")
 
     def process(self, output):
-        users, groups = {}, {}
+        found: dict = {"users": {}, "groups": {}, "sys_uid_max": None}
         for line in output:
             kind, _, entry = line.partition(":")
             fields = entry.split(":")
             if kind == "user" and len(fields) >= 7:
-                users[fields[0]] = {"gid": int(fields[3]), "home": fields[5], "shell": fields[6]}
+                found["users"][fields[0]] = {"uid": int(fields[2]), "gid": int(fields[3]), "comment": fields[4],
+                                             "home": fields[5], "shell": fields[6]}
             elif kind == "group" and len(fields) >= 3:
-                groups[fields[0]] = int(fields[2])
-        return {"users": users, "groups": groups}
+                found["groups"][fields[0]] = int(fields[2])
+            elif kind == "ssh_user" and entry:
+                found["ssh_user"] = entry
+            elif kind == "sys_uid_max" and entry.isdigit():
+                found["sys_uid_max"] = int(entry)
+        return found
 
 
 class ApiKeyState(FactBase):

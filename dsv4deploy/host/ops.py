@@ -40,20 +40,22 @@ def packages(names: list[str], installed: dict[str, bool]):
 
 
 @operation()
-def system_account(user: str, home: str, accounts: dict, shell: str = "/usr/sbin/nologin"):
-    """A system group and user of the same name, no login, no home made."""
+def system_account(user: str, home: str, accounts: dict, comment: str, shell: str = "/usr/sbin/nologin"):
+    """A system group and user of the same name, no login, no home made, COMMENT (the mark of an
+    account the deploy made: host/accounts.py; preflight has refused any other existing one)."""
     have_user = (accounts.get("users") or {}).get(user)
     have_group = user in (accounts.get("groups") or {})
-    if have_user and have_group and have_user["home"] == home and have_user["shell"] == shell:
+    if have_user and have_group and (have_user["home"], have_user["shell"], have_user.get("comment")) == \
+            (home, shell, comment):
         host.noop(f"user {user} present")
         return
     if not have_group:
         yield StringCommand(f"getent group {q(user)} >/dev/null || groupadd --system {q(user)}")
     if not have_user:
         yield StringCommand(f"getent passwd {q(user)} >/dev/null || useradd --system --gid {q(user)} "
-                            f"--home-dir {q(home)} --no-create-home --shell {q(shell)} {q(user)}")
+                            f"--comment {q(comment)} --home-dir {q(home)} --no-create-home --shell {q(shell)} {q(user)}")
     else:
-        yield StringCommand(f"usermod --home {q(home)} --shell {q(shell)} {q(user)}")
+        yield StringCommand(f"usermod --comment {q(comment)} --home {q(home)} --shell {q(shell)} {q(user)}")
 
 
 @operation()

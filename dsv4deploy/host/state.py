@@ -41,6 +41,20 @@ def directories(r: Rollout) -> list[tuple[str, str, str, str]]:
             (MODELS, "root", "root", "755"), (r.layout.secrets_dir, "root", "root", "700")]
 
 
+GATE_HOME = "/nonexistent"
+
+
+def accounts_wanted(r: Rollout) -> list[tuple[str, str, str, str]]:
+    """(name, home, what it is for, what to do if it is refused) of the accounts the deploy makes
+    or keeps (host/accounts.py judges them, tasks/system.py makes them)."""
+    user = r.data["service"]["user"]
+    return [(user, r.layout.state_dir, "service.user: runs the server",
+             "name an account of its own in service.user that does not exist yet (e.g. sglang): the deploy "
+             "makes it as a system account"),
+            (GATE_USER, GATE_HOME, "runs the gate's load client",
+             f"its name is fixed: remove or rename the host's {GATE_USER} account")]
+
+
 def patch_files(r: Rollout) -> list[tuple[str, int]]:
     return [(f"{r.layout.venv}/patches/{p['name']}.patch", int(p.get("strip", 1)))
             for p in r.data["sglang"].get("patches") or []]

@@ -343,6 +343,18 @@ def _service(profile, service, add) -> None:
                             "pick a name of its own, e.g. sglang or sglang-ctx8k"))
 
 
+def ssh_user_problem(profile: Profile, ssh_user: str | None) -> Problem | None:
+    """service.user as the inventory's SSH user (the deploy's own login, with sudo or not): the
+    deploy would set that account's shell to nologin. The denylist above is the first line; the
+    host's accounts are judged again before any change (dsv4deploy/host/accounts.py)."""
+    user = profile.data["service"]["user"]
+    if not ssh_user or user != ssh_user:
+        return None
+    return profile.problem(("service", "user"), f"{user!r} is the inventory's SSH user, the account this deploy "
+                           "logs in as: the deploy would set its shell to nologin; the server needs a user of its "
+                           "own, e.g. sglang")
+
+
 def _env(profile, server, add) -> None:
     for key in server.get("env") or {}:
         path = ("server", "env", key)

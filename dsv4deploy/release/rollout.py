@@ -19,7 +19,7 @@ from dsv4deploy.profile.load import Profile, load_profile
 from dsv4deploy.render.unit import SGLANG_MODULE, Rendered, render
 from dsv4deploy.profile.replicas import ReplicaPlan
 from dsv4deploy.profile import replicas
-from dsv4deploy.profile.validate import Report, validate
+from dsv4deploy.profile.validate import Report, ssh_user_problem, validate
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,8 @@ def rollout_for(host_data) -> Rollout:
         raise DeployError(f"invalid profile {name}:\n{exc}") from None
     if report.errors:
         raise DeployError(f"invalid profile {name}:\n" + "\n".join(map(str, report.problems)))
+    if own := ssh_user_problem(profile, host_data.get("ssh_user")):
+        raise DeployError(f"invalid profile {name} for this inventory:\n{own}")
     if not host_data.get("weights_source") and (unpinned := placeholder_problem(profile)):
         raise DeployError(f"invalid profile {name} for this host:\n{unpinned}")
     stand_ins = dict(host_data.get("stand_ins") or {})

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pyinfra.api import DeployError, deploy
 
 from dsv4deploy.profile import catalog
-from dsv4deploy.host.state import HostState
+from dsv4deploy.host.accounts import account_problems
+from dsv4deploy.host.state import HostState, accounts_wanted
 from dsv4deploy.render.layout import MODELS
 from dsv4deploy.preflight.gpus import NvidiaSmiError, check_gpus, driver_branch, parse_query, profile_expectations
 from dsv4deploy.release.rollout import Rollout
@@ -17,7 +18,8 @@ SUPPORTED_OS = ("debian", "ubuntu")
 
 @deploy("Preflight")
 def preflight(r: Rollout, state: HostState) -> dict:
-    """Returns what later steps need to know: {'driver_needed': bool, 'gpus': [...]}."""
+    """Refuses (nothing changed) a host whose OS, GPUs, disk, port or accounts (host/accounts.py)
+    the deploy cannot use. Returns what later steps need to know: {'driver_needed': bool, 'gpus': [...]}."""
     problems: list[str] = []
     data = r.data
     basics = state["basics"] or {}
@@ -59,6 +61,8 @@ def preflight(r: Rollout, state: HostState) -> dict:
         who = ", ".join(f"PID {p}" if p else "an unknown process" for p in strangers) or "a process"
         problems.append(f"port {port} is already held by {who}, not by {r.target.unit} "
                         f"(a stale server?): stop it by its PID or its unit, then deploy again")
+
+    problems += account_problems(accounts_wanted(r), state["accounts"] or {})
 
     if problems:
         raise DeployError("preflight refused the host:\n  - " + "\n  - ".join(problems)

@@ -7,8 +7,8 @@ from pyinfra.api import deploy
 
 from dsv4deploy.host import uvpip
 from dsv4deploy.host import installer, ops
-from dsv4deploy.host.state import HOST_PACKAGES, HostState, directories
-from dsv4deploy.render.layout import GATE_USER
+from dsv4deploy.host.accounts import MARKER
+from dsv4deploy.host.state import HOST_PACKAGES, HostState, accounts_wanted, directories
 from dsv4deploy.release.rollout import Rollout
 
 
@@ -25,10 +25,9 @@ def host_packages(r: Rollout, state: HostState) -> None:
 @deploy("Service user and directories")
 def service_user(r: Rollout, state: HostState) -> None:
     accounts = state["accounts"] or {}
-    ops.system_account(name=f"user {r.data['service']['user']} (no login)", user=r.data["service"]["user"],
-                       home=r.layout.state_dir, accounts=accounts)
-    ops.system_account(name=f"user {GATE_USER} (runs the gate's load client)", user=GATE_USER,
-                       home="/nonexistent", accounts=accounts)
+    for user, home, role, _ in accounts_wanted(r):
+        ops.system_account(name=f"user {user} ({role}, no login)", user=user, home=home, accounts=accounts,
+                           comment=MARKER)
     dirs = directories(r)
     ops.directories(name=f"dirs {', '.join(d[0] for d in dirs)}",
                     items=[(path, user, group, mode, state.file(path)) for path, user, group, mode in dirs])
