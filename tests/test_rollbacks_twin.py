@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from dsv4deploy.host.accounts import MARKER
+from dsv4deploy.render.layout import GATE_USER
 from dsv4deploy.sglang.patches import MASK_SECRETS_PATCH as MASK
 from ct200twin import faultlab
 from ct200twin.faultlab import FAST_START, FAULTS, QUICK_GATE, changed_ops, health, releases, served_context
@@ -52,6 +54,9 @@ def twin(rollback_twin, profiles):  # noqa: F811
     out = deploy("quick16k", profiles)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert [(r["release"], r["status"]) for r in releases(rollback_twin)] == [(1, "deployed")]
+    # the accounts it made (or an earlier release made and it adopted) carry its mark
+    comments = rollback_twin.run(f"getent passwd sglang {GATE_USER} | cut -d: -f5").stdout.split("\n")[:2]
+    assert comments == [MARKER, MARKER]
     yield rollback_twin
     rollback_twin.run(f"rm -f {FAULTS}", check=False)
 
@@ -145,3 +150,19 @@ def test_patched_venv_and_api_key_end_to_end(twin, profiles):
     assert "Restart | restart sglang.service (" in " ".join(changed_ops(text))
     assert not any(op.startswith("Launch check") for op in changed_ops(text))
     assert "passed it with this argv and venv" in text and "not run again" in text
+
+
+def test_a_login_account_as_service_user_is_refused_before_any_change(twin, profiles):
+    """service.user naming an operator's login account (no inventory can know it): the host's
+    read shows it and preflight stops the deploy before its first change."""
+    twin.run("getent passwd alice >/dev/null || useradd --create-home --shell /bin/bash alice")
+    before = twin.run("getent passwd alice").stdout
+    (profiles / "alice16k.yaml").write_text("extends: quick16k\nservice:\n  user: alice\n")
+    out = deploy("alice16k", profiles)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert "account 'alice' (service.user: runs the server) cannot be the deploy's: it is a login account" in text
+    assert "Nothing was changed on the host" in text
+    assert twin.run("getent passwd alice").stdout == before                  # still /bin/bash, its own home
+    assert changed_ops(text) == []
+    assert [r["profile"] for r in releases(twin)].count("alice16k") == 0 and health(twin) == "200"
