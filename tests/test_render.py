@@ -107,6 +107,21 @@ def test_nccl_overrides_win_over_the_preset(profile_dir):
     assert "NCCL_PROTO=Simple\n" in env and "NCCL_DEBUG=INFO\n" in env and "NCCL_PROTO=LL\n" not in env
 
 
+@pytest.mark.parametrize("env,nccl", [("1", "1"), ("'1'", "'1'"), ("true", '"1"')])
+def test_one_value_in_any_yaml_spelling_renders_one_release(profile_dir, env, nccl):
+    """1, "1" and (for the environment) true are one value: the same files, content hash included,
+    so changing the spelling is no change to deploy."""
+    def rendered(env_value: str, nccl_value: str):
+        profile_dir.write("spelled", f"extends: nvfp4-ctx8k\nserver:\n  env:\n    SGLANG_X: {env_value}\n"
+                          f"nccl:\n  preset: ll-ring\n  overrides:\n    NCCL_NCHANNELS_PER_PEER: {nccl_value}\n")
+        return render(load_profile("spelled"))
+
+    plain = rendered("'1'", "'1'")
+    spelled = rendered(env, nccl)
+    assert "Environment=SGLANG_X=1\n" in spelled.unit and "NCCL_NCHANNELS_PER_PEER=1\n" in spelled.nccl_env
+    assert spelled.files == plain.files
+
+
 def test_api_key_never_reaches_argv_or_unit(profile_dir):
     profile_dir.write("keyed", "extends: nvfp4-ctx8k\nserver:\n  api_key: true\n")
     r = render(load_profile("keyed"))

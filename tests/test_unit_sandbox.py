@@ -102,11 +102,39 @@ def test_strict_is_the_default_and_keeps_what_cuda_needs():
         assert not any(line.startswith(breaks_cuda) for line in lines), breaks_cuda
 
 
-def test_hardening_off_is_a_warning(profile_dir):
+def test_hardening_off_without_a_reason_is_refused(profile_dir):
     profile_dir.write("open", """
         extends: nvfp4-ctx8k
         service: {hardening: "off"}
     """)
     report = validate(load_profile("open"))
+    assert [(p.path, p.line) for p in report.errors] == [("service.hardening", 2)]
+    assert "service.hardening_off_reason" in report.errors[0].message
+
+
+def test_hardening_off_with_a_reason_is_a_warning_naming_it(profile_dir):
+    profile_dir.write("open", """
+        extends: nvfp4-ctx8k
+        service: {hardening: "off", hardening_off_reason: "kernel 5.4 on the lab box kills the seccomp filter"}
+    """)
+    report = validate(load_profile("open"))
     assert report.ok
-    assert any(p.path == "service.hardening" and "sandbox" in p.message for p in report.warnings)
+    assert any(p.path == "service.hardening" and "sandbox" in p.message and "kernel 5.4" in p.message
+               for p in report.warnings)
+
+
+def test_a_blank_reason_is_no_reason(profile_dir):
+    profile_dir.write("open", """
+        extends: nvfp4-ctx8k
+        service: {hardening: "off", hardening_off_reason: "   "}
+    """)
+    assert [p.path for p in validate(load_profile("open")).errors] == ["service.hardening"]
+
+
+def test_a_reason_without_hardening_off_is_a_warning(profile_dir):
+    profile_dir.write("open", """
+        extends: nvfp4-ctx8k
+        service: {hardening_off_reason: "left over"}
+    """)
+    report = validate(load_profile("open"))
+    assert report.ok and [p.path for p in report.warnings if "reason" in p.message] == ["service.hardening_off_reason"]

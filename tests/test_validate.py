@@ -120,6 +120,47 @@ def test_nop2p_requires_disabling_custom_all_reduce(profile_dir):
     assert "nop2p NCCL preset needs disable_custom_all_reduce: true" in msg
 
 
+# Every spelling the renderer turns into NCCL_P2P_DISABLE=1, or that NCCL reads as 1 (strtol, base 0).
+P2P_OFF = ["1", "'1'", '"1"', "0x1", "001", "'01'", "'0x1'", "'+1'"]
+
+
+@pytest.mark.parametrize("spelling", P2P_OFF)
+def test_p2p_off_needs_custom_all_reduce_off_in_every_spelling(profile_dir, spelling):
+    """Issue 37: `NCCL_P2P_DISABLE: 1` (a YAML integer) passed while "1" was refused."""
+    report = report_for(profile_dir, f"nccl:\n  preset: ll-ring\n  overrides:\n    NCCL_P2P_DISABLE: {spelling}\n")
+    assert [(p.path, p.line) for p in report.errors] == [("nccl.overrides.NCCL_P2P_DISABLE", 5)]
+    assert "P2P off (NCCL_P2P_DISABLE=" in report.errors[0].message
+
+
+@pytest.mark.parametrize("spelling", P2P_OFF)
+def test_p2p_off_with_custom_all_reduce_off_passes_in_every_spelling(profile_dir, spelling):
+    report = report_for(profile_dir, "server:\n  disable_custom_all_reduce: true\n"
+                        f"nccl:\n  preset: ll-ring\n  overrides:\n    NCCL_P2P_DISABLE: {spelling}\n")
+    assert report.ok, errors(report)
+
+
+@pytest.mark.parametrize("spelling", ["0", "'0'", "'00'", "'0x0'"])
+def test_nop2p_with_p2p_back_on_needs_nothing(profile_dir, spelling):
+    """The rule reads the value nccl.env will hold, the preset's and the override's together."""
+    report = report_for(profile_dir, f"nccl:\n  preset: nop2p\n  overrides:\n    NCCL_P2P_DISABLE: {spelling}\n")
+    assert report.ok, errors(report)
+
+
+@pytest.mark.parametrize("spelling", P2P_OFF)
+def test_nop2p_with_p2p_off_again_blames_the_override(profile_dir, spelling):
+    report = report_for(profile_dir, f"nccl:\n  preset: nop2p\n  overrides:\n    NCCL_P2P_DISABLE: {spelling}\n")
+    assert [p.path for p in report.errors] == ["nccl.overrides.NCCL_P2P_DISABLE"]
+
+
+def test_rules_read_env_and_nccl_values_as_rendered(profile_dir):
+    """Normalized once at load: YAML 1 / "1" / true are the string "1", 0x10 is "16", false is "0"."""
+    profile_dir.write("case", "extends: nvfp4-ctx8k\nserver:\n  env: {A: 1, B: '1', C: true, D: false, E: 0x10}\n"
+                      "nccl:\n  preset: ll-ring\n  overrides: {NCCL_X: 1, NCCL_Y: '1', NCCL_Z: 0x10}\n")
+    data = load_profile("case").data
+    assert data["server"]["env"] == {"A": "1", "B": "1", "C": "1", "D": "0", "E": "16"}
+    assert data["nccl"]["overrides"] == {"NCCL_X": "1", "NCCL_Y": "1", "NCCL_Z": "16"}
+
+
 def test_old_driver_branch(profile_dir):
     assert "needs driver branch >= 570" in errors(report_for(profile_dir, "driver:\n  branch: 535\n"))
 

@@ -129,12 +129,14 @@ RULES: dict[tuple, Rule] = {
                               64, r"[a-z][a-z0-9-]*"),
     ("service", "user"): Rule("a user name: lower-case letters, digits, '_' and '-'", 32,
                               r"[a-z_][a-z0-9_-]*"),
+    ("service", "hardening_off_reason"): TEXT,
     ("calibration", "measured"): TEXT,
     ("replicas", "gateway", "host"): Rule("a host name or IP address", 255, r"[0-9A-Za-z:][0-9A-Za-z.:-]*"),
     ("replicas", "gateway", "version"): Rule("an smg release like 1.13.0", 32, r"[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?"),
 }
 KEY_RULES: dict[tuple, Rule] = {("server", "env"): ENV_KEY, ("nccl", "overrides"): NCCL_KEY}
-# Strings and integers go through the same rule here (an integer is checked as it is rendered).
+# Strings and integers go through the same rule here (an integer is checked as it is rendered),
+# and load.py turns them into that rendered text (normalize_rendered) before any rule reads them.
 STRINGLIKE = {("server", "env", "<key>"), ("nccl", "overrides", "<key>")}
 
 assert all(r.max_len * 4 < MAX_ARG_STRLEN for r in (*RULES.values(), *KEY_RULES.values()))
@@ -191,6 +193,28 @@ def value_problems(data, path: tuple = ()) -> list[tuple[tuple, str]]:
         elif abs(data) > MAX_INT:
             found.append((path, f"number too large: {data!r}"))
     return found
+
+
+def rendered_text(value) -> str:
+    """The text an environment or NCCL value is rendered as, the one spelling rules judge:
+    a string as it is, an integer in decimal (YAML's 1, 0x1 and 01 are all "1"), true and false
+    as "1" and "0". The schema refuses every other type before this runs (1.0, a list, null)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise TypeError(f"not a rendered scalar: {value!r}")
+
+
+def normalize_rendered(data: dict) -> None:
+    """Replace, in place, every STRINGLIKE value of a schema-valid profile (server.env,
+    nccl.overrides) by its rendered text: a rule then sees what the host will get, never the
+    YAML spelling (`NCCL_P2P_DISABLE: 1` and `"1"` are one value)."""
+    for top, sub, _ in sorted(STRINGLIKE):
+        mapping = (data.get(top) or {}).get(sub)
+        if isinstance(mapping, dict):
+            for key, value in mapping.items():
+                mapping[key] = rendered_text(value)
 
 
 def check_name(name) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from jsonschema import Draft202012Validator, validators
 
 from dsv4deploy import PACKAGE_DATA
-from dsv4deploy.profile.boundary import NAME_PATTERN, check_name, value_problems
+from dsv4deploy.profile.boundary import NAME_PATTERN, check_name, normalize_rendered, value_problems
 from dsv4deploy.profile.errors import Problem, ProfileError
 from dsv4deploy.profile.yamlpos import Origins, format_path, load_yaml
 
@@ -164,7 +164,8 @@ def load_raw(name: str, directory: Path) -> tuple[dict, Origins, tuple[str, ...]
 
 def load_profile(name: str, directory: Path) -> Profile:
     """Load, merge and check the deployable profile NAME of DIRECTORY (boundary rule, then the
-    schema); raise ProfileError listing every problem."""
+    schema); raise ProfileError listing every problem. Environment and NCCL values come back
+    as the text they render to (boundary.rendered_text), whatever their YAML spelling."""
     path = _profile_path(name, directory)
     if name.startswith("_"):
         users = [p for p in list_profiles(directory) if _extends(directory, p) == name]
@@ -179,6 +180,7 @@ def load_profile(name: str, directory: Path) -> Profile:
     problems += [p for p in schema_problems(profile) if p.path not in seen]
     if problems:
         raise ProfileError(problems)
+    normalize_rendered(profile.data)  # once, before any rule reads an env or NCCL value
     return profile
 
 
@@ -270,6 +272,8 @@ def schema_problems(profile: Profile) -> list[Problem]:
             msg = f"expected one of {', '.join(map(str, error.validator_value))}; got {_shown(value)}"
             hint = difflib.get_close_matches(str(value), [str(v) for v in error.validator_value], n=1)
             msg += f"; did you mean {hint[0]}?" if hint else ""
+            if isinstance(value, bool):  # YAML 1.1 reads bare off/on/yes/no as booleans
+                msg += " (a bare off, on, yes or no is a boolean in YAML: quote it, e.g. 'off')"
         elif kind == "pattern" and isinstance(value, str) and not value.isprintable():
             msg = f"must not contain a newline or control character (it would reach a rendered file): {_shown(value)}"
         elif kind == "pattern":

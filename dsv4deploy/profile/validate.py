@@ -17,6 +17,7 @@ from dsv4deploy.sglang.patches import (MASK_SECRETS_PATCH, PR25820_PATCH, PR2582
                                        profile_entry)
 from dsv4deploy.sglang.flags import MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
 from dsv4deploy.render.layout import GATE_USER
+from dsv4deploy.render.nccl import nccl_environment, nccl_integer
 from dsv4deploy.profile.load import Profile
 from dsv4deploy.sglang.versions import facts, known_versions
 
@@ -125,9 +126,7 @@ def validate(profile: Profile) -> Report:
                             f"driver branch >= {gpu.min_driver_branch}, got {data['driver']['branch']}"))
     if version is not None and server.get("api_key"):
         _api_key_masked(profile, version, add)
-    if data["service"].get("hardening") == "off":
-        add(profile.problem(("service", "hardening"), "the unit runs without a sandbox: the server runs model "
-                            "code with full access to the host as its user; use strict or standard", "warning"))
+    _hardening(profile, data["service"], add)
     if version is not None and data["driver"]["branch"] < version.min_driver_branch:
         add(profile.problem(("driver", "branch"), f"SGLang {version.version} is built for CUDA 13, whose runtime "
                             f"needs driver branch >= {version.min_driver_branch}, got {data['driver']['branch']}"))
@@ -230,14 +229,39 @@ def _api_key_masked(profile, version, add) -> None:
                             f"{{name: {entry['name']}, file: {entry['file']}, sha256: {entry['sha256']}}}"))
 
 
+def _hardening(profile, service, add) -> None:
+    """`hardening: off` (systemd-analyze exposure 9.2) only with a reason written next to it:
+    turning the sandbox off is a decision someone states, not a default someone inherits."""
+    level, reason = service.get("hardening", "strict"), service.get("hardening_off_reason")
+    if level == "off" and not (reason or "").strip():
+        add(profile.problem(("service", "hardening"), "hardening: off runs the server's model code with full "
+                            "access to the host as its user: say why in service.hardening_off_reason, or use "
+                            "strict or standard"))
+    elif level == "off":
+        add(profile.problem(("service", "hardening"), f"the unit runs without a sandbox ({reason}): the server "
+                            "runs model code with full access to the host as its user; use strict or standard",
+                            "warning"))
+    elif reason is not None:
+        add(profile.problem(("service", "hardening_off_reason"), f"hardening is {level}, not off: this reason "
+                            "explains nothing; remove it", "warning"))
+
+
 def _nccl(profile, data, add) -> None:
-    if data["nccl"]["preset"] == "nop2p" and not data["server"]["disable_custom_all_reduce"]:
-        add(profile.problem(("server", "disable_custom_all_reduce"),
-                            "the nop2p NCCL preset needs disable_custom_all_reduce: true (SGLang's custom "
-                            "all-reduce uses P2P itself)"))
-    if data["nccl"].get("overrides", {}).get("NCCL_P2P_DISABLE") == "1" and not data["server"]["disable_custom_all_reduce"]:
+    """P2P off (the value NCCL reads from the rendered nccl.env, whatever its spelling: 1, "1",
+    "01", "0x1") needs SGLang's custom all-reduce off too: it uses P2P itself (a hang at start)."""
+    if data["server"]["disable_custom_all_reduce"]:
+        return
+    overrides = data["nccl"].get("overrides") or {}
+    p2p = nccl_environment(data["nccl"]["preset"], overrides).get("NCCL_P2P_DISABLE", "")
+    if nccl_integer(p2p) != 1:
+        return
+    if "NCCL_P2P_DISABLE" in overrides:
         add(profile.problem(("nccl", "overrides", "NCCL_P2P_DISABLE"),
-                            "P2P off needs server.disable_custom_all_reduce: true"))
+                            f"P2P off (NCCL_P2P_DISABLE={p2p}) needs server.disable_custom_all_reduce: true"))
+    else:
+        add(profile.problem(("server", "disable_custom_all_reduce"),
+                            f"the {data['nccl']['preset']} NCCL preset needs disable_custom_all_reduce: true "
+                            "(SGLang's custom all-reduce uses P2P itself)"))
 
 
 _NEGATIVE_NUMBER = re.compile(r"-[0-9]+|-[0-9]*\.[0-9]+")

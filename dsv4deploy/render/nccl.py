@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from dsv4deploy.profile.boundary import rendered_text
+
 PRESETS: dict[str, dict[str, str]] = {
     "ll-ring": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_IB_DISABLE": "1"},
     "p2p": {"NCCL_P2P_LEVEL": "SYS", "NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "8"},
@@ -18,11 +20,27 @@ PRESETS: dict[str, dict[str, str]] = {
 
 
 def nccl_environment(preset: str, overrides: dict | None = None) -> dict[str, str]:
-    """The preset's variables with the profile's overrides on top, as strings (an integer
-    override is its decimal spelling: one rule for `4` and `"4"`)."""
+    """The preset's variables with the profile's overrides on top, as the text they render to
+    (boundary.rendered_text, which load.py has already applied: one value for `4` and `"4"`)."""
     env = dict(PRESETS[preset])
-    env.update({k: str(v) for k, v in (overrides or {}).items()})
+    env.update({k: rendered_text(v) for k, v in (overrides or {}).items()})
     return dict(sorted(env.items()))
+
+
+_C_INTEGER = re.compile(r"[ \t]*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+
+
+def nccl_integer(text: str) -> int | None:
+    """TEXT as NCCL reads an integer variable (C strtol, base 0: "1", "01", "0x1" and "+1" are
+    all 1, and what follows the number is ignored), or None where no number starts it."""
+    match = _C_INTEGER.match(text)
+    if match is None:
+        return None
+    sign, digits = match.groups()
+    base = 16 if digits[1:2] in ("x", "X") else 8 if digits.startswith("0") else 10
+    value = int(digits, base)
+    return -value if sign == "-" else value
+
 
 
 _BARE = re.compile(r"[A-Za-z0-9.,:=+/@%^_-]*")

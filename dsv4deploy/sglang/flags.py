@@ -5,6 +5,8 @@ extra_args word or an env key that would repeat one (render.py and validate.py b
 
 from __future__ import annotations
 
+from dsv4deploy.profile.boundary import rendered_text
+
 # PATH for the unit: SGLang sizes memory through nvidia-smi, which must be found.
 UNIT_PATH = "/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Environment the unit always sets; a profile's server.env may not repeat these.
@@ -12,10 +14,10 @@ MANAGED_ENV = {"PATH": UNIT_PATH, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"
 
 
 def unit_environment(data: dict) -> dict[str, str]:
-    """The unit's Environment=, in its order: MANAGED_ENV, then the profile's server.env (bools as
-    1/0). The unit's renderers and the NCCL probe's ranks read it from here."""
-    return {**MANAGED_ENV, **{k: ("1" if v is True else "0" if v is False else str(v))
-                              for k, v in sorted((data["server"].get("env") or {}).items())}}
+    """The unit's Environment=, in its order: MANAGED_ENV, then the profile's server.env as the
+    text boundary.rendered_text gives it (true/false as 1/0), the text validate.py judged. The
+    unit's renderers and the NCCL probe's ranks read it from here."""
+    return {**MANAGED_ENV, **{k: rendered_text(v) for k, v in sorted((data["server"].get("env") or {}).items())}}
 
 # Flags the profile manages, with every alias SGLang accepts for them: extra_args may not
 # repeat them (an override buried in extra_args is how a launch silently differs from its profile).
