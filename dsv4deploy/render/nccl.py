@@ -42,7 +42,6 @@ def nccl_integer(text: str) -> int | None:
     return -value if sign == "-" else value
 
 
-
 _BARE = re.compile(r"[A-Za-z0-9.,:=+/@%^_-]*")
 
 
