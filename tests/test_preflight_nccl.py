@@ -19,7 +19,7 @@ import pytest
 
 from dsv4deploy.sglang.flags import MANAGED_ENV
 from dsv4deploy.render.layout import Layout
-from dsv4deploy.render.nccl import PRESETS, nccl_environment, render_env_file
+from dsv4deploy.render.nccl import LOOPBACK_SOCKETS, PRESETS, nccl_environment, render_env_file
 from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_groups, format_result, launch,
                                   probe_argv, rank_environment, read_env_file)
 from dsv4deploy.preflight import nccl_probe as P
@@ -177,7 +177,9 @@ def test_cli_env_file_reaches_ranks_unchanged(tmp_path, capsys, monkeypatch):
 def test_cli_profile_dry_run_and_compare_presets(capsys):
     assert main(["nccl", "--profile", "nvfp4-tp8-nop2p", "--dry-run", "--json", "--nranks", "2"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["label"] == "nop2p" and res["nccl_env"] == PRESETS["nop2p"] and res["nranks"] == 2
+    # one host: the rendered file's loopback sockets too, so the probe runs as the unit's server would
+    assert res["label"] == "nop2p" and res["nccl_env"] == {**PRESETS["nop2p"], **LOOPBACK_SOCKETS}
+    assert res["nranks"] == 2
     assert main(["nccl", "--profile", "nvfp4-ctx8k", "--dry-run", "--json", "--nranks", "2",
                  "--compare-presets"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -185,7 +187,9 @@ def test_cli_profile_dry_run_and_compare_presets(capsys):
     for run in doc["runs"]:
         for env in rank_envs(run):
             assert env["NCCL_IB_DISABLE"] == "1"
-            assert {k for k in env if k.startswith("NCCL_")} - {"NCCL_NVLS_ENABLE"} == set(PRESETS[run["label"]])
+            assert {k for k in env if k.startswith("NCCL_")} - {"NCCL_NVLS_ENABLE"} == \
+                set(PRESETS[run["label"]]) | {"NCCL_SOCKET_IFNAME"}
+            assert env["NCCL_SOCKET_IFNAME"] == "lo"
 
 
 # --- the hard timeout -------------------------------------------------------------------------
@@ -374,7 +378,8 @@ def test_probe_argv_for_the_deploy():
                     "launch", "--as-service", "--json", "--timeout", "60", "--nranks", "4",
                     "--env-file", "/etc/dsv4deploy/sglang/nccl.env", *unit]
     argv = probe_argv(data, script="p.py", python="py", timeout_s=5, nranks=2)
-    assert argv[argv.index("--nccl") + 1] == "NCCL_ALGO=Ring" and argv.count("--nccl") == 3
+    assert argv[argv.index("--nccl") + 1] == "GLOO_SOCKET_IFNAME=lo" and argv.count("--nccl") == 5
+    assert "NCCL_SOCKET_IFNAME=lo" in argv
     # the argv parses with the probe's own parser
     ns = P.build_parser().parse_args(argv[3:])
     assert ns.nranks == 2 and ns.timeout == 5 and ns.json and ns.as_service

@@ -44,9 +44,11 @@ def _load(name: str, profiles: Path):
 
 def profile_nccl_env(data: dict, preset: str | None = None) -> dict[str, str]:
     """What the profile's NCCL env file holds (or would, with `preset` instead of its own)."""
+    from dsv4deploy.profile.network import single_host
     from dsv4deploy.render.nccl import nccl_environment
 
-    return nccl_environment(preset or data["nccl"]["preset"], data["nccl"].get("overrides"))
+    return nccl_environment(preset or data["nccl"]["preset"], data["nccl"].get("overrides"),
+                            one_host=single_host(data))
 
 
 def profile_groups(data: dict) -> list[list[int]] | None:

@@ -96,6 +96,8 @@ NCCL_KEY = Rule("an NCCL variable: NCCL_ then upper-case letters, digits and '_'
 NCCL_VALUE = Rule("an NCCL value: letters, digits and . , : = + / @ % ^ _ - (no spaces, quotes, "
                   "backslashes or $: nccl.env is read by systemd's EnvironmentFile= parser and by NCCL)",
                   256, r"[A-Za-z0-9.,:=+/@%^_-]+")
+NETWORK = Rule("an IP network in CIDR notation or one address, e.g. 10.0.0.0/8, 192.0.2.7 or fd00::/8 "
+               "(network.py then parses it)", 64, r"[0-9A-Fa-f.:]+(/[0-9]{1,3})?")
 
 # Every string position in a profile; "*" is any list index, "<key>" any mapping key.
 RULES: dict[tuple, Rule] = {
@@ -130,6 +132,8 @@ RULES: dict[tuple, Rule] = {
     ("service", "user"): Rule("a user name: lower-case letters, digits, '_' and '-'", 32,
                               r"[a-z_][a-z0-9_-]*"),
     ("service", "hardening_off_reason"): TEXT,
+    ("service", "allow_clients", "*"): NETWORK,
+    ("service", "allow_egress", "*"): NETWORK,
     ("calibration", "measured"): TEXT,
     ("replicas", "gateway", "host"): Rule("a host name or IP address", 255, r"[0-9A-Za-z:][0-9A-Za-z.:-]*"),
     ("replicas", "gateway", "version"): Rule("an smg release like 1.13.0", 32, r"[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?"),

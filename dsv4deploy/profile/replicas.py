@@ -9,10 +9,10 @@ endpoint (default server.host:server.port); the replicas bind loopback only.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 from dsv4deploy.gateway import model as gateway
+from dsv4deploy.profile.network import is_loopback, public_endpoint
 
 DEFAULT_DRAIN_TIMEOUT_S = 300
 DEFAULT_METRICS_PORT = 29000
@@ -109,15 +109,6 @@ def plan(data: dict) -> ReplicaPlan | None:
     )
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check(profile, add) -> None:
     """Add a Problem (via `add`) for every replica setting that cannot work on the host."""
     data = profile.data
@@ -140,14 +131,13 @@ def check(profile, add) -> None:
                             "and listen on loopback only; use 127.0.0.1 and set replicas.gateway.host for the "
                             "public address"))
     public = gw.get("host", server["host"])
-    if not server.get("api_key"):
-        if is_loopback(public):
-            add(profile.problem(("server", "api_key"), "no API key: the gateway's control plane (POST/DELETE "
-                                "/workers) is open to every local user", "warning"))
-        else:
-            add(profile.problem(("server", "api_key"), f"the gateway listens on {public} and its control plane "
-                                "(POST/DELETE /workers, which can point it at any URL) shares that listener: "
-                                "set server.api_key: true (the same key guards data and control plane)"))
+    if not server.get("api_key") and is_loopback(public):
+        add(profile.problem(("server", "api_key"), "no API key: the gateway's control plane (POST/DELETE "
+                            "/workers) is open to every local user", "warning"))
+    if "host" in gw or is_loopback(server["host"]):    # else refused above: the endpoint is to be moved
+        host_path = ("replicas", "gateway", "host") if "host" in gw else ("server", "host")
+        public_endpoint(profile, host_path, public, "the gateway (its control plane, POST/DELETE /workers, shares the "
+                    "listener)", add)
     if not server.get("enable_metrics"):
         add(profile.problem(("server", "enable_metrics"), "a rolling update drains a replica by reading its "
                             "/metrics (running and queued requests): set server.enable_metrics: true"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from dsv4deploy.profile import catalog, replicas
+from dsv4deploy.profile import catalog, network, replicas
 from dsv4deploy.profile.boundary import shown
 from dsv4deploy.profile.errors import Problem
 from dsv4deploy.profile.memory import Budget, BudgetInputError, budget
@@ -120,6 +120,7 @@ def validate(profile: Profile) -> Report:
     _secrets(profile, add)
     _service(profile, data["service"], add)
     replicas.check(profile, add)
+    network.check(profile, add)
     _env(profile, server, add)
     if data["driver"]["branch"] < gpu.min_driver_branch:
         add(profile.problem(("driver", "branch"), f"{gpu.name} (compute capability {gpu.compute_cap}) needs "

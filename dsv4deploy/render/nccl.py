@@ -19,10 +19,18 @@ PRESETS: dict[str, dict[str, str]] = {
 }
 
 
-def nccl_environment(preset: str, overrides: dict | None = None) -> dict[str, str]:
+# One host: NCCL's bootstrap and out-of-band sockets and torch's gloo (SGLang's CPU groups) on
+# loopback. Each would otherwise pick an interface by itself (NCCL the first non-loopback one,
+# gloo the address the host name resolves to), and the unit's IPAddressDeny=any (network.py)
+# drops anything but loopback. A profile's nccl.overrides may still set NCCL_SOCKET_IFNAME.
+LOOPBACK_SOCKETS = {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def nccl_environment(preset: str, overrides: dict | None = None, one_host: bool = False) -> dict[str, str]:
     """The preset's variables with the profile's overrides on top, as the text they render to
-    (boundary.rendered_text, which load.py has already applied: one value for `4` and `"4"`)."""
-    env = dict(PRESETS[preset])
+    (boundary.rendered_text, which load.py has already applied: one value for `4` and `"4"`). With
+    ONE_HOST (network.single_host), LOOPBACK_SOCKETS under the overrides."""
+    env = {**PRESETS[preset], **(LOOPBACK_SOCKETS if one_host else {})}
     env.update({k: rendered_text(v) for k, v in (overrides or {}).items()})
     return dict(sorted(env.items()))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib.resources import files as package_files
 
 from dsv4deploy.gateway import model as gateway
-from dsv4deploy.profile import replicas
+from dsv4deploy.profile import network, replicas
 from dsv4deploy.profile.boundary import RENDERED_LINE_MAX
 from dsv4deploy.profile.errors import ProfileError
 from dsv4deploy.profile.load import Profile
@@ -53,7 +53,8 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
                                 config=f"%d/{SGLANG_CONFIG_CREDENTIAL}" if keyed else None)
     raw = {template_argv.index("--port") + 1} | ({template_argv.index("--config") + 1} if keyed else set())
     env = unit_environment(data)
-    nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"))
+    nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"),
+                                 one_host=network.single_host(data))
     inputs = dict(
         profile=profile.name, content_hash=profile.content_hash,
         sglang_version=data["sglang"]["version"], model_repo=data["model"]["repo"],
@@ -65,13 +66,14 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
         exec_start=systemd_exec(template_argv, frozenset(raw)),
         timeout_start_s=service["timeout_start_s"], timeout_stop_s=service["timeout_stop_s"],
         start_limit_interval=max(600, 3 * service["timeout_start_s"]),
-        instance_note=", replica %i",
+        instance_note=", replica %i", ip_allow=network.replica_allow(data) or [],
     )
     check_template_inputs(profile, inputs)
     unit = templates().get_template("sglang.service.j2").render(**inputs)
     files = {layout.template_unit: unit}
     rendered_replicas = []
-    found: list[tuple[tuple, tuple, str]] = []
+    found: list[tuple[tuple, tuple, str]] = [(loc, template_argv, f"{layout.template_unit}: {msg}") for loc, msg in
+                                             unitcheck.check_ip_access(unit, network.replica_allow(data))]
     for r in plan.replicas:
         instance = layout.instance(r.index)
         argv = launch_argv(profile, module, port=str(r.port),
@@ -94,7 +96,7 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
     gw = _gateway(profile, layout, plan, keyed)
     found += [(loc, gw.argv, f"{gw.service}.service: {msg}") for loc, msg in
               unitcheck.check_unit(gw.unit, gw.argv, GATEWAY_ENV, unit_specifiers(gw.service), RENDERED_LINE_MAX,
-                                   quote=systemd_word)]
+                                   quote=systemd_word) + unitcheck.check_ip_access(gw.unit, network.gateway_allow(data))]
     if found:
         raise ProfileError([profile.problem(_where(profile, argv, loc), f"refused at render: {msg}")
                             for loc, argv, msg in found])
@@ -132,6 +134,7 @@ def _gateway(profile: Profile, layout: Layout, plan, keyed: bool) -> RenderedGat
         environment=[systemd_env(k, v) for k, v in GATEWAY_ENV.items()],
         credentials=[(gateway.KEY_CREDENTIAL, layout.api_key_file)] if keyed else [],
         exec_start=systemd_exec(argv), timeout_stop_s=gateway.SHUTDOWN_GRACE_S + 30,
+        ip_allow=network.gateway_allow(profile.data),
     )
     check_template_inputs(profile, inputs)
     unit = templates().get_template("gateway.service.j2").render(**inputs)

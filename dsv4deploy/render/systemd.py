@@ -91,6 +91,8 @@ def blame(profile: Profile, argv: list[str], loc: tuple) -> tuple:
     if loc[0] == "nccl":
         overrides = data["nccl"].get("overrides") or {}
         return ("nccl", "overrides", loc[1]) if loc[1] in overrides else ("nccl", "preset")
+    if loc[0] == "ip":
+        return ("service",)
     if loc[0] == "argv":
         extra = data["server"].get("extra_args") or []
         first_extra = len(argv) - len(extra)

@@ -11,6 +11,7 @@ profile asked for is a ProfileError naming the profile key, never a file on a ho
 from __future__ import annotations
 
 from dsv4deploy.profile.boundary import RENDERED_LINE_MAX
+from dsv4deploy.profile import network
 from dsv4deploy.profile.errors import ProfileError
 from dsv4deploy.profile.load import Profile
 from dsv4deploy.render import unitcheck
@@ -32,7 +33,8 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
     server, service = data["server"], data["service"]
     argv = launch_argv(profile, module)
     env = unit_environment(data)
-    nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"))
+    nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"),
+                                 one_host=network.single_host(data))
     nccl_env = render_env_file(nccl_vars, f"NCCL preset {data['nccl']['preset']} for profile {profile.name}")
     credentials = [(SGLANG_CONFIG_CREDENTIAL, layout.sglang_config_secret)] if server.get("api_key") else []
     inputs = dict(
@@ -44,11 +46,11 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
         exec_start=systemd_exec(argv),
         timeout_start_s=service["timeout_start_s"], timeout_stop_s=service["timeout_stop_s"],
         start_limit_interval=max(600, 3 * service["timeout_start_s"]),
-        instance_note="", extra_env_files=[],
+        instance_note="", extra_env_files=[], ip_allow=network.server_allow(data) or [],
     )
     check_template_inputs(profile, inputs)
     unit = templates().get_template("sglang.service.j2").render(**inputs)
-    check_round_trip(profile, unit, nccl_env, argv, env, nccl_vars)
+    check_round_trip(profile, unit, nccl_env, argv, env, nccl_vars, network.server_allow(data))
     files = {layout.unit: unit, layout.nccl_env: nccl_env}
     manifest = manifest_text({**manifest_base(profile, layout, module, argv), "service": service["name"],
                               "endpoint": {"host": server["host"], "port": server["port"]}}, files)
@@ -59,12 +61,14 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
 # --- the guard: nothing reaches a host that systemd would read differently ---------------------
 
 def check_round_trip(profile: Profile, unit: str, nccl_env: str, argv: list[str], env: dict[str, str],
-                     nccl_vars: dict[str, str]) -> None:
+                     nccl_vars: dict[str, str], ip_allow: list[str] | None) -> None:
     """Read the unit and the NCCL env file back as systemd does; raise ProfileError (naming the
-    profile key each difference comes from) unless they give exactly `argv`, `env` and `nccl_vars`."""
+    profile key each difference comes from) unless they give exactly `argv`, `env`, `nccl_vars`
+    and the peers `ip_allow` (None: no IP rules)."""
     service = profile.data["service"]["name"]
     found = unitcheck.check_unit(unit, argv, env, unit_specifiers(service), RENDERED_LINE_MAX, quote=systemd_word)
     found += [(("nccl",) + loc[1:], msg) for loc, msg in unitcheck.check_env_file(nccl_env, nccl_vars)]
+    found += unitcheck.check_ip_access(unit, ip_allow)
     if found:
         raise ProfileError([profile.problem(blame(profile, argv, loc), f"refused at render: {msg}")
                             for loc, msg in found])

@@ -14,6 +14,7 @@ resolve at render time, a comment line ending in a backslash) is a SyntaxProblem
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -407,6 +408,54 @@ def check_instance(unit: str, argv: list[str], env: dict[str, str], env_files: d
         except SyntaxProblem as exc:
             return [(("env", None), f"{path} does not read back: {exc}")]
     return check_unit(unit, argv, env, specifiers, max_line, quote=quote, exec_env=exec_env)
+
+
+IP_KEYWORDS = ("any", "localhost", "link-local", "multicast")
+
+
+def _ip_entries(value: str) -> list[str]:
+    """One IPAddressAllow=/IPAddressDeny= value as systemd reads it: whitespace-separated
+    keywords and prefixes (a bare address is its /32 or /128), host bits masked off."""
+    out = []
+    for word in value.split():
+        if word in IP_KEYWORDS:
+            out.append(word)
+            continue
+        try:
+            out.append(str(ipaddress.ip_network(word, strict=False)))
+        except ValueError:
+            raise SyntaxProblem(f"{word!r} is not an address prefix systemd reads") from None
+    return out
+
+
+def ip_access(unit: str) -> tuple[list[str], list[str]]:
+    """(allowed, denied) of the unit's [Service] as systemd builds them: each assignment adds
+    to its list, an empty one empties it."""
+    lists: dict[str, list[str]] = {"IPAddressAllow": [], "IPAddressDeny": []}
+    for d in unit_directives(unit):
+        if d.section == "Service" and d.key in lists:
+            lists[d.key] = lists[d.key] + _ip_entries(d.value) if d.value else []
+    return lists["IPAddressAllow"], lists["IPAddressDeny"]
+
+
+def check_ip_access(unit: str, allow: list[str] | None) -> list[tuple[tuple, str]]:
+    """Mismatches between the peers the unit lets through and ALLOW (None: no IP rules at all,
+    the sandbox is off): IPAddressDeny= must be exactly `any`, IPAddressAllow= exactly ALLOW."""
+    try:
+        got_allow, got_deny = ip_access(unit)
+        want = sorted(set(_ip_entries(" ".join(allow or []))))
+    except SyntaxProblem as exc:
+        return [(("ip",), f"IPAddressAllow=/IPAddressDeny= do not read back: {exc}")]
+    if allow is None:
+        if got_allow or got_deny:
+            return [(("ip",), f"the unit has IP rules (allow {got_allow}, deny {got_deny}), the profile none")]
+        return []
+    found = []
+    if sorted(set(got_deny)) != ["any"]:
+        found.append((("ip",), f"IPAddressDeny= reads back as {got_deny}, not ['any']: other peers would pass"))
+    if sorted(set(got_allow)) != want:
+        found.append((("ip",), f"IPAddressAllow= reads back as {sorted(set(got_allow))}, the profile allows {want}"))
+    return found
 
 
 def check_env_file(text: str, env: dict[str, str]) -> list[tuple[tuple, str]]:
