@@ -14,6 +14,8 @@ lab twin anew.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ct200twin import faultlab
@@ -74,6 +76,34 @@ def test_a_cut_at_the_launch_check_strikes_and_the_rerun_converges(lab):
     assert "parses the rendered argv" in "\n".join(faultlab.operations(rerun.output))   # checked again
     recovered(lab.judge(faultlab.Row("6", "cut at the launch check"), first, state, t0=t0, before=before,
                         rerun=rerun))
+
+
+def test_the_servers_own_unit_reaches_loopback_and_nothing_else(lab):
+    """Issue 37, item 5, from inside the real unit: the serving sglang.service's own process (its
+    cgroup, its IPAddressDeny=any/IPAddressAllow=localhost) connects to its own port on 127.0.0.1
+    and fails to reach the twin's proxy on this machine's end of the veth, which answers any other
+    process of the twin. Needs the twin's nspawn to let systemd load BPF (machines.py)."""
+    lab.baseline()
+    twin, port = lab.twin, 30000
+    host_ip = twin.net()["host_ip"]
+    proxy = f"{host_ip}:3128"
+    connect = f"python3 -c 'import socket; socket.create_connection((\"{host_ip}\", 3128), 2)'"
+    assert twin.run(connect, check=False).returncode == 0          # outside the unit: it answers
+    lab.faults(connect_probe=[f"127.0.0.1:{port}", proxy])
+    try:
+        since = twin.run("date +%s").stdout.strip()
+        twin.run("systemctl restart sglang.service")
+        lines: list[str] = []
+        for _ in range(40):
+            lines = twin.run(f"journalctl -u sglang.service --since @{since} -o cat | grep 'twin: connect_probe'",
+                             check=False).stdout.splitlines()
+            if len(lines) == 2:
+                break
+            time.sleep(0.25)
+        assert any(line.endswith(f"127.0.0.1:{port}: connected") for line in lines), lines
+        assert any(f"{proxy}: " in line and not line.endswith("connected") for line in lines), lines
+    finally:
+        lab.reset_host()
 
 
 def test_two_deploys_at_once_one_refuses_with_the_holders_pid(lab):

@@ -169,7 +169,10 @@ def _boot(host: SimHost) -> int:
                        f"{host.name} cannot listen there (stop what holds it)")
     argv = ["systemd-nspawn", "--keep-unit", "--register=no", "-D", str(host.root), "-b",
             "-M", host.machine, "--console=read-only", "--setenv=SYSTEMD_COLORS=0", "--resolv-conf=off",
-            "--timezone=off"]
+            "--timezone=off",
+            # bpf(): systemd installs IPAddressDeny=/IPAddressAllow= as cgroup BPF programs; nspawn's
+            # seccomp filter would refuse them and systemd silently drop the units' IP rules
+            "--system-call-filter=bpf"]
     if host.isolated:
         argv += _isolate(host)
     argv += [f"--bind-ro={d}" for d in bind_mounts()]

@@ -19,6 +19,9 @@ Keys (all optional):
                                   /model_info and /server_info report this model path.
 ``kv_bytes_per_token`` (float)    memory-model override (measured calibration).
 ``weights_gib`` (float)           memory-model override of the checkpoint's total weights.
+``connect_probe`` (list of str)   once bound, try a TCP connect to each ``host:port`` (2 s) and log
+                                  ``twin: connect_probe HOST:PORT: connected`` or the error: from
+                                  inside the unit, what its IPAddressDeny=/IPAddressAllow= let out.
 ``match_argv`` (str)              the faults apply only to a server whose argv (joined by spaces)
                                   contains this text, e.g. "--context-length 16384": so a fault
                                   hits the new release and not the one a rollback restores.
@@ -54,6 +57,7 @@ class Faults:
     kv_bytes_per_token: float | None = None
     weights_gib: float | None = None
     match_argv: str | None = None
+    connect_probe: tuple[str, ...] = ()
     source: str | None = None
 
     def fails(self, n: int) -> bool:
@@ -95,6 +99,8 @@ def load_faults(path: str | Path | None = None, argv: list[str] | None = None) -
                 v = int(v)
             elif f.name == "never_healthy":
                 v = bool(v)
+            elif f.name == "connect_probe":
+                v = tuple(str(a) for a in v)
             kw[f.name] = v
     if not 0.0 <= kw.get("error_rate", 0.0) <= 1.0:
         raise FaultFileError(f"{p}: error_rate must be within 0..1")

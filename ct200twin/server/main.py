@@ -229,6 +229,8 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
     await runner.setup()
     server.engine.start()
     await _bind(runner, a.host, a.port, log)
+    for target in f.connect_probe:
+        await _connect_probe(target, log)
     watchers = [asyncio.ensure_future(_watch_peer(r, log)) for r, _w in peers]
     try:
         if stale:
@@ -247,6 +249,21 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
 
 
 CUDA_CTX = 1.0
+
+
+async def _connect_probe(target: str, log: Log) -> None:
+    """The `connect_probe` knob: one TCP connect from this process (so from inside its unit's
+    cgroup and IP rules) to TARGET, its outcome logged."""
+    host, _, port = target.rpartition(":")
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 2.0)
+        writer.close()
+        outcome = "connected"
+    except asyncio.TimeoutError:
+        outcome = "timed out"
+    except OSError as e:
+        outcome = f"{errno.errorcode.get(e.errno, e.errno)} ({e.strerror})"
+    log.info(f"twin: connect_probe {target}: {outcome}")
 
 
 async def _watch_peer(reader: asyncio.StreamReader, log: Log) -> None:
