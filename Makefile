@@ -185,7 +185,7 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 # fleet of three followed by the rollbacks on a twin of their own, and the lab twin that the fault
 # matrix and the replica sets share) and all the others (they mostly compute). The twins' logs,
 # with each group's slowest tests, are printed when all are done.
-ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py
+ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py tests/test_faults_rollback_twin.py
 test: twin-debs
 	@mkdir -p .cache; python3 -c 'from ct200twin.host.machines import prebuild_root; prebuild_root()' \
 	  > .cache/rootfs-build.log 2>&1 &

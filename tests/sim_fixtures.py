@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from ct200twin import faultlab
 from ct200twin.host import machines as simhost
 from ct200twin.server.faults import DEFAULT_PATH as TWIN_FAULTS
 
@@ -93,6 +94,13 @@ ROLLBACK_ENV = {"DSV4_SIM_FLEET": ROLLBACK_FLEET, "DSV4_SIM_LAUNCH_CHECK": "twin
 
 @pytest.fixture(scope="session")
 def rollback_twin():
-    """An isolated twin of its own for tests/test_rollbacks_twin.py, which runs in `make test`'s
-    process of the fleet of three after it (so the default twin's process is not the longest)."""
+    """An isolated twin of its own for tests/test_rollbacks_twin.py and
+    tests/test_faults_rollback_twin.py, which run in `make test`'s process of the fleet of three
+    after it (so that neither the default twin's process nor the lab's is the longest)."""
     yield from _isolated_twin(ROLLBACK_FLEET)
+
+
+def recovered(row: faultlab.Row) -> None:
+    """Every strike of ROW struck (a strike that did not land is no evidence) and it recovered."""
+    tails = "\n".join(f"--- {k} ---\n{v[-2500:]}" for k, v in row.outputs.items())
+    assert row.recovered, "; ".join(row.not_struck + row.why_not) + "\n" + tails

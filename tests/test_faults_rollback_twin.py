@@ -1,0 +1,65 @@
+"""Two rows of the fault matrix on the rollbacks' twin rather than the lab's (tests/test_faults_twin.py
+has the others): the gate's budget running out mid-gate (fault 13), and the serving unit's own
+process reaching loopback and nothing else (issue 37, item 5). Here they run after
+tests/test_rollbacks_twin.py, in the same `make test` process, from the good release it leaves
+serving, so that the isolated-twin processes take about as long as each other.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ct200twin import faultlab
+from sim_fixtures import ROLLBACK_ENV, recovered, rollback_twin  # noqa: F401
+
+pytestmark = [pytest.mark.slow, pytest.mark.fleet]
+BASE = "fbase"      # the baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
+
+
+@pytest.fixture(scope="module")
+def lab(rollback_twin, tmp_path_factory):  # noqa: F811
+    profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"),
+                                       {**faultlab.VARIANTS, BASE: faultlab.variant(7680)})
+    # any release that passed its gate is a clean start: the rollbacks' tests leave one serving
+    lab = faultlab.Lab(rollback_twin, profiles, baseline=BASE, any_good=True, rerun=False,
+                       inventory="inventory/fleet-sim.py", env=ROLLBACK_ENV)
+    lab.baseline()
+    yield lab
+    lab.reset_host()
+    rollback_twin.run(f"rm -f {faultlab.FAULTS}", check=False)
+
+
+def test_the_servers_own_unit_reaches_loopback_and_nothing_else(lab):
+    """Issue 37, item 5, from inside the real unit: the serving sglang.service's own process (its
+    cgroup, its IPAddressDeny=any/IPAddressAllow=localhost) connects to its own port on 127.0.0.1
+    and fails to reach the twin's proxy on this machine's end of the veth, which answers any other
+    process of the twin. Needs the twin's nspawn to let systemd load BPF (machines.py)."""
+    lab.baseline()
+    twin, port = lab.twin, 30000
+    host_ip = twin.net()["host_ip"]
+    proxy = f"{host_ip}:3128"
+    connect = f"python3 -c 'import socket; socket.create_connection((\"{host_ip}\", 3128), 2)'"
+    assert twin.run(connect, check=False).returncode == 0          # outside the unit: it answers
+    lab.faults(connect_probe=[f"127.0.0.1:{port}", proxy])
+    try:
+        since = twin.run("date +%s").stdout.strip()
+        twin.run("systemctl restart sglang.service")
+        lines: list[str] = []
+        for _ in range(40):
+            lines = twin.run(f"journalctl -u sglang.service --since @{since} -o cat | grep 'twin: connect_probe'",
+                             check=False).stdout.splitlines()
+            if len(lines) == 2:
+                break
+            time.sleep(0.25)
+        assert any(line.endswith(f"127.0.0.1:{port}: connected") for line in lines), lines
+        assert any(f"{proxy}: " in line and not line.endswith("connected") for line in lines), lines
+    finally:
+        lab.reset_host()
+
+
+def test_the_gate_budget_running_out_mid_gate_rolls_back(lab):
+    row = faultlab.fault_13(lab)
+    recovered(row)
+    assert "exhausted during C=4" in row.outputs["first"]
