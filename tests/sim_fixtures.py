@@ -104,3 +104,20 @@ def recovered(row: faultlab.Row) -> None:
     """Every strike of ROW struck (a strike that did not land is no evidence) and it recovered."""
     tails = "\n".join(f"--- {k} ---\n{v[-2500:]}" for k, v in row.outputs.items())
     assert row.recovered, "; ".join(row.not_struck + row.why_not) + "\n" + tails
+
+
+FAULT_BASE = "fbase"    # the fault tests' baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
+
+
+def fault_lab(twin, profiles_dir, env: dict[str, str]):
+    """A faultlab.Lab on TWIN (an isolated twin of inventory/fleet-sim.py, ENV naming it) from a
+    good release serving, put back to a clean host after the module. Any release that passed its
+    gate is a clean start (each test leaves one), and a fault that ends with one serving is not
+    deployed a second time: bench/faults.py does both in full."""
+    profiles = faultlab.write_profiles(profiles_dir, {**faultlab.VARIANTS, FAULT_BASE: faultlab.variant(7680)})
+    lab = faultlab.Lab(twin, profiles, baseline=FAULT_BASE, any_good=True, rerun=False,
+                       inventory="inventory/fleet-sim.py", env=env)
+    lab.baseline()
+    yield lab
+    lab.reset_host()
+    twin.run(f"rm -f {faultlab.FAULTS}", check=False)

@@ -12,23 +12,14 @@ import time
 import pytest
 
 from ct200twin import faultlab
-from sim_fixtures import ROLLBACK_ENV, recovered, rollback_twin  # noqa: F401
+from sim_fixtures import ROLLBACK_ENV, fault_lab, recovered, rollback_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
-BASE = "fbase"      # the baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
 
 
 @pytest.fixture(scope="module")
 def lab(rollback_twin, tmp_path_factory):  # noqa: F811
-    profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"),
-                                       {**faultlab.VARIANTS, BASE: faultlab.variant(7680)})
-    # any release that passed its gate is a clean start: the rollbacks' tests leave one serving
-    lab = faultlab.Lab(rollback_twin, profiles, baseline=BASE, any_good=True, rerun=False,
-                       inventory="inventory/fleet-sim.py", env=ROLLBACK_ENV)
-    lab.baseline()
-    yield lab
-    lab.reset_host()
-    rollback_twin.run(f"rm -f {faultlab.FAULTS}", check=False)
+    yield from fault_lab(rollback_twin, tmp_path_factory.mktemp("profiles"), ROLLBACK_ENV)
 
 
 def test_the_servers_own_unit_reaches_loopback_and_nothing_else(lab):

@@ -19,25 +19,15 @@ import pytest
 
 from ct200twin import faultlab
 from ct200twin.host import machines as simhost
-from sim_fixtures import LAB_ENV, LAB_FLEET, lab_twin, recovered  # noqa: F401
+from sim_fixtures import LAB_ENV, LAB_FLEET, fault_lab, lab_twin, recovered  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
-BASE = "fbase"      # the baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
 LAUNCH_CHECK = "Launch check | the twin's parser"      # its step (tool.step_key) with LAB_ENV's parser
 
 
 @pytest.fixture(scope="module")
 def lab(lab_twin, tmp_path_factory):  # noqa: F811
-    profiles = faultlab.write_profiles(tmp_path_factory.mktemp("profiles"),
-                                       {**faultlab.VARIANTS, BASE: faultlab.variant(7680)})
-    # any release that passed its gate is a clean start (each test leaves one), and a fault that
-    # ends with one serving is not deployed a second time: bench/faults.py does both in full
-    lab = faultlab.Lab(lab_twin, profiles, baseline=BASE, any_good=True, rerun=False,
-                       inventory="inventory/fleet-sim.py", env=LAB_ENV)
-    lab.baseline()
-    yield lab
-    lab.reset_host()
-    lab_twin.run(f"rm -f {faultlab.FAULTS}", check=False)
+    yield from fault_lab(lab_twin, tmp_path_factory.mktemp("profiles"), LAB_ENV)
 
 
 def test_a_control_process_killed_mid_gate_leaves_no_gate_client_running(lab):
