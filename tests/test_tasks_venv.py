@@ -13,7 +13,7 @@ from checkout import settings
 from dsv4deploy.release import records as releases
 from dsv4deploy.host.state import PARSER_LOCK
 from dsv4deploy.release.rollout import rollout_for
-from dsv4deploy.sglang.versions import parser_lock_file
+from dsv4deploy.sglang.versions import lock_file, parser_lock_file
 from dsv4deploy.tasks.venv import LAUNCH_PARSER, PARSER_TABLE, installs, launch_check_key, launch_parser, parser_key
 
 from ct200twin.host.stand_ins import STAND_INS, host_data
@@ -46,7 +46,7 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
 def test_the_twin_installs_the_real_wheel_and_what_its_parser_imports():
     r = rollout(twin())
     server, parser, wheel = installs(r)
-    assert "huggingface_hub==2.4.0" in server and "--compile-bytecode" in server   # the server imports these
+    assert "huggingface_hub==1.33.0" in server and "--compile-bytecode" in server   # the server imports these
     assert f"-c {r.layout.venv}/{PARSER_LOCK} " in server                           # under the lock's pins
     assert parser.endswith(f"--python {r.layout.venv}/bin/python -r {r.layout.venv}/{PARSER_LOCK}")  # not compiled
     assert wheel.endswith(f"--python {r.layout.venv}/bin/python --no-deps sglang==0.5.23")
@@ -176,3 +176,15 @@ def test_a_stand_in_that_leaves_out_a_part_is_refused_before_anything_runs(chang
     change(data["stand_ins"])
     with pytest.raises(DeployError, match=said):
         rollout(data)
+
+
+def test_the_twins_hub_client_is_the_real_hosts_lock():
+    """The twin downloads with the huggingface_hub (and hf-xet) the real host's lock installs, in
+    every twin mode: the pins come from the lock, so a new lock moves the twin too."""
+    from ct200twin.host.stand_ins import host_lock_pins
+
+    lock = lock_file("0.5.23").read_text().splitlines()
+    reqs = STAND_INS["sglang"]["requirements"]
+    for name in ("huggingface_hub", "hf-xet"):
+        pin = next(line for line in lock if line.lower().replace("_", "-").startswith(name.replace("_", "-") + "=="))
+        assert pin in reqs and host_lock_pins(name) == [pin]

@@ -36,14 +36,29 @@ def launch_check_problem() -> str | None:
             "or 'twin' (the twin's parser)")
 
 
+def host_lock_pins(*names: str) -> list[str]:
+    """NAME==VERSION for each of NAMES as the newest real-host lock pins it (data/sglang/<v>.lock):
+    the twin's hub client is the real host's (huggingface_hub and hf-xet: the transfer route),
+    named once, in the lock."""
+    def version_key(path: Path) -> tuple:
+        return tuple(int(p) if p.isdigit() else -1 for p in path.name.removesuffix(".lock").split("."))
+
+    locks = sorted((p for p in (PRODUCT_DIR / "data" / "sglang").glob("*.lock") if not p.name.endswith(".parser.lock")),
+                   key=version_key)
+    pins = {line.split("==")[0].strip().lower().replace("_", "-"): line.strip()
+            for line in locks[-1].read_text().splitlines() if "==" in line and not line.startswith("#")}
+    return [pins[n.lower().replace("_", "-")] for n in names]
+
+
 STAND_INS: dict[str, Any] = {
     # SGLang with CUDA torch -> this project's twin server (same argv, same HTTP API), shipped as
     # one archive (server_archive(); its path is added by host_data()) put on the venv's path.
     "server_module": "ct200twin.server.main",
     "launch_check_module": "ct200twin.server.args",          # without a parser lock, or OWN_PARSER off
-    # (and huggingface_hub for `hf download`, which SGLang's own requirements bring on a real host);
-    # with own_parser, the venv also holds data/sglang/<version>.parser.lock (tasks/venv.py)
-    "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.4", "huggingface_hub==2.4.0"],
+    # (and huggingface_hub with hf-xet for `hf download`, which SGLang's own requirements bring on a
+    # real host: the versions its lock pins); with own_parser, the venv also holds
+    # data/sglang/<version>.parser.lock (tasks/venv.py)
+    "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.4", *host_lock_pins("huggingface_hub", "hf-xet")],
                "own_parser": OWN_PARSER},
     # NVIDIA's apt repository and kernel modules -> the twin's nvidia-smi at the profile's branch
     # (the command the deploy runs instead; {branch} is the profile's driver branch).
