@@ -34,7 +34,7 @@ BIN := $(VENV)/bin
 # command line; `make venv` puts it on the venv's path (ct200twin.pth).
 TWIN_CLI := $(BIN)/python -m ct200twin
 LOCK := requirements.lock
-EXTRAS := .[test,twin]
+EXTRAS := test twin
 TWIN_DEBS := debootstrap systemd-container systemd openssh-client rsync patch ca-certificates python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TWIN := $(if $(SIM),twin-debs)
@@ -84,31 +84,40 @@ twin-debs: .cache/twin-debs.stamp
 	fi
 	@mkdir -p .cache && touch $@
 
-# The control node's Python dependencies, exactly as locked (a fresh clone gets the same versions),
-# installed by uv (pinned, bootstrapped with pip under .cache; pip's own indexes, find-links, cert
-# and proxy carried over: dsv4deploy/host/uvpip.py), 17 s where pip takes 80. Byte-compiled at install,
-# as pip does: with PYTHONDONTWRITEBYTECODE=1 (these machines set it) an uncompiled venv compiles
-# pyinfra on every run (its import: 2.4 s instead of 1.3 s on a slow machine). Our own package is
-# installed editable, so nothing compiles it at install: `venv` byte-compiles it on every make (50 ms
-# when nothing changed), else each deploy compiles it again (0.09 s of a no-op's 0.76 s, measured).
+# The control node's Python dependencies, exactly as locked (a fresh clone gets the same versions)
+# and hash-checked (--require-hashes: every file must match a sha256 the lock names), installed by
+# uv (pinned and hash-checked too, bootstrapped with pip under .cache; pip's own indexes,
+# find-links, cert and proxy carried over: dsv4deploy/host/uvpip.py), 17 s where pip takes 80.
+# Byte-compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE=1 (these machines set it) an
+# uncompiled venv compiles pyinfra on every run (its import: 2.4 s instead of 1.3 s on a slow
+# machine). Our own package is the checkout (no hash applies): installed editable after the locked
+# ones, without dependencies and without build isolation (the lock's setuptools builds it, so
+# nothing unhashed is fetched). Being editable, nothing compiles it at install: `venv`
+# byte-compiles it on every make (50 ms when nothing changed), else each deploy compiles it again
+# (0.09 s of a no-op's 0.76 s, measured).
 venv: $(VENV)/.installed
 	@$(BIN)/python -m compileall -q dsv4deploy ct200twin >/dev/null || echo "make: could not byte-compile dsv4deploy/ or ct200twin/ (it runs, each run compiles it)" >&2
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@python3 -m venv $(VENV) || { echo "python3 -m venv failed: on Debian/Ubuntu install python3-venv" >&2; exit 1; }
-	python3 -m dsv4deploy.host.uvpip install --python $(BIN)/python --compile-bytecode -c $(LOCK) -e '$(EXTRAS)'
+	python3 -m dsv4deploy.host.uvpip install --python $(BIN)/python --compile-bytecode --require-hashes -r $(LOCK)
+	python3 -m dsv4deploy.host.uvpip install --python $(BIN)/python --no-deps --no-build-isolation -e .
 	@echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ct200twin.pth"
 	@touch $@
 
-# Refresh the lock: resolve pyproject.toml's ranges afresh in a throw-away venv, freeze it.
+# Refresh the lock: resolve pyproject.toml's ranges (and its build requirement, setuptools) afresh
+# with the pinned uv, for every platform and every Python from 3.11 (--universal), each version with
+# the sha256 of all its files on LOCK_INDEX (PyPI; a mirror must serve the same files). Resolved
+# against that index alone (--no-config; pip's extra indexes and find-links are not asked): the
+# hashes are those a fresh machine downloads.
+LOCK_INDEX ?= https://pypi.org/simple
 lock:
-	rm -rf .cache/lock-venv
-	python3 -m venv .cache/lock-venv
-	.cache/lock-venv/bin/pip install -q --disable-pip-version-check -e '$(EXTRAS)'
-	{ echo "# The control node's Python dependencies, pinned: make venv installs with -c $(LOCK)."; \
-	  echo "# Refresh with 'make lock' (pip freeze of a fresh venv of $(EXTRAS); $$(.cache/lock-venv/bin/python -c 'import platform; print("Python", platform.python_version(), platform.system(), platform.machine())'))."; \
-	  .cache/lock-venv/bin/pip freeze --exclude-editable --disable-pip-version-check | grep -iv '^dsv4deploy[=@ ]'; } > $(LOCK).tmp
+	@uv=$$(python3 -m dsv4deploy.host.uvpip path) && \
+	python3 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' | \
+	$$uv pip compile --quiet --no-config --index-url '$(LOCK_INDEX)' --universal --python-version 3.11 \
+	  --generate-hashes --upgrade $(EXTRAS:%=--extra %) --custom-compile-command 'make lock' \
+	  pyproject.toml - -o $(LOCK).tmp
 	mv $(LOCK).tmp $(LOCK)
-	rm -rf .cache/lock-venv
+	@# the host's locks (dsv4deploy/data/sglang/*.lock, data/smg/*.lock) are refreshed by their own tool here
 
 validate: venv
 	$(BIN)/dsv4deploy validate $(PROFILE)

@@ -365,24 +365,49 @@ def test_make_history_on_an_unreachable_host():
     clean(out)
 
 
-def test_the_lock_pins_every_dependency_within_pyproject_ranges():
+def _lock_entries() -> list[tuple[str, str, str, list[str]]]:
+    """requirements.lock as (name, version, marker, sha256s): one entry per pinned line, its
+    continuation lines (`\\` then `--hash=sha256:...`) joined."""
+    text = re.sub(r"\\\n\s*", " ", (REPO / "requirements.lock").read_text())
+    entries = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        words = line.split()
+        hashes = [w.removeprefix("--hash=sha256:") for w in words if w.startswith("--hash=sha256:")]
+        spec = " ".join(w for w in words if not w.startswith("--hash="))
+        pin, _, marker = spec.partition(";")
+        name, _, version = pin.strip().partition("==")
+        assert version and re.fullmatch(r"[A-Za-z0-9_.\-]+", name), line
+        entries.append((name.lower().replace("_", "-").replace(".", "-"), version.strip(), marker.strip(), hashes))
+    return entries
+
+
+def test_the_lock_pins_every_dependency_within_pyproject_ranges_each_file_by_its_hash():
+    from packaging.markers import Marker
     from packaging.requirements import Requirement
 
-    pins = {}
-    for line in (REPO / "requirements.lock").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            assert version and re.fullmatch(r"[A-Za-z0-9_.\-]+", name), line
-            pins[name.lower().replace("_", "-")] = version
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    wanted = project["dependencies"] + [r for extra in ("test", "twin") for r in project["optional-dependencies"][extra]]
-    for text in wanted:
-        req = Requirement(text)
-        name = req.name.lower().replace("_", "-")
-        assert name in pins, f"{name} is not in requirements.lock: run make lock"
-        assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is outside {req.specifier}"
-    assert "dsv4deploy" not in pins
-    assert "-c $(LOCK)" in (REPO / "Makefile").read_text()
+    entries = _lock_entries()
+    assert [e for e in entries if not e[3] or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in e[3])] == []
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wanted = (project["project"]["dependencies"] + project["build-system"]["requires"]
+              + [r for extra in ("test", "twin") for r in project["project"]["optional-dependencies"][extra]])
+    for python in ("3.11", "3.12", "3.13"):       # --universal: one version per package for each Python
+        env = {"python_version": python, "python_full_version": python + ".0", "sys_platform": "linux",
+               "platform_machine": "x86_64", "platform_python_implementation": "CPython", "implementation_name": "cpython"}
+        pins = {}
+        for name, version, marker, _ in entries:
+            if not marker or Marker(marker).evaluate(env):
+                assert name not in pins, f"{name} pinned twice for Python {python}"
+                pins[name] = version
+        for text in wanted:
+            req = Requirement(text)
+            name = req.name.lower().replace("_", "-")
+            assert name in pins, f"{name} is not in requirements.lock for Python {python}: run make lock"
+            assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is outside {req.specifier}"
+        assert "dsv4deploy" not in pins
+    makefile = (REPO / "Makefile").read_text()
+    assert "--require-hashes -r $(LOCK)" in makefile and "--no-deps --no-build-isolation -e ." in makefile
 
 
 # --- pure helpers -----------------------------------------------------------------------------
