@@ -167,7 +167,7 @@ def cmd_hub(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ct200twin.host.checkpoint import CHECKPOINTS, make_checkpoint
-    from ct200twin.host.hub import Hub, HubFaults, read_token_file
+    from ct200twin.host.hub import NO_XET, Hub, HubFaults, read_token_file
 
     root = Path(args.root) if args.root else CHECKPOINTS
     for repo in args.make or []:
@@ -188,7 +188,7 @@ def cmd_hub(args: argparse.Namespace) -> int:
             faults = HubFaults.from_dict(json.loads(Path(args.faults).read_text()))
         except (OSError, ValueError, TypeError) as exc:
             raise SimError(f"--faults {args.faults}: {exc}", 2) from None
-    hub = Hub(root, token=token, faults=faults)
+    hub = Hub(root, token=token, faults=faults, cdn_host=args.cdn_host)
     repos = hub.repos()
     try:
         server = hub.start(args.host, args.port)
@@ -198,6 +198,7 @@ def cmd_hub(args: argparse.Namespace) -> int:
         print(f"{repo_id}\t{repo.commit}\t{len(repo.files)} files")
     print(f"hub at {hub.url} (HF_ENDPOINT={hub.url}); root {root}; "
           f"{'token required' if token else 'no token'}", file=sys.stderr)
+    print(NO_XET, file=sys.stderr)
     if args.ready_file:
         doc = {"url": hub.url, "pid": os.getpid(), "repos": {r: v.commit for r, v in repos.items()}}
         tmp = Path(args.ready_file + ".tmp")
@@ -273,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     hb.add_argument("--faults", metavar="JSON", help="faults file: cut, cut_times, corrupt, stall, fail, rate "
                     "(also PUT /_sim/faults while running)")
     hb.add_argument("--make", action="append", metavar="ORG/NAME", help="make the stand-in checkpoint first")
+    hb.add_argument("--cdn-host", default="localhost", metavar="NAME",
+                    help="host name of the 302s for LFS files: this server under another name (default localhost)")
     hb.add_argument("--ready-file", metavar="F", help="write {url, pid, repos} here once listening")
     hb.set_defaults(func=cmd_hub)
 

@@ -78,9 +78,11 @@ def commit_of(root: Path, repo: str = REPO) -> str:
 
 
 def resolves(hub, method: str = "GET", name: str | None = None, since: float = 0.0) -> list[dict]:
-    """Requests for files; `since`: only those that started after it (a record is appended when
-    its answer ends, which can be after the client has moved on)."""
-    return [r for r in hub.request_log() if r["method"] == method and "/resolve/" in r["path"]
+    """Requests for files' bytes (on /resolve/, or for LFS files on the /_cdn/ the 302 names);
+    `since`: only those that started after it (a record is appended when its answer ends, which
+    can be after the client has moved on)."""
+    return [r for r in hub.request_log() if r["method"] == method and r["status"] != 302
+            and ("/resolve/" in r["path"] or r["path"].startswith("/_cdn/"))
             and (name is None or r["path"].endswith("/" + name)) and r["start"] >= since]
 
 
@@ -120,8 +122,12 @@ def test_tree_paths_info_and_refs(hub, root):
 def test_hf_hub_download_one_file(hub, root, tmp_path, dl):
     path = hf_hub_download(REPO, SHARD1, revision="main", endpoint=hub.url, local_dir=tmp_path / "m", **dl)
     assert sha256(Path(path)) == sha256(root / REPO.replace("/", "--") / SHARD1)
-    head = resolves(hub, "HEAD", SHARD1)[0]
-    assert head["status"] == 200 and head["range"] is None
+    # as from the real hub: the HEAD on /resolve/ is a 302 (metadata on it, not followed to
+    # another host name), the bytes come from the "CDN" it names, without the token
+    head = [r for r in hub.request_log() if r["method"] == "HEAD" and r["path"].endswith(SHARD1)]
+    assert [h["status"] for h in head] == [302] and head[0]["path"].startswith(f"/{REPO}/resolve/")
+    get = resolves(hub, "GET", SHARD1)
+    assert [(g["status"], g["path"].split("/")[1]) for g in get] == [(200, "_cdn")]
 
 
 def test_resolve_headers_as_the_client_reads_them(hub, root):
@@ -132,6 +138,36 @@ def test_resolve_headers_as_the_client_reads_them(hub, root):
     assert meta.commit_hash == commit
     assert meta.etag == sha256(root / REPO.replace("/", "--") / SHARD1)  # X-Linked-Etag: the LFS sha256
     assert meta.size == (root / REPO.replace("/", "--") / SHARD1).stat().st_size
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def test_an_lfs_file_is_a_302_to_the_cdn_with_its_metadata_as_the_real_hub_answers(hub, root):
+    """What huggingface_hub 1.33 reads: the 302 carries X-Repo-Commit, X-Linked-Etag (sha256) and
+    X-Linked-Size, its Location is another host name (not followed by the client's HEAD); the
+    CDN URL serves the bytes and ranges without a token, and only with the signature it was given."""
+    folder = root / REPO.replace("/", "--")
+    opener = urllib.request.build_opener(_NoRedirect)
+    with pytest.raises(urllib.error.HTTPError) as moved:
+        opener.open(urllib.request.Request(f"{hub.url}/{REPO}/resolve/main/{SHARD1}", method="HEAD"), timeout=5)
+    h = moved.value.headers
+    assert moved.value.code == 302 and h["X-Repo-Commit"] == commit_of(root)
+    assert h["X-Linked-Etag"] == f'"{sha256(folder / SHARD1)}"' and int(h["X-Linked-Size"]) == (folder / SHARD1).stat().st_size
+    location = h["Location"]
+    assert location.startswith(f"http://localhost:{hub.url.rsplit(':', 1)[1]}/_cdn/{REPO}/") and "sig=" in location
+    data = (folder / SHARD1).read_bytes()
+    with urllib.request.urlopen(urllib.request.Request(location, headers={"Range": "bytes=100-"}), timeout=5) as r:
+        assert r.status == 206 and r.read() == data[100:] and r.headers["ETag"] == f'"{sha256(folder / SHARD1)}"'
+    with pytest.raises(urllib.error.HTTPError) as forged:
+        urllib.request.urlopen(location.split("?")[0] + "?sig=" + "0" * 32, timeout=5)
+    assert forged.value.code == 403
+    log = [(r["method"], r["path"].split("/")[1], r["status"], r["range"]) for r in hub.request_log()]
+    assert log[-2:] == [("GET", "_cdn", 206, "bytes=100-"), ("GET", "_cdn", 403, None)]
+    with urllib.request.urlopen(f"{hub.url}/{REPO}/resolve/main/config.json", timeout=5) as small:
+        assert small.status == 200 and small.headers["X-Repo-Commit"] == commit_of(root)   # small files: no 302
 
 
 def test_range_requests(hub, root):
@@ -279,7 +315,7 @@ def test_token_missing_wrong_and_right(root, tmp_path):
         assert HfApi(endpoint=hub.url, token=TOKEN).model_info(REPO).sha
         hf_hub_download(REPO, "config.json", revision="main", endpoint=hub.url, local_dir=tmp_path / "b",
                         cache_dir=tmp_path / "c", token=TOKEN)
-        assert all(r["auth"] for r in hub.request_log() if r["status"] == 200)
+        assert all(r["auth"] for r in hub.request_log() if r["status"] == 200 and not r["path"].startswith("/_cdn/"))
 
 
 def test_fault_control_endpoint(hub):
@@ -339,9 +375,10 @@ def test_hf_cli_download_token_file_and_the_host_check(root, tmp_path):
     check = [sys.executable, "-S", str(script), str(local), str(tmp_path / "expected.json"), "--write-marker"]
     first = subprocess.run(check, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert json.loads(first.stdout) == {"complete": True, "problems": [], "bad": [], "hashed": 6, "trusted": 0}
+    assert json.loads(first.stdout) == {"complete": True, "problems": [], "bad": [], "hashed": len(expected["files"]),
+                                         "trusted": 0}
     second = json.loads(subprocess.run(check, capture_output=True, text=True, timeout=60).stdout)
-    assert second["hashed"] == 0 and second["trusted"] == 6
+    assert second["hashed"] == 0 and second["trusted"] == len(expected["files"])
     with open(local / SHARD2, "r+b") as f:
         f.seek(100)
         f.write(b"\xff")
@@ -365,6 +402,7 @@ def test_sim_hub_command(root, tmp_path):
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0 and "Traceback" not in err
     assert f"{REPO}\t{commit_of(root)}" in out
+    assert "no Xet" in err and "not exercised here" in err     # the route it cannot serve, said
     bad = subprocess.run([sys.executable, "-m", "ct200twin", "hub", "--root", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "not a folder" in bad.stderr and "Traceback" not in bad.stderr

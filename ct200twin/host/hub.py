@@ -1,5 +1,6 @@
-"""A local Hugging Face Hub for the twin: the HTTP API as huggingface_hub (2.4) uses it to pin
-a revision and to download a checkpoint, serving folders of this machine.
+"""A local Hugging Face Hub for the twin: the HTTP API as huggingface_hub (1.33, the real host's
+lock; 2.4 on the control node) uses it to pin a revision and to download a checkpoint, serving
+folders of this machine.
 
 ``python -m ct200twin hub --port P --root DIR [--token-file F]`` or, in tests,
 ``with serve_hub(root) as hub: ... hub.url ...``.  Every folder ``org--name`` below the root
@@ -8,7 +9,7 @@ one commit: a 40-hex sha1 of its files' paths and sha256s, so the same content a
 same commit.  The branch ``main`` names that commit.  ``*.safetensors`` are LFS files (their
 ETag is the sha256, as on the real hub); files and folders starting with ``.`` are not served.
 
-Endpoints (what the client calls, checked against huggingface_hub 2.4.0's source):
+Endpoints (what the client calls, checked against huggingface_hub 1.33.0's and 2.4.0's source):
 
 ``GET  /api/models/{repo}[/revision/{rev}][?blobs=true]``  model_info / repo_info: ``sha``,
       ``siblings`` (with ``blobs``: ``size``, ``blobId``, ``lfs {sha256, size, pointerSize}``)
@@ -19,9 +20,18 @@ Endpoints (what the client calls, checked against huggingface_hub 2.4.0's source
 ``GET  /api/agent-harnesses``  an empty registry: 2.4's client fetches it from HF_ENDPOINT once a day
       (cached under HF_HOME) to tag its user agent; public, like on the real hub
 ``HEAD|GET /{repo}/resolve/{rev}/{path}``  get_hf_file_metadata and http_get: ``X-Repo-Commit``,
-      ``ETag``, for LFS files ``X-Linked-Etag`` (the sha256) and ``X-Linked-Size``,
-      ``Content-Length``, ``Accept-Ranges: bytes``; ``Range: bytes=N-`` (or ``N-M``, ``-N``)
-      answers 206 with ``Content-Range``: how http_get resumes a cut download.
+      ``ETag``; a small file is answered there (``Content-Length``, ``Accept-Ranges: bytes``);
+      an LFS file (``*.safetensors``) is a **302** to ``http://CDN_HOST:PORT/_cdn/...``: this same
+      server under another host name (``localhost`` by default), as the real hub redirects to its CDN, the 302 carrying ``X-Linked-Etag`` (the sha256) and
+      ``X-Linked-Size`` (the client reads its metadata from the 302, not following it)
+``HEAD|GET /_cdn/{repo}/{commit}/{path}?sig=...``  the "CDN": a signed URL (HMAC of the path with
+      the hub's own key, so no token is needed, as on the real CDN), ``ETag`` the sha256;
+      ``Range: bytes=N-`` (or ``N-M``, ``-N``) answers 206 with ``Content-Range``: how a cut
+      download resumes. A bad signature is 403.
+
+No Xet: the real hub serves its LFS files through Xet too (``X-Xet-Hash`` on the 302), which
+``hf download`` with hf-xet prefers; this hub sends no Xet headers, so every client here takes the
+plain HTTP route and says so (:data:`NO_XET`).
 
 Errors carry the headers the client maps to its exceptions: ``X-Error-Code: RepoNotFound``
 (404), ``RevisionNotFound`` (404), ``EntryNotFound`` (404, with ``X-Repo-Commit``). Started with a
@@ -60,11 +70,13 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from ct200twin.host.hub_repo import CHUNK, LFS_SUFFIXES, HubFile, HubRepo, repo_id_of, scan_repo, visible
 
 MAX_LOG = 10_000
+NO_XET = ("sim hub: serves LFS files over plain HTTP only (302 to its /_cdn/, Range resume); no Xet: "
+          "the real hub's Xet route (hf download with hf-xet, the real host's default) is not exercised here")
 
 
 # ------------------------------------------------------------------------------------ faults
@@ -99,7 +111,7 @@ class HubFaults:
 
 
 # ------------------------------------------------------------------------------------ server
-_RESOLVE_PREFIX = ("api", "models", "datasets", "spaces", "_sim")
+_RESOLVE_PREFIX = ("api", "models", "datasets", "spaces", "_sim", "_cdn")
 _RANGE_RE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
@@ -115,8 +127,11 @@ class Hub:
     """The hub's state: repos (rescanned when their files change), token, faults, request log."""
 
     def __init__(self, root: Path, token: str | None = None, faults: HubFaults | None = None,
-                 lfs_suffixes=LFS_SUFFIXES):
+                 lfs_suffixes=LFS_SUFFIXES, cdn_host: str = "localhost"):
         self.root = Path(root)
+        # The "CDN" is this same server under another host name: huggingface_hub follows a redirect
+        # to the same host name (and would read the metadata from the CDN's answer), not to another.
+        self.cdn_host = cdn_host
         self.token = token
         self.faults = faults or HubFaults()
         self.lfs_suffixes = tuple(lfs_suffixes)
@@ -131,6 +146,11 @@ class Hub:
         self._stalls_done: set[str] = set()
         self.stopping = threading.Event()
         self.server: ThreadingHTTPServer | None = None
+        self._cdn_key = os.urandom(16)
+
+    def cdn_signature(self, path: str) -> str:
+        """The signature of a /_cdn/ path: only the 302 hands it out, as the real hub's signed URLs."""
+        return hmac.new(self._cdn_key, path.encode(), hashlib.sha256).hexdigest()[:32]
 
     # -- repos
     def _folder_signature(self, folder: Path) -> tuple:
@@ -351,6 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
             query = parse_qs(split.query)
             if parts[:1] == ["_sim"]:
                 return self._sim(parts[1:])
+            if parts[:1] == ["_cdn"] and len(parts) >= 5:
+                return self._cdn(split.path, parts[1:], query)
             if parts == ["api", "agent-harnesses"]:  # fetched once a day by every client, without a token
                 return self._json({"standardEnvVars": [], "harnesses": {}})
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
@@ -444,10 +466,34 @@ class _Handler(BaseHTTPRequestHandler):
         f = repo.files.get(path)
         if f is None:
             raise _Response(404, "Entry not found", "EntryNotFound", {"X-Repo-Commit": commit})
+        if f.lfs:   # the real hub: a 302 to its CDN carrying the LFS metadata
+            cdn = "/_cdn/" + "/".join(quote(p, safe="") for p in (*repo_id.split("/"), commit, *f.path.split("/")))
+            port = self.server.server_address[1]
+            return self._send(302, b"", {
+                "X-Repo-Commit": commit, "ETag": f'"{f.blob_id}"', "X-Linked-Etag": f'"{f.sha256}"',
+                "X-Linked-Size": str(f.size), "Location": f"http://{self.hub.cdn_host}:{port}{cdn}?sig={self.hub.cdn_signature(cdn)}"},
+                content_type="text/plain; charset=utf-8")
         headers = {"X-Repo-Commit": commit, "ETag": f'"{f.etag}"', "Accept-Ranges": "bytes",
                    "Content-Disposition": f'inline; filename="{Path(f.path).name}"'}
-        if f.lfs:
-            headers.update({"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size)})
+        self._serve(repo, f, headers)
+
+    # -- /_cdn/{org}/{name}/{commit}/{path}?sig=...
+    def _cdn(self, raw_path: str, parts: list[str], query: dict) -> None:
+        if self.command not in ("GET", "HEAD"):
+            raise _Response(405, "method not allowed")
+        given = (query.get("sig") or [""])[-1]
+        if not hmac.compare_digest(given.encode(), self.hub.cdn_signature(raw_path).encode()):
+            raise _Response(403, "Forbidden: bad or missing signature (a /_cdn/ URL comes from a 302)")
+        repo_id, commit, path = f"{parts[0]}/{parts[1]}", parts[2], "/".join(parts[3:])
+        repo, _commit = self.hub.commit_of(repo_id, commit)
+        f = repo.files.get(path)
+        if f is None or not f.lfs:
+            raise _Response(404, "Not found")
+        self._serve(repo, f, {"ETag": f'"{f.sha256}"', "Accept-Ranges": "bytes",
+                              "Content-Disposition": f'inline; filename="{Path(f.path).name}"'})
+
+    def _serve(self, repo: HubRepo, f: HubFile, headers: dict) -> None:
+        """A file's bytes (HEAD: its headers), whole or the Range asked, with the faults applied."""
         if self.command == "GET" and self.hub._take_fail(f.path):
             raise _Response(500, "Internal Error (sim hub fault: fail)")
         start, end = 0, f.size  # [start, end)
@@ -539,9 +585,10 @@ class _Handler(BaseHTTPRequestHandler):
 # ------------------------------------------------------------------------------- entry points
 @contextlib.contextmanager
 def serve_hub(root: Path, token: str | None = None, faults: HubFaults | None = None,
-              host: str = "127.0.0.1", port: int = 0) -> Iterator[Hub]:
-    """Run a hub in a thread for the duration of the block; yields the Hub (``hub.url``)."""
-    hub = Hub(root, token=token, faults=faults)
+              host: str = "127.0.0.1", port: int = 0, cdn_host: str = "localhost") -> Iterator[Hub]:
+    """Run a hub in a thread for the duration of the block; yields the Hub (``hub.url``); CDN_HOST
+    must reach the same server from the client (localhost here; a twin's /etc/hosts name)."""
+    hub = Hub(root, token=token, faults=faults, cdn_host=cdn_host)
     server = hub.start(host, port)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                               name="sim-hub", daemon=True)
