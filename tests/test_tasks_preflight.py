@@ -1,20 +1,73 @@
-"""Preflight's judgements that need no host (tasks/preflight.py)."""
+"""Preflight's disk check, without a host: what is still written, per file system
+(dsv4deploy/preflight/disk.py), and the host read's fact that feeds it (host/facts.py DiskRoom)."""
 
-from dsv4deploy.render.layout import MODELS
-from dsv4deploy.tasks.preflight import disk_problem
+import subprocess
+
+from dsv4deploy.host.facts import DiskRoom
+from dsv4deploy.preflight.disk import GIB, Room, disk_problems, venv_need, weights_need
+from dsv4deploy.render.layout import MODELS, OPT
+
+ONE = {MODELS: Room("64769", "/", 200 * GIB), OPT: Room("64769", "/", 200 * GIB)}
 
 
-def test_weights_that_fit_with_five_percent_spare_pass():
-    assert disk_problem(1100 * 1024, need_gib=1000) is None
-    assert disk_problem(1050 * 1024, need_gib=1000) is None
+def two(models_free_gib: float, opt_free_gib: float) -> dict:
+    return {MODELS: Room("2049", "/srv", int(models_free_gib * GIB)), OPT: Room("64769", "/", int(opt_free_gib * GIB))}
 
 
-def test_a_disk_too_small_says_what_is_free_and_what_is_needed():
-    assert disk_problem(1000 * 1024, need_gib=1000) == \
-        f"not enough disk for the weights under {MODELS}: 1000.0 GiB free, 1050.0 GiB needed"
-    assert "0.0 GiB free" in disk_problem(0, need_gib=1)       # a full disk
+def test_weights_already_on_disk_are_not_asked_for_again():
+    # 140 of 148.66 GiB are there (complete shards and a partial one): 8.66 GiB still come
+    need = weights_need(MODELS, 148.66, 140 * GIB)
+    assert round(need.bytes / GIB, 2) == 8.66
+    assert "8.7 GiB still to come (148.66 GiB, 140.00 GiB already there)" in need.what
+    assert disk_problems([need], two(10, 0)) == []            # 8.66 x 1.05 = 9.1 GiB fit in 10
+    # a fresh host needs it all; more bytes than the checkpoint (an older revision's) count as all of it
+    assert weights_need(MODELS, 148.66, None).bytes == int(148.66 * GIB)
+    assert weights_need(MODELS, 148.66, 200 * GIB).bytes == 0
+
+
+def test_one_file_system_adds_the_weights_and_the_venv():
+    needs = [weights_need(MODELS, 100, 0), venv_need(OPT, 10, False, "SGLang 0.5.23 venv")]
+    room = {p: Room("64769", "/", int(110 * GIB)) for p in (MODELS, OPT)}
+    assert disk_problems(needs, room) == [
+        f"not enough disk for {MODELS} and {OPT} (file system at /): 110.0 GiB free, 115.5 GiB needed: "
+        "the weights' 100.0 GiB still to come (100.00 GiB) + the SGLang 0.5.23 venv's 10.0 GiB + 5% spare"]
+    assert disk_problems(needs, {p: Room("64769", "/", int(115.5 * GIB)) for p in (MODELS, OPT)}) == []
+
+
+def test_two_file_systems_are_judged_each_on_its_own():
+    needs = [weights_need(MODELS, 100, 0), venv_need(OPT, 10, False, "SGLang 0.5.23 venv")]
+    assert disk_problems(needs, two(110, 20)) == []            # each fits where it goes
+    said = disk_problems(needs, two(110, 5))
+    assert said == [f"not enough disk for {OPT} (file system at /): 5.0 GiB free, 10.5 GiB needed: "
+                    "the SGLang 0.5.23 venv's 10.0 GiB + 5% spare"]
+    assert len(disk_problems(needs, two(50, 5))) == 2          # both short: one line each
+
+
+def test_a_venv_the_host_holds_and_a_complete_checkpoint_need_nothing():
+    needs = [weights_need(MODELS, 148.66, 148.66 * GIB), venv_need(OPT, 9.5, True, "SGLang 0.5.23 venv")]
+    assert [n.bytes for n in needs] == [0, 0]
+    assert disk_problems(needs, two(0, 0)) == []               # a full disk is no problem when nothing comes
 
 
 def test_a_failed_df_is_not_reported_as_a_full_disk():
-    said = disk_problem(None, need_gib=1000)
-    assert said.startswith(f"could not read the free disk space under {MODELS}") and "GiB free" not in said
+    said = disk_problems([weights_need(MODELS, 1000, 0)], {})
+    assert said == [f"could not read the free disk space under {MODELS} (df printed nothing usable); "
+                    "1000.0 GiB are needed there for the weights' 1000.0 GiB still to come (1000.00 GiB)"]
+
+
+def test_the_host_read_counts_complete_and_partial_files(tmp_path):
+    # the deploy's folders may not exist yet: the nearest existing parent's file system counts
+    model = tmp_path / "models" / "repo" / "rev"
+    (model / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (model / "model-00001-of-00002.safetensors").write_bytes(b"x" * 3000)
+    (model / ".cache" / "huggingface" / "download" / "model-00002-of-00002.safetensors.incomplete").write_bytes(b"y" * 1000)
+    fact = DiskRoom()
+    absent = str(tmp_path / "opt" / "dsv4deploy")
+    out = subprocess.run(["sh", "-c", fact.command([str(tmp_path / "models"), absent], str(model))],
+                         capture_output=True, text=True, check=True).stdout
+    found = fact.process(out.splitlines())
+    assert found["present_bytes"] >= 4000                      # du counts the folders' own entries too
+    rooms = found["rooms"]
+    assert set(rooms) == {str(tmp_path / "models"), absent}
+    assert rooms[absent]["device"] == rooms[str(tmp_path / "models")]["device"] and rooms[absent]["free_bytes"] > 0
+    assert fact.process(["room\t/srv\t\t2049 /srv"]) == {"rooms": {}, "present_bytes": 0}   # df said nothing

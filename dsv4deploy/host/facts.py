@@ -212,16 +212,32 @@ class RecentReleases(Releases):
                 f"END {{ done() }}' \"$@\" || {_AWK_FAILED}")
 
 
-class FreeDiskMib(FactBase):
-    """Free MiB on the filesystem that holds `path` (or its nearest existing parent); None when
-    `df` printed no number (a full disk is 0, a failed `df` is not)."""
+class DiskRoom(FactBase):
+    """Each path's file system (stat's device number and mount point, of its nearest existing
+    parent) and the bytes free there, and the bytes already under PRESENT (du: complete and
+    partial files alike): {"rooms": {path: {"device", "mount", "free_bytes"}}, "present_bytes": int}.
+    A path whose `df` printed no number is left out (preflight says so, not "a full disk")."""
 
-    def command(self, path: str):
-        return (f"p={path}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-                f"df -Pm \"$p\" | awk 'NR==2 {{print $4}}'")
+    default = dict
+
+    def command(self, paths: list[str], present: str):
+        q = shlex.quote
+        rooms = "; ".join(f"p={q(p)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+                          f"printf 'room\\t%s\\t%s\\t%s\\n' {q(p)} \"$(df -kP \"$p\" | awk 'NR==2 {{print $4}}')\" "
+                          "\"$(stat -c '%d %m' \"$p\")\"" for p in paths)
+        return (f"{rooms}; [ -d {q(present)} ] && printf 'present\\t%s\\n' \"$(du -sb {q(present)} | cut -f1)\"; "
+                "true")
 
     def process(self, output):
-        return int(output[0]) if output and output[0].strip().isdigit() else None
+        found: dict = {"rooms": {}, "present_bytes": 0}
+        for line in output:
+            fields = line.split("\t")
+            device, _, mount = fields[-1].partition(" ")
+            if fields[0] == "room" and len(fields) == 4 and fields[2].isdigit() and device.isdigit() and mount:
+                found["rooms"][fields[1]] = {"free_bytes": int(fields[2]) * 1024, "device": device, "mount": mount}
+            elif fields[0] == "present" and len(fields) == 2 and fields[1].isdigit():
+                found["present_bytes"] = int(fields[1])
+        return found
 
 
 class HostBasics(FactBase):

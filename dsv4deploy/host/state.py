@@ -17,7 +17,7 @@ from dsv4deploy.render.layout import ETC, GATE_USER, MODELS, OPT, STATE
 from dsv4deploy.release.rollout import Rollout
 from dsv4deploy.host import installer, snapshot
 from dsv4deploy.host.replicas import stale_query
-from dsv4deploy.host.facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, FileStates, FreeDiskMib,
+from dsv4deploy.host.facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, DiskRoom, FileStates,
                                    GatewayStale, GatewayWorkers, HostBasics, JsonFile, NvidiaSmi, PatchesApplied,
                                    PortOwners, RecentReleases, UnitInfo, VerifiedCheckpoint)
 
@@ -100,7 +100,7 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
         "packages": (DebPackages, {"names": HOST_PACKAGES}),
         "accounts": (Accounts, {"users": [user, GATE_USER], "groups": [user, GATE_USER]}),
         "venv": (JsonFile, {"path": f"{L.venv}/{VENV_MARKER}"}),
-        "disk_mib": (FreeDiskMib, {"path": MODELS}),
+        "disk": (DiskRoom, {"paths": [MODELS, OPT], "present": L.model_dir}),
     }
     q |= {f"unit:{name}": (UnitInfo, {"service": name}) for name in unit_names(r)}
     if r.target.is_set:

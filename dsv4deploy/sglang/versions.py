@@ -26,6 +26,7 @@ class VersionFacts:
     secrets_mask_patch: str | None = None   # sha256 of the patch that masks api_key in logs
     nvfp4_dsv4_moe_patch: str | None = None  # sha256 of the PR #25820 backport (releases without it)
     min_driver_branch: int = 0
+    venv_gib: float | None = None           # the venv's installed size, measured (None: not yet)
     arity: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     def accepts(self, flag: str) -> bool:
@@ -72,8 +73,16 @@ def facts(version: str) -> VersionFacts | None:
         secrets_mask_patch=entry.get("secrets_mask_patch"),
         nvfp4_dsv4_moe_patch=entry.get("nvfp4_dsv4_moe_patch"),
         min_driver_branch=int(entry.get("min_driver_branch") or 0),
+        venv_gib=float(entry["venv_gib"]) if entry.get("venv_gib") is not None else None,
         arity=arity,
     )
+
+
+def venv_gib(version: str) -> float:
+    """What the release's venv takes on disk, for the disk check: its measured figure, else the
+    largest measured one of any release (they all hold CUDA torch and its wheels)."""
+    figures = {v: float(e["venv_gib"]) for v, e in _table().items() if (e or {}).get("venv_gib") is not None}
+    return figures.get(version) or max(figures.values())
 
 
 def lock_file(version: str):

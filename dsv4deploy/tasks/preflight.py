@@ -9,9 +9,13 @@ from pyinfra.api import DeployError, deploy
 from dsv4deploy.profile import catalog
 from dsv4deploy.host.accounts import account_problems
 from dsv4deploy.host.state import HostState, accounts_wanted
-from dsv4deploy.render.layout import MODELS
+from dsv4deploy.render.layout import MODELS, OPT
+from dsv4deploy.preflight.disk import GIB, Need, Room, disk_problems, venv_need, weights_need
 from dsv4deploy.preflight.gpus import NvidiaSmiError, check_gpus, driver_branch, parse_query, profile_expectations
 from dsv4deploy.release.rollout import Rollout
+from dsv4deploy.sglang.versions import venv_gib
+from dsv4deploy.tasks.driver import reboot_pending
+from dsv4deploy.tasks.venv import venv_marker
 
 SUPPORTED_OS = ("debian", "ubuntu")
 
@@ -48,10 +52,7 @@ def preflight(r: Rollout, state: HostState) -> dict:
             expect["min_driver_branch"] = None  # the driver step upgrades it
         problems += check_gpus(gpus, **expect)
 
-    if not state.checkpoint_complete:
-        need_gib = float(r.weights_source.get("size_gib") or catalog.model(data["model"]["repo"]).size_gib)
-        if problem := disk_problem(state["disk_mib"], need_gib):
-            problems.append(problem)
+    problems += disk_problems(disk_needs(r, state), rooms(state))
 
     port = r.target.port
     owners = state["port"] or []
@@ -63,6 +64,8 @@ def preflight(r: Rollout, state: HostState) -> dict:
                         f"(a stale server?): stop it by its PID or its unit, then deploy again")
 
     problems += account_problems(accounts_wanted(r), state["accounts"] or {})
+    if pending := reboot_pending(r, state):          # a driver install waits for its reboot
+        problems.append(pending)
 
     if problems:
         raise DeployError("preflight refused the host:\n  - " + "\n  - ".join(problems)
@@ -70,13 +73,19 @@ def preflight(r: Rollout, state: HostState) -> dict:
     return {"driver_needed": driver_needed, "gpus": gpus}
 
 
-def disk_problem(free_mib: int | None, need_gib: float) -> str | None:
-    """Pure: why NEED_GIB of weights (5% spare) do not fit under MODELS; None: they do. FREE_MIB
-    None: `df` told nothing (host/facts.py FreeDiskMib), which is said as such, not as a full disk."""
-    need = need_gib * 1.05
-    if free_mib is None:
-        return (f"could not read the free disk space under {MODELS} (df printed nothing usable); "
-                f"{need:.1f} GiB are needed for the weights")
-    if free_mib < need * 1024:
-        return f"not enough disk for the weights under {MODELS}: {free_mib / 1024:.1f} GiB free, {need:.1f} GiB needed"
-    return None
+def disk_needs(r: Rollout, state: HostState) -> list[Need]:
+    """What this deploy still writes: the checkpoint's bytes not on disk yet under MODELS (none
+    when it is complete), and the SGLang venv under OPT unless the host holds it already."""
+    size_gib = float(r.weights_source.get("size_gib") or catalog.model(r.data["model"]["repo"]).size_gib)
+    present = size_gib * GIB if state.checkpoint_complete else (state["disk"] or {}).get("present_bytes")
+    version = r.data["sglang"]["version"]
+    installed = bool(state.file(f"{r.layout.venv}/bin/python")) and state["venv"] == venv_marker(r)
+    return [weights_need(MODELS, size_gib, present),
+            venv_need(OPT, venv_gib(version), installed, f"SGLang {version} venv")]
+
+
+def rooms(state: HostState) -> dict[str, Room]:
+    """The file systems the host's read found, by path (a path `df` said nothing of is absent)."""
+    found = (state["disk"] or {}).get("rooms") or {}
+    return {path: Room(device=room["device"], mount=room["mount"], free_bytes=room["free_bytes"])
+            for path, room in found.items()}
