@@ -2,11 +2,17 @@
 prints it, carried to uv, so that a machine set up for pip (a mirror, a wheel folder, a
 corporate CA) installs the control venv from the same places."""
 
+import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
+import pytest
+
 from dsv4deploy.host import uvpip
+
+REPO = Path(__file__).resolve().parent.parent
 
 LISTING = """:env:.cert='/etc/ssl/certs/ca-certificates.crt'
 :env:.default-timeout='180'
@@ -88,3 +94,62 @@ def test_pips_configuration_is_read_by_the_real_pip_not_one_the_directory_or_pyt
     assert argv[argv.index("--extra-index-url") + 1] == "https://from-pip-env.example/simple"   # the real pip's
     planted = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
     assert "planted.invalid" in planted          # the plant works on a python that is not isolated
+
+
+# --- issue 37: uv's own bootstrap is hash-checked; no http:// index or wheel folder ----------------
+
+def test_a_planted_uv_wheel_is_refused_by_the_bootstrap(tmp_path):
+    """A wheel folder (or index) that serves another file under uv's name: pip checks it against
+    data/uv.requirements' sha256s and installs nothing."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / f"uv-{uvpip.UV_VERSION}-py3-none-any.whl", "w") as whl:
+        whl.writestr("uv/__init__.py", "print('planted')\n")
+    env = {"DSV4_UV_HOME": str(tmp_path / "uv"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
+           "PIP_CONFIG_FILE": "/dev/null", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "dsv4deploy.host.uvpip", "path"], capture_output=True, text=True,
+                         env=env, cwd=REPO, timeout=120)
+    assert out.returncode == 1 and "could not bootstrap uv" in out.stderr, out.stderr
+    assert "DO NOT MATCH THE HASHES" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "uv" / "bin" / "uv").exists()
+
+
+def test_the_bootstrap_pins_every_wheel_of_the_version_it_runs():
+    text = uvpip.requirements_file().read_text()
+    assert f"uv=={uvpip.UV_VERSION} " in text and len(re.findall(r"--hash=sha256:[0-9a-f]{64}", text)) >= 4
+
+
+@pytest.mark.parametrize("listing,named", [
+    ("global.index-url='http://mirror.local/simple'\n", "index-url http://mirror.local/simple"),
+    ("global.extra-index-url='https://ok.example/simple HTTP://plain.example/simple'\n",
+     "extra-index-url HTTP://plain.example/simple"),
+    (":env:.find-links='http://wheels.local/'\n", "find-links http://wheels.local/"),
+    ("global.index-url='ftp://old.example/simple'\n", "index-url ftp://old.example/simple"),
+])
+def test_an_index_over_http_in_pips_configuration_is_refused(listing, named):
+    (found,) = uvpip.refused_locations(uvpip.pip_settings(listing))
+    assert found.endswith(named) and "pip's configuration" in found
+
+
+def test_https_file_urls_and_folders_are_where_packages_may_come_from():
+    assert uvpip.refused_locations(uvpip.pip_settings(LISTING)) == []
+    given = ["--index-url", "https://pypi.org/simple", "--find-links", "/opt/wheels", "--index",
+             "torch=https://download.pytorch.org/whl/cu130", "--find-links", "file:///srv/wheels", "sglang==1"]
+    assert uvpip.refused_locations({}, given) == []
+
+
+def test_an_http_index_the_command_gives_is_refused_too():
+    assert uvpip.refused_locations({}, ["--index", "pytorch=http://x.example/simple", "x"]) == [
+        "--index pytorch=http://x.example/simple"]
+    assert uvpip.refused_locations({}, ["--extra-index-url", "http://x.example/simple"]) != []
+
+
+def test_an_http_index_in_pips_environment_stops_the_install_before_uv_runs(tmp_path):
+    env = {"DSV4_UV_HOME": str(tmp_path / "uv"), "PIP_CONFIG_FILE": "/dev/null", "PATH": "/usr/bin:/bin",
+           "PIP_EXTRA_INDEX_URL": "http://mirror.local/simple"}
+    out = subprocess.run([sys.executable, "-m", "dsv4deploy.host.uvpip", "install", "--python", "/v/bin/python", "x==1"],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "refused to install from pip's configuration" in out.stderr
+    assert "PIP_EXTRA_INDEX_URL): extra-index-url http://mirror.local/simple" in out.stderr
+    assert not (tmp_path / "uv").exists()           # refused before any bootstrap

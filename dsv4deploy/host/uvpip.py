@@ -1,14 +1,15 @@
 # dsv4deploy host program: runs on the GPU host with its own python3; standard library only.
-"""The control node's installer: uv, pinned, bootstrapped with pip, installing with what pip's own
-configuration says (indexes, find-links, certificate, proxy) so that a machine set up for pip
-needs nothing more.
+"""The control node's installer: uv, pinned by the sha256 of its wheels (data/uv.requirements),
+bootstrapped with pip, installing with what pip's own configuration says (indexes, find-links,
+certificate, proxy) so that a machine set up for pip needs nothing more; an http:// index there
+is refused (refused_locations).
 
 Why not pip: a fresh venv of this project's lock takes pip 82 s on an idle 2-core machine and
 uv 17 s (byte-compiled); a parser venv for the tests (2.2 GB, CPU torch) 113 s against 40 s,
 11 s of it the install. Both install the same pinned wheels. Stdlib only: the Makefile runs it with bare python3, before any
 venv exists::
 
-    python3 -m dsv4deploy.host.uvpip install --python .venv/bin/python --compile-bytecode -c requirements.lock -e '.[test,twin]'
+    python3 -m dsv4deploy.host.uvpip install --python .venv/bin/python --compile-bytecode --require-hashes -r requirements.lock
     python3 -m dsv4deploy.host.uvpip path          # the uv it runs (bootstrapped if missing)
 
 As a module: ``uv(home)`` (its path), ``install_command(python, args, home, environ)``,
@@ -86,17 +87,60 @@ def uv_arguments(settings: dict[str, list[str]], given: list[str] = ()) -> tuple
     return args, env
 
 
+# Where packages may come from: https://, or this machine's own files (file://, a path). An index
+# or wheel folder over http:// (or another scheme) can be answered by anyone on the way.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_TRUSTED = re.compile(r"(?i)(https|file)://")
+_LOCATION_OPTIONS = {"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--index", "--default-index"}
+_INDEX_NAME = re.compile(r"[A-Za-z0-9._-]+=(?=[A-Za-z][A-Za-z0-9+.-]*://)")    # uv's `--index name=url`
+
+
+class RefusedLocation(ValueError):
+    """An install would fetch from a location anyone on the network path could answer for."""
+
+
+def _untrusted(location: str) -> bool:
+    location = _INDEX_NAME.sub("", location, count=1)
+    return bool(_SCHEME.match(location)) and not _TRUSTED.match(location)
+
+
+def refused_locations(settings: dict[str, list[str]], given: list[str] = ()) -> list[str]:
+    """Each index or find-links location, of pip's configuration (SETTINGS) or of the command itself
+    (GIVEN), that is neither https:// nor this machine's files, as the message names it. Refused,
+    not dropped: dropping pip's index-url would send the install to PyPI unasked, dropping an extra
+    index would leave a package its owner put there unfound; the operator fixes the setting."""
+    found = [f"pip's configuration (`pip config list`, or PIP_{key.upper().replace('-', '_')}): {key} {value}"
+             for key in _INDEX_KEYS for value in settings.get(key, []) if _untrusted(value)]
+    found += [f"{option} {value}" for option, value in zip(given, given[1:])
+              if option in _LOCATION_OPTIONS and _untrusted(value)]
+    return found
+
+
+def requirements_file() -> Path:
+    """uv's pin with the sha256 of each wheel: data/uv.requirements of the package, or beside this
+    file where it runs alone (the host's tool folder, host/installer.py)."""
+    here = Path(__file__).resolve()
+    for path in (here.with_name("uv.requirements"), here.parent.parent / "data" / "uv.requirements"):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no uv.requirements beside {here} or in {here.parent.parent / 'data'}")
+
+
 def uv(home: UvHome) -> Path:
-    """The pinned uv, in a venv of its own under HOME.tools (bootstrapped with pip once)."""
+    """The pinned uv, in a venv of its own under HOME.tools, bootstrapped with pip once: wheels
+    only, each checked against the sha256 of requirements_file() (--require-hashes), so an index
+    or a wheel folder that serves another file is refused."""
     tools = home.tools
     path = tools / "bin" / "uv"
     if path.is_file():
         return path
+    requirements = requirements_file()
     tmp = tools.with_name(f".{tools.name}.{os.getpid()}")
     try:
         subprocess.run([sys.executable, "-I", "-m", "venv", str(tmp)], check=True)
         subprocess.run([str(tmp / "bin" / "python"), "-I", "-m", "pip", "install", "--quiet",
-                        "--disable-pip-version-check", f"uv=={UV_VERSION}"], check=True)
+                        "--disable-pip-version-check", "--no-deps", "--require-hashes", "--only-binary", ":all:",
+                        "-r", str(requirements)], check=True)
         # renamed whole once complete: the venv's own scripts then name a folder that is gone,
         # but uv is a static binary and runs from anywhere
         os.rename(tmp, tools)
@@ -118,7 +162,11 @@ def install_command(python: str, args: list[str], home: UvHome,
     """(argv, environment) of `uv pip install ARGS` into the venv of PYTHON, with pip's settings:
     the environment is ENVIRON (the caller's) with what pip's configuration says added."""
     listing = subprocess.run(PIP_CONFIG, capture_output=True, text=True).stdout
-    extra, env = uv_arguments(pip_settings(listing), args)
+    settings = pip_settings(listing)
+    refused = refused_locations(settings, args)
+    if refused:
+        raise RefusedLocation("; ".join(refused))
+    extra, env = uv_arguments(settings, args)
     return ([str(uv(home)), "pip", "install", "--quiet", "--python", python, "--cache-dir", str(home.cache),
              *extra, *args], {**environ, **env})
 
@@ -133,6 +181,11 @@ def main(argv: list[str]) -> int:
             print(uv(home))
             return 0
         cmd, env = install_command(argv[2], argv[3:], home, os.environ)
+    except RefusedLocation as exc:
+        print(f"dsv4deploy: refused to install from {exc}: a package index or wheel folder over http:// can "
+              "be answered by anyone on the way; use https:// (or file:// for a folder on this machine)",
+              file=sys.stderr)
+        return 2
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"dsv4deploy: could not bootstrap uv {UV_VERSION} under {home.tools} with {sys.executable} -m pip "
               f"({exc}); pip's own output is above. Is PyPI (or pip's configured index) reachable?", file=sys.stderr)
