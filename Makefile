@@ -117,7 +117,7 @@ lock:
 	  --generate-hashes --upgrade $(EXTRAS:%=--extra %) --custom-compile-command 'make lock' \
 	  pyproject.toml - -o $(LOCK).tmp
 	mv $(LOCK).tmp $(LOCK)
-	@# the host's locks (dsv4deploy/data/sglang/*.lock, data/smg/*.lock) are refreshed by their own tool here
+	python3 tests/tools/sglang_lock.py --all     # the host's: data/sglang/*.lock, data/smg/*.lock, hashed
 
 validate: venv
 	$(BIN)/dsv4deploy validate $(PROFILE)

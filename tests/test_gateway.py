@@ -280,8 +280,9 @@ def test_the_venv_is_named_by_release_and_lock_and_installs_under_the_lock():
     from checkout import load_profile
 
     inst = gateway.venv_install("1.13.0")
-    assert inst.spec == "smg==1.13.0" and inst.pip_args == ["-c", f"{inst.venv}/dsv4deploy.lock"]
-    assert inst.lock_src.read_text().count("==") >= 6
+    assert inst.spec == "smg==1.13.0" and inst.pip_args == ["--require-hashes", "-r", f"{inst.venv}/dsv4deploy.lock"]
+    lock = inst.lock_src.read_text()
+    assert lock.count("--hash=sha256:") >= 7 and "\nsmg==1.13.0 " in lock     # smg itself, hash-checked
     assert render(load_profile("nvfp4-ctx8k-dp2")).gateway.venv == inst.venv
     with pytest.raises(GatewayError, match="no lock file"):
         gateway.venv_install("0.0.1")

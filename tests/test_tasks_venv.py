@@ -36,7 +36,7 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
     (cmd,) = installs(r)
     assert cmd.startswith("DSV4_UV_HOME=/opt/dsv4deploy/tools/uv-0.13.9/venv ")        # the host's pinned uv
     assert f"install --python {r.layout.venv}/bin/python --compile-bytecode " in cmd     # the service user runs it
-    assert cmd.endswith("-c /opt/dsv4deploy/venvs/" + r.layout.venv.rsplit("/", 1)[-1] + "/dsv4deploy.lock sglang==0.5.23")
+    assert cmd.endswith(f"--require-hashes -r {r.layout.venv}/dsv4deploy.lock")        # the whole lock, hash-checked
     parse, what = launch_parser(r)
     assert what == "SGLang 0.5.23's own parser"
     assert parse == (f"{r.layout.venv}/bin/python -I -c {shlex.quote(LAUNCH_PARSER)} check "   # isolated
@@ -46,7 +46,7 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
 def test_the_twin_installs_the_real_wheel_and_what_its_parser_imports():
     r = rollout(twin())
     server, parser, wheel = installs(r)
-    assert "huggingface_hub==1.33.0" in server and "--compile-bytecode" in server   # the server imports these
+    assert "huggingface-hub==1.33.0" in server and "--compile-bytecode" in server   # the server imports these
     assert f"-c {r.layout.venv}/{PARSER_LOCK} " in server                           # under the lock's pins
     assert parser.endswith(f"--python {r.layout.venv}/bin/python -r {r.layout.venv}/{PARSER_LOCK}")  # not compiled
     assert wheel.endswith(f"--python {r.layout.venv}/bin/python --no-deps sglang==0.5.23")
@@ -186,5 +186,6 @@ def test_the_twins_hub_client_is_the_real_hosts_lock():
     lock = lock_file("0.5.23").read_text().splitlines()
     reqs = STAND_INS["sglang"]["requirements"]
     for name in ("huggingface_hub", "hf-xet"):
-        pin = next(line for line in lock if line.lower().replace("_", "-").startswith(name.replace("_", "-") + "=="))
+        pin = next(line.split(" ;")[0] for line in lock
+                   if line.lower().replace("_", "-").startswith(name.replace("_", "-") + "=="))
         assert pin in reqs and host_lock_pins(name) == [pin]

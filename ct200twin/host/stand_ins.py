@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,8 @@ def host_lock_pins(*names: str) -> list[str]:
 
     locks = sorted((p for p in (PRODUCT_DIR / "data" / "sglang").glob("*.lock") if not p.name.endswith(".parser.lock")),
                    key=version_key)
-    pins = {line.split("==")[0].strip().lower().replace("_", "-"): line.strip()
-            for line in locks[-1].read_text().splitlines() if "==" in line and not line.startswith("#")}
+    pins = {m[1].lower().replace("_", "-"): f"{m[1]}=={m[2]}"     # `name==version ; marker \` (hashes below)
+            for m in re.finditer(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", locks[-1].read_text(), re.M)}
     return [pins[n.lower().replace("_", "-")] for n in names]
 
 

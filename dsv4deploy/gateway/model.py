@@ -80,7 +80,8 @@ def lock_sha256(version: str) -> str | None:
 @dataclass(frozen=True)
 class VenvInstall:
     """How the host's smg venv is made, as tasks/venv.py makes SGLang's: the lock file put into
-    the venv, then `uv pip install <spec> -c <lock_dest>` (host/installer.py); the venv's name hashes the lock."""
+    the venv, then `uv pip install --require-hashes -r <lock_dest>` (host/installer.py: every
+    package, smg included, hash-checked); the venv's name hashes the lock."""
 
     venv: str
     spec: str
@@ -89,7 +90,7 @@ class VenvInstall:
 
     @property
     def pip_args(self) -> list[str]:
-        return ["-c", self.lock_dest]
+        return ["--require-hashes", "-r", self.lock_dest]
 
 
 def venv_install(version: str) -> VenvInstall:

@@ -86,8 +86,10 @@ def venv_gib(version: str) -> float:
 
 
 def lock_file(version: str):
-    """The release's lock file (data/sglang/<version>.lock: every package its venv holds, pinned),
-    or None when none is shipped (pip then resolves SGLang's own requirements)."""
+    """The release's lock file (data/sglang/<version>.lock: every package its venv holds, SGLang
+    included, pinned with the sha256 of each file, for Python 3.11 and 3.12 on Linux x86_64;
+    installed whole with --require-hashes), or None when none is shipped (uv then resolves
+    SGLang's own requirements). tests/tools/sglang_lock.py (make lock) writes it."""
     path = _DIR / f"{version}.lock"
     return path if path.is_file() else None
 

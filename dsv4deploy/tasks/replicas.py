@@ -44,7 +44,7 @@ from dsv4deploy.tasks.service import gateway_files_differ
 
 def gateway_venv_marker(r: Rollout) -> dict:
     inst = gateway.venv_install(r.rendered.gateway.version)
-    install = installer.install_command(inst.venv, ["--compile-bytecode", "-c", inst.lock_dest, inst.spec])
+    install = installer.install_command(inst.venv, ["--compile-bytecode", *inst.pip_args])
     return {"installs": [install], "lock_sha256": hashlib.sha256(inst.lock_src.read_bytes()).hexdigest()}
 
 

@@ -34,6 +34,7 @@ from dsv4deploy.release.rollout import Rollout
 # every flag: 500 lines above the one that matters).
 LAUNCH_PARSER = (Path(package_files("dsv4deploy")) / "sglang" / "launch_parser.py").read_text()
 PARSER_TABLE = "dsv4deploy.parser.json"      # in the venv, next to its marker
+LOCK = "dsv4deploy.lock"                     # the release's lock (data/sglang/<version>.lock), in the venv
 
 
 def stand_in_archive(r: Rollout) -> bytes:
@@ -83,17 +84,24 @@ def installs(r: Rollout) -> list[str]:
     extras = data["sglang"].get("extras") or []
     spec = f"sglang[{','.join(extras)}]=={version}" if extras else f"sglang=={version}"
     args = ["--compile-bytecode"]         # the service user cannot write __pycache__: compiled at install
-    if lock_file(version):
-        # every package the venv holds, pinned for this release (torch for CUDA 13, sgl-kernel,
-        # flashinfer, ...): the venv's name hashes it, so a new lock is a new venv
-        args += ["-c", f"{venv}/dsv4deploy.lock"]
+    if lock_file(version) and not extras:
+        # every package the venv holds, SGLang included, pinned for this release with the sha256 of
+        # each file (torch for CUDA 13, sglang-kernel, flashinfer, ...), installed whole with hash
+        # checking: the venv's name hashes the lock, so a new lock is a new venv
+        spec_args = ["--require-hashes", "-r", f"{venv}/{LOCK}"]
+    elif lock_file(version):
+        # extras the lock was not resolved with: its pins hold (-c), the extras' own packages are
+        # resolved on the day (tests/tools/sglang_lock.py --extra makes a lock that holds them)
+        spec_args = ["-c", f"{venv}/{LOCK}", spec]
+    else:
+        spec_args = [spec]
     if data["sglang"].get("index_url"):
         args += ["--index-url", data["sglang"]["index_url"]]
     for url in data["sglang"].get("extra_index_urls") or []:
         args += ["--extra-index-url", url]
     if data["sglang"].get("extra_index_urls"):
         args += ["--index-strategy", "unsafe-best-match"]     # the best match over all indexes, as pip
-    return [installer.install_command(venv, [*args, spec])]
+    return [installer.install_command(venv, [*args, *spec_args])]
 
 
 def venv_marker(r: Rollout) -> dict:
@@ -113,8 +121,8 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
     lock = lock_file(r.data["sglang"]["version"])
     changed: list[OperationMeta] = []
     if lock and not r.stand_ins.get("sglang"):
-        changed.append(ops.file(name=f"lock file {lock.name}", dest=f"{venv}/dsv4deploy.lock",
-                                content=lock.read_bytes(), state=state.file(f"{venv}/dsv4deploy.lock")))
+        changed.append(ops.file(name=f"lock file {lock.name}", dest=f"{venv}/{LOCK}",
+                                content=lock.read_bytes(), state=state.file(f"{venv}/{LOCK}")))
     marker = venv_marker(r)
     parser_lock = twin_parser_lock(r)
     if parser_lock:
