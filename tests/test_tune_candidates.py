@@ -40,13 +40,15 @@ def by_overrides(cands, **overrides):
 
 
 def test_the_campaigns_085_at_tp4_is_refused_by_the_memory_budget():
+    """0.85 OOMed in the campaign; 0.80 crashes on the twin's model too (memory_facts' reading of
+    that OOM), so only 0.70 is tried."""
     cands = candidates("fp8-ctx1m-baseline")
-    at_085 = [c for c in cands if c.overrides.get("server.mem_fraction_static") == 0.85]
-    assert at_085 and all(c.refused for c in at_085)
-    for c in at_085:
+    too_high = [c for c in cands if c.overrides.get("server.mem_fraction_static") in (0.80, 0.85)]
+    assert too_high and all(c.refused for c in too_high)
+    for c in too_high:
         assert c.errors[0].path == "server.mem_fraction_static"
         assert "CUDA-graph capture would run out of GPU memory" in c.reasons[0]
-    assert not any(c.refused for c in cands if c.overrides.get("server.mem_fraction_static") != 0.85)
+    assert not any(c.refused for c in cands if c.overrides.get("server.mem_fraction_static") not in (0.80, 0.85))
 
 
 def test_a_refusal_points_at_the_tune_line_that_asked_for_the_value():

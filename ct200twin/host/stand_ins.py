@@ -72,10 +72,11 @@ STAND_INS: dict[str, Any] = {
 
 def server_archive() -> bytes:
     """The twin server as one reproducible tar.gz: only what it imports (ct200twin/server, the
-    product's patches module and its flag data), so an unrelated change in the project does not
+    product's patches module, its memory facts and its flag data), so an unrelated change in the project does not
     restart the twin; same files, same bytes (mtime 0, fixed modes, sorted)."""
     members = [(PRODUCT_DIR, PRODUCT_DIR / "__init__.py"), (PRODUCT_DIR, PRODUCT_DIR / "sglang" / "__init__.py"),
-               (PRODUCT_DIR, PRODUCT_DIR / "sglang" / "patches.py"), (TWIN_DIR, TWIN_DIR / "__init__.py")]
+               (PRODUCT_DIR, PRODUCT_DIR / "sglang" / "patches.py"),
+               (PRODUCT_DIR, PRODUCT_DIR / "memory_facts.py"), (TWIN_DIR, TWIN_DIR / "__init__.py")]
     for top, part in ((TWIN_DIR, TWIN_DIR / "server"), (PRODUCT_DIR, PRODUCT_DIR / "data")):
         members += [(top, p) for p in sorted(part.rglob("*"))
                     if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
@@ -109,8 +110,13 @@ def server_archive_file() -> Path:
 
 
 def host_data() -> dict[str, Any]:
-    """Host data `stand_ins` for a twin: STAND_INS plus the server archive's path."""
-    return {**STAND_INS, "sglang": {**STAND_INS["sglang"], "bundle": str(server_archive_file())}}
+    """Host data `stand_ins` for a twin: STAND_INS plus the server archive's path. DSV4_SIM_DRIVER=apt
+    leaves the driver's stand-in out: the driver step's real apt commands then run, against the
+    repository that host data cuda_repo_url names (tests/apt_repo.py serves one of dummy packages)."""
+    parts = {**STAND_INS, "sglang": {**STAND_INS["sglang"], "bundle": str(server_archive_file())}}
+    if os.environ.get("DSV4_SIM_DRIVER") == "apt":
+        del parts["driver"]
+    return parts
 
 
 def weights_source() -> dict[str, Any]:

@@ -32,6 +32,7 @@ from ct200twin.server.http_api import TwinServer  # noqa: E402
 from ct200twin.server.local_twin import LocalTwin, free_port, nvfp4_ctx8k_argv  # noqa: E402
 from ct200twin.server.logs import _SG, Log, StartupFailure, _traceback  # noqa: E402
 from ct200twin.server.memory import KVCacheError, plan_memory  # noqa: E402
+from dsv4deploy.memory_facts import CUDA_CONTEXT_GIB as CUDA_CTX, WEIGHTS_TOTAL_GIB, weights_per_gpu_gib  # noqa: E402
 from ct200twin.server.resolved import Resolved, _mem_inputs, resolve  # noqa: E402
 
 __all__ = ["LocalTwin", "free_port", "main", "nvfp4_ctx8k_argv", "run_server", "run_worker_rank"]
@@ -161,7 +162,7 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
                 err = "the weights leave no GPU memory for the KV cache"
             except KVCacheError as e:
                 err = str(e)
-            weights = (f.weights_gib or 148.66) / max(1, a.tp_size * (a.pp_size or 1)) + 0.5
+            weights = weights_per_gpu_gib(a.tp_size, a.pp_size or 1, f.weights_gib or WEIGHTS_TOTAL_GIB)
             log.info(f"Load weight end. type={res.model.architectures[0]}, dtype=torch.bfloat16, "
                      f"avail mem={max(cap - 1.0 - weights, 0):.2f} GB, mem usage={weights:.2f} GB.", tp=True)
             log.raw("Scheduler hit an exception: " + _traceback(
@@ -246,9 +247,6 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
             w.close()
         await runner.cleanup()
     return 0
-
-
-CUDA_CTX = 1.0
 
 
 async def _connect_probe(target: str, log: Log) -> None:

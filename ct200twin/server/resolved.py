@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsv4deploy.memory_facts import KV_BYTES_PER_TOKEN, WEIGHTS_TOTAL_GIB
 from dsv4deploy.sglang.patches import MASK
 from ct200twin.server import args as targs
 from ct200twin.server.faults import Faults
@@ -216,6 +217,6 @@ def _mem_inputs(pa: targs.ParsedArgs, gpu_mem: int, max_running: int, graphs_ena
         graphs_disabled=not graphs_enabled, disable_custom_all_reduce=a.disable_custom_all_reduce,
         max_running_requests=max_running, max_total_tokens=a.max_total_tokens,
         page_size=a.page_size or 256,
-        kv_bytes_per_token=faults.kv_bytes_per_token or 15900,
-        weights_total_gib=faults.weights_gib or 148.66,
+        kv_bytes_per_token=faults.kv_bytes_per_token or KV_BYTES_PER_TOKEN,
+        weights_total_gib=faults.weights_gib or WEIGHTS_TOTAL_GIB,
     )

@@ -55,7 +55,7 @@ def budget_table(report: Report) -> Table:
         ("  margin", f"{b.margin_gib:.1f} GiB", ""),
         ("reserve needed", f"{b.reserve_gib:.1f} GiB", b.reserve_source),
         ("verdict", "fits" if b.fits else "OOM at graph capture",
-         f"max safe fraction {b.max_safe_fraction:.2f}"),
+         f"max safe fraction {b.max_safe_text}"),
     ]
     for row in rows:
         table.add_row(*row)

@@ -7,7 +7,12 @@ from functools import cache
 
 import yaml
 
-from dsv4deploy import PACKAGE_DATA
+from dsv4deploy import PACKAGE_DATA, memory_facts
+
+# The Flash checkpoints' memory figures live in memory_facts (with their sources), which the
+# twin's server computes from too; a catalog entry may still name its own.
+MEMORY_DEFAULTS = {"size_gib": memory_facts.WEIGHTS_TOTAL_GIB, "replicated_gib": memory_facts.REPLICATED_GIB,
+                   "kv_bytes_per_token": memory_facts.KV_BYTES_PER_TOKEN}
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ def gpu(key: str) -> Gpu:
 
 def model(repo: str) -> Model | None:
     entry = _catalog()["models"].get(repo)
-    return Model(repo=repo, **entry) if entry else None
+    return Model(repo=repo, **{**MEMORY_DEFAULTS, **entry}) if entry else None
 
 
 def model_repos() -> list[str]:

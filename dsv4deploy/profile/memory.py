@@ -1,14 +1,11 @@
 """The per-GPU memory budget of a profile: will it load, will CUDA-graph capture fit?
 
-SGLang's definition: mem_fraction_static = (weights + KV pool) / GPU memory. CUDA graphs,
-activations and NCCL buffers live in the rest (the headroom), and the CUDA context is not
-counted at all. The campaign OOMed at graph capture with TP4, 0.85, decode graphs up to bs 32
-(about 12.9 GB left, capture wanting about 10 GB more); 0.70 ran. SGLang's own verified RTX PRO
-6000 cell runs TP2 at 0.92 with the same graph batch. The reserve below is calibrated on those
-two points. The difference between them is the all-reduce inside the decode graphs: at world
-size 2 on PCIe SGLang uses its custom all-reduce; at TP >= 4 without NVLink (or with
---disable-custom-all-reduce) NCCL runs inside every captured graph and each captured batch
-size holds its own buffers. A measured `calibration:` block in the profile overrides these.
+Computed from the project's one set of memory facts (dsv4deploy/memory_facts.py, which the twin's
+server simulates too; its docstring states the one reading of the campaign's OOM) plus
+SAFETY_MARGIN_GIB, so the validator never accepts what the twin's memory model would crash. Two
+measured sources move it: a profile's `calibration:` block (constants), and the host's own
+startup logs (profile/calibration.py: the capture need SGLang reported on that host for the same
+layout), which then sets the boundary and names the release it came from.
 """
 
 from __future__ import annotations
@@ -16,18 +13,18 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from dsv4deploy import memory_facts as facts
+from dsv4deploy.memory_facts import CUDA_CONTEXT_GIB, GIB, MIB, SAFETY_MARGIN_GIB
 from dsv4deploy.profile.catalog import Gpu, Model
 
-GIB = 1024**3
-MIB = 1024**2
 
-CUDA_CONTEXT_GIB = 1.0          # CUDA/cuBLAS context per process, outside the static fraction
-ACTIVATION_BASE_GIB = 0.5
-ACTIVATION_MIB_PER_PREFILL_TOKEN = 0.25  # 2.5 GiB at the default 8192-token prefill chunk
-NCCL_GIB_PER_PEER = 0.25
-GRAPH_MIB_PER_BS = {"custom": 64.0, "nccl": 320.0}  # per unit of the decode graph max batch
-SAFETY_MARGIN_GIB = 1.0
-DEFAULT_CHUNKED_PREFILL = 8192  # SGLang's choice for 90-160 GiB GPUs
+@dataclass(frozen=True)
+class Measured:
+    """A capture need measured on the host for this profile's layout (profile/calibration.py):
+    NEED_GIB in the budget's terms, SOURCE the sentence that names its evidence."""
+
+    need_gib: float
+    source: str
 
 
 @dataclass(frozen=True)
@@ -55,10 +52,17 @@ class Budget:
     reserve_gib: float
     reserve_source: str
     max_safe_fraction: float
+    graph_max_bs: int = 0
+    chunked_prefill_size: int = 0
 
     @property
     def fits(self) -> bool:
-        return self.headroom_gib >= self.reserve_gib
+        return self.headroom_gib >= self.reserve_gib - 1e-9
+
+    @property
+    def max_safe_text(self) -> str:
+        """The max safe fraction rounded down to what a profile can write (0.7569 -> "0.75")."""
+        return f"{math.floor(max(self.max_safe_fraction, 0.0) * 100 + 1e-9) / 100:.2f}"
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -67,12 +71,8 @@ class Budget:
 
 
 def allreduce_path(tp_size: int, disable_custom_all_reduce: bool, interconnect: str) -> str:
-    """Which all-reduce runs inside the decode CUDA graphs."""
-    if tp_size <= 2 and not disable_custom_all_reduce:
-        return "custom"
-    if interconnect == "nvlink" and not disable_custom_all_reduce:
-        return "custom"
-    return "nccl"
+    """Which all-reduce runs inside the decode CUDA graphs (memory_facts.allreduce_path)."""
+    return facts.allreduce_path(tp_size, disable_custom_all_reduce, 1, interconnect)
 
 
 class BudgetInputError(ValueError):
@@ -97,9 +97,19 @@ def _checked(path: tuple, value, low: float, high: float) -> float:
     return value
 
 
+def graph_batch_sizes(server: dict, gpu: Gpu, max_running: int) -> list[int]:
+    """The decode batch sizes SGLang captures for SERVER: up to cuda_graph_max_bs_decode, or
+    SGLang's default for the card capped at max_running_requests."""
+    max_bs = server.get("cuda_graph_max_bs_decode")
+    if not max_bs:
+        max_bs = min(facts.default_gpu_settings(gpu.memory_mib, server["tp_size"])[1], max_running)
+    return facts.decode_capture_batch_sizes(max_bs)
+
+
 def budget(server: dict, gpu: Gpu, model: Model, calibration: dict | None = None,
-           max_running_default: int = 256) -> Budget:
-    """The budget of one GPU of the server described by the profile's `server` section."""
+           max_running_default: int = 256, measured: Measured | None = None) -> Budget:
+    """The budget of one GPU of the server described by the profile's `server` section; MEASURED
+    (the host's calibration for this layout) replaces the modelled capture need."""
     calibration = calibration or {}
     for key, (low, high) in _CALIBRATION_RANGES.items():
         if key in calibration:
@@ -109,7 +119,8 @@ def budget(server: dict, gpu: Gpu, model: Model, calibration: dict | None = None
     capacity = gpu.memory_mib * MIB / GIB
     fraction = server["mem_fraction_static"]
     static = fraction * capacity
-    weights = calibration.get("weights_gib_per_gpu", model.size_gib / tp + model.replicated_gib)
+    weights = calibration.get("weights_gib_per_gpu",
+                              facts.weights_per_gpu_gib(tp, 1, model.size_gib, model.replicated_gib))
     pool = static - weights
     per_token = calibration.get("kv_bytes_per_token", model.kv_bytes_per_token)
     per_request = calibration.get("kv_bytes_per_request", 0.0)
@@ -117,20 +128,20 @@ def budget(server: dict, gpu: Gpu, model: Model, calibration: dict | None = None
     tokens = max(0, int((pool * GIB - per_request * max_running) // per_token)) if pool > 0 else 0
     context = server.get("context_length") or model.max_context
 
-    path = allreduce_path(tp, server.get("disable_custom_all_reduce", False), gpu.interconnect)
-    max_bs = server.get("cuda_graph_max_bs_decode") or 0
-    chunk = server.get("chunked_prefill_size") or DEFAULT_CHUNKED_PREFILL
-    graph = GRAPH_MIB_PER_BS[path] * max_bs * MIB / GIB
-    activations = ACTIVATION_BASE_GIB + ACTIVATION_MIB_PER_PREFILL_TOKEN * max(chunk, 0) * MIB / GIB
-    nccl = NCCL_GIB_PER_PEER * (tp - 1)
+    path = facts.allreduce_path(tp, server.get("disable_custom_all_reduce", False), server.get("nnodes") or 1,
+                                gpu.interconnect)
+    chunk = server.get("chunked_prefill_size") or facts.default_gpu_settings(gpu.memory_mib, tp)[0]
+    need = facts.capture_need(tp, graph_batch_sizes(server, gpu, max_running), chunk, path)
+    graph, activations, nccl = need.graphs_gib, need.activations_gib, need.nccl_gib
+    source = "model (dsv4deploy/memory_facts.py)"
     if "graph_reserve_mib" in calibration:
-        measured = calibration["graph_reserve_mib"] * MIB / GIB
-        graph, activations, nccl = measured, 0.0, 0.0
+        graph, activations, nccl = calibration["graph_reserve_mib"] * MIB / GIB, 0.0, 0.0
         source = "calibration.graph_reserve_mib"
-    else:
-        source = "model (dsv4deploy/profile/memory.py)"
+    if measured is not None:
+        graph, activations, nccl = measured.need_gib, 0.0, 0.0
+        source = measured.source
     reserve = graph + activations + nccl + SAFETY_MARGIN_GIB
-    headroom = capacity - static - CUDA_CONTEXT_GIB
+    headroom = facts.headroom_gib(capacity, fraction)
     max_safe = (capacity - CUDA_CONTEXT_GIB - reserve) / capacity
     return Budget(
         capacity_gib=capacity, fraction=fraction, static_gib=static, weights_gib=weights,
@@ -140,5 +151,5 @@ def budget(server: dict, gpu: Gpu, model: Model, calibration: dict | None = None
         max_running_requests=max_running, headroom_gib=headroom, cuda_context_gib=CUDA_CONTEXT_GIB,
         allreduce_path=path, graph_gib=graph, activations_gib=activations, nccl_gib=nccl,
         margin_gib=SAFETY_MARGIN_GIB, reserve_gib=reserve, reserve_source=source,
-        max_safe_fraction=max_safe,
+        max_safe_fraction=max_safe, graph_max_bs=max(need.graph_bs), chunked_prefill_size=chunk,
     )

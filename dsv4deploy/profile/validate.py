@@ -403,7 +403,7 @@ def _memory(profile, b: Budget, add) -> None:
             f"< reserve {b.reserve_gib:.1f} GiB (decode graphs up to bs "
             f"{profile.data['server'].get('cuda_graph_max_bs_decode')} over {b.allreduce_path} all-reduce "
             f"{b.graph_gib:.1f} + activations {b.activations_gib:.1f} + NCCL {b.nccl_gib:.1f} + margin "
-            f"{b.margin_gib:.1f}); use mem_fraction_static <= {max(b.max_safe_fraction, 0):.2f} or a smaller "
+            f"{b.margin_gib:.1f}); use mem_fraction_static <= {b.max_safe_text} or a smaller "
             f"cuda_graph_max_bs_decode")))
     if b.kv_tokens < b.context_length:
         add(profile.problem(frac, f"KV pool {b.kv_pool_gib:.1f} GiB holds {b.kv_tokens:,} tokens, less than one "
