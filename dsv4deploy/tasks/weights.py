@@ -3,15 +3,21 @@
 Complete means every shard named in `model.safetensors.index.json` is present with the
 expected size (from the source's listing). A marker with those sizes is written after the
 check; a later run re-checks sizes against the marker and downloads nothing.
-Sources: `hf` (hf download with the token from the host's 0600 token file; every file checked
-by size and sha256 against the hub's metadata), `local` (a folder already on the host), `rsync`
-(a folder on the control node, pushed over SSH).
+Sources: `hf` (weights_fetch.py, resuming a cut file, and `hf download` for the files the hub
+offers through Xet, with the token from the host's 0600 token file; every file checked by size and
+sha256 against the hub's metadata), `local` (a folder already on the host), `rsync` (a folder on
+the control node, pushed over SSH).
+
+Hashing is a step of its own ("verify", one marker record per file as it goes), never part of
+the host read, which checks sizes and the marker only: a re-run after a cut hashes only the files
+not yet proven, in this step, with a progress line per file.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import DeployError, StringCommand, deploy, operation
@@ -19,11 +25,12 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import StateStage
 from pyinfra.operations import files, server
 
-from dsv4deploy.host import ops
+from dsv4deploy.host import HOST_PYTHON, ops
 from dsv4deploy.host.facts import Checkpoint, checker_command
 from dsv4deploy.host.state import HostState
 from dsv4deploy.render.layout import STATE
 from dsv4deploy.release.rollout import Rollout
+from dsv4deploy.weights import fetch as weights_fetch
 from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
 
 MARKER = ".dsv4deploy-complete.json"
@@ -49,29 +56,29 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
     repo, rev = r.data["model"]["repo"], r.data["model"]["revision"]
     if state.checkpoint_complete:
         host.noop(f"{repo}@{rev[:12]} complete at {dest}")
-        if src["type"] == "rsync" and (state["checkpoint"] or {}).get("hashed"):
-            folder = rsync_folder(src, r.settings.checkout)
-            # complete, but some file was hashed (no marker yet, e.g. pushed by an older release of
-            # this tool): record the marker once, so a re-deploy hashes nothing. Not a change.
-            verified_checkpoint(name="record the verified checkpoint's marker", path=dest,
-                                expected=json.dumps(local_expectation(folder, r.settings.cache)),
-                                source=str(folder))
         return []
+    read = state["checkpoint"] or {}
+    # all present at their sizes, only not yet proven (a cut verify, or an older marker): hash those
+    only_unverified = bool(read.get("unverified")) and not read.get("problems")
     if src["type"] == "hf":
-        return [hf_checkpoint(name=f"{repo}@{rev[:12]} from the hub, verified by size and sha256", path=dest,
-                              repo=repo, revision=rev, expected=json.dumps(hub_expectation(src, repo, rev, r.settings)),
-                              hf=f"{r.layout.venv}/bin/hf", token_file=r.layout.hf_token_file,
-                              endpoint=src.get("endpoint") or r.settings.hf_endpoint)]
+        expected = json.dumps(hub_expectation(src, repo, rev, r.settings))
+        changed = [] if only_unverified else [hf_checkpoint(
+            name=f"{repo}@{rev[:12]} from the hub (resumes a cut file)", path=dest, repo=repo, revision=rev,
+            expected=expected, hf=f"{r.layout.venv}/bin/hf", token_file=r.layout.hf_token_file,
+            endpoint=src.get("endpoint") or r.settings.hf_endpoint)]
+        return changed + [verified_checkpoint(name="verify every file by size and sha256 (progress per file)",
+                                              path=dest, expected=expected, source=f"the hub's {repo}@{rev[:12]}")]
     changed: list[OperationMeta] = []
     expected = ""
     ops.directory(name="model dir", path=dest, state=state.file(dest))
     if src["type"] == "rsync":
         folder = rsync_folder(src, r.settings.checkout)
         expected = json.dumps(local_expectation(folder, r.settings.cache))
-        # files.sync uploads every file whose sha1 differs: a truncated or corrupted copy is replaced
-        changed.append(files.sync(name=f"push {folder} (rsync source)", src=str(folder), dest=dest))
-        verified_checkpoint(name="verify every file by size and sha256 against the source", path=dest,
-                            expected=expected, source=str(folder))
+        if not only_unverified:
+            # files.sync uploads every file whose sha1 differs: a truncated or corrupted copy is replaced
+            changed.append(files.sync(name=f"push {folder} (rsync source)", src=str(folder), dest=dest))
+        changed.append(verified_checkpoint(name="verify every file by size and sha256 against the source",
+                                           path=dest, expected=expected, source=str(folder)))
         return changed
     changed.append(_copy_local(src["path"], dest))   # local
     checkpoint_marker(name="verify every shard is present with its size", path=dest, expected=expected)
@@ -85,10 +92,12 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
 
 @operation()
 def verified_checkpoint(path: str, expected: str, source: str):
-    """Prove every file of the pushed checkpoint by size and sha256 and leave weights_check's marker;
-    otherwise fail naming the files (only added when the host's state says it is not complete)."""
+    """Prove every file not yet proven by size and sha256, one progress line and one marker record
+    per file (a cut here keeps what it proved); otherwise remove the bad files and fail naming them
+    (only added when the host's state says the checkpoint is not complete)."""
     q = shlex.quote
-    yield (f"{checker_command(path, expected, '--write-marker')} >&2 || {{ echo {q(f'{path} does not match {source} after the push (size or sha256): see the files named above; deploy again')} >&2; exit 1; }}")
+    yield (f"{checker_command(path, expected, '--write-marker', '--progress', '--remove-bad')} >&2 || "
+           f"{{ echo {q(f'{path} does not match {source} (size or sha256): the files named above were removed; deploy again to fetch them')} >&2; exit 1; }}")
 
 
 # --- source: hf ---------------------------------------------------------------------------------
@@ -97,26 +106,29 @@ def verified_checkpoint(path: str, expected: str, source: str):
 # changes for a commit, so a re-deploy needs no hub. weights_check.py (stdlib only) runs on the host
 # with its system python3 and checks every byte; hf download fetches what is missing or wrong.
 
-HF_ENV = ("HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 "
-          f"HF_HUB_DISABLE_XET=1 HF_HOME={STATE}/hf-home")   # plain HTTP + Range: the route the twin proves
+# The hub's default route: Xet where the hub offers it (hf download with hf-xet), HTTP with Range
+# resume across runs otherwise (docs/hub.md says why and what each resumes).
+HF_ENV = f"HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HOME={STATE}/hf-home"
+FETCHER = Path(weights_fetch.__file__).read_text()
+DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 @operation()
 def hf_checkpoint(path: str, repo: str, revision: str, expected: str, hf: str, token_file: str,
                   endpoint: str | None = None):
-    """Download what is missing or wrong, then prove every file by size and sha256. A run killed
-    mid-download leaves partial files: they are removed first (hf download starts them again; the
-    files it finished are kept), as are files whose bytes do not match the hub. (Only added when
-    the host's state says the checkpoint is not complete.)"""
+    """Fetch what is missing or of the wrong size (weights_fetch.py: a file cut by an earlier run
+    resumes from its kept .part; the files the hub offers through Xet go to hf download). Its bytes
+    are proven by the verify step next. (Only added when the host's state says files are missing.)"""
     q = shlex.quote
+    # hf download's own partial files are per process (*.<uuid>.incomplete) and never reused by a
+    # later run (huggingface_hub 1.33): a killed run's are dead weight on the disk
     yield (f"mkdir -p {q(path)} && find {q(path)}/.cache/huggingface/download -name '*.incomplete' -delete "
-           f"2>/dev/null; {checker_command(path, expected, '--remove-bad')} >/dev/null; true")
-    env = HF_ENV + (f" HF_ENDPOINT={q(endpoint)}" if endpoint else "")
-    # huggingface_hub reads the token from the file HF_TOKEN_PATH names: never in argv or environment
-    yield (f"if [ -s {q(token_file)} ]; then export HF_TOKEN_PATH={q(token_file)}; fi; env {env} {q(hf)} download "
-           f"{q(repo)} --revision {q(revision)} --local-dir {q(path)} --quiet")
-    yield (f"{checker_command(path, expected, '--write-marker')} || {{ echo {q(f'{repo}@{revision[:12]}: the download does not match the hub (size or sha256): the files named above were removed; deploy again to fetch them')} >&2; "
-           f"{checker_command(path, expected, '--remove-bad')} >/dev/null; exit 1; }}")
+           "2>/dev/null; true")
+    env = HF_ENV + f" HF_ENDPOINT={q(endpoint or DEFAULT_ENDPOINT)}"
+    # the token is read from the file HF_TOKEN_PATH names: never in argv or environment
+    yield (f"if [ -s {q(token_file)} ]; then export HF_TOKEN_PATH={q(token_file)}; fi; printf '%s' {q(expected)} | "
+           f"env {env} {HOST_PYTHON} -c {q(FETCHER)} {q(path)} {q(endpoint or DEFAULT_ENDPOINT)} {q(repo)} "
+           f"{q(revision)} --hf {q(hf)}")
 
 
 def _copy_local(path: str, dest: str) -> OperationMeta:

@@ -4,10 +4,10 @@ hub's metadata for the pinned commit.
 
 Pure and standard-library only, so the same file runs on the host with its system python3:
 
-    python3 weights_check.py DIR EXPECTED.json [--marker FILE] [--write-marker]
+    python3 weights_check.py DIR EXPECTED.json [--marker FILE] [--write-marker] [--no-hash]
 
-prints ``{"complete": bool, "problems": [...], "hashed": N, "trusted": M}`` and exits 0 when
-complete, 1 when not, 2 on bad arguments.
+prints ``{"complete": bool, "problems": [...], "unverified": [...], "hashed": N, "trusted": M}``
+and exits 0 when complete, 1 when not, 2 on bad arguments.
 
 ``EXPECTED.json`` maps each file of the repo to what the hub says about it::
 
@@ -20,9 +20,12 @@ shards) carry ``sha256``; small files carry only the git ``blob_id``, which is c
 computes it (sha1 of ``"blob <size>\\0" + content``).  Files in the folder that the repo does not
 name (``.cache/``, markers) are ignored.
 
-Hashing 149 GiB takes minutes, so a clean check can leave a marker recording each file's size,
-mtime, inode and digest: a later check trusts a file whose stat and expected digest still match
-the marker and hashes only the others.  huggingface_hub's own ``hf download --local-dir`` never
+Hashing 149 GiB takes minutes, so the check leaves a marker recording each verified file's size,
+mtime, inode and digest, rewritten after every file it proves (a verify cut halfway keeps what it
+proved): a later check trusts a file whose stat and expected digest still match the marker and
+hashes only the others. ``--no-hash`` (the deploy's host read, under its time cap) hashes nothing:
+a file of the right size the marker does not vouch for is listed as ``unverified`` (not complete),
+for the deploy's verify step, which hashes it with one progress line per file (``--progress``).  huggingface_hub's own ``hf download --local-dir`` never
 re-checks a file it already has (same commit in its metadata => returned as is), which is why a
 corrupted shard is only caught here.
 """
@@ -97,9 +100,12 @@ def _stat_key(st: os.stat_result) -> list:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int = 4) -> dict:
-    """The full result: ``complete``, ``problems`` (one line each, sorted by file), ``hashed``,
-    ``trusted`` (files the marker vouched for), and ``marker`` (the marker to write when complete)."""
+def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int = 4, hash_files: bool = True,
+          on_verified=None) -> dict:
+    """The full result: ``complete``, ``problems`` (one line each, sorted by file), ``unverified``
+    (right size, not hashed: HASH_FILES off), ``hashed``, ``trusted`` (files the marker vouched
+    for), and ``marker`` (every verified file's record). ON_VERIFIED(marker, rel, done, total) is
+    called after each file hashed good or bad (the marker so far: written at once by the CLI)."""
     root = Path(local_dir)
     files = _files_of(expected)
     trusted_files = (marker or {}).get("files", {}) if isinstance(marker, dict) else {}
@@ -135,6 +141,9 @@ def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int
             trusted += 1
             continue
         to_hash.append((rel, p, meta))
+    unverified = [] if hash_files else [rel for rel, _p, _m in to_hash]
+    if not hash_files:
+        to_hash = []
 
     def work(item):
         rel, p, meta = item
@@ -146,8 +155,9 @@ def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int
     if to_hash:     # imported here: a check the marker answers whole (a re-deploy's) starts faster
         from concurrent.futures import ThreadPoolExecutor
 
+        commit = expected.get("commit") if "files" in expected else None
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for rel, p, got, exc in pool.map(work, to_hash):
+            for done, (rel, p, got, exc) in enumerate(pool.map(work, to_hash), 1):
                 if exc is not None:
                     problems[rel] = f"{rel}: cannot read ({exc.strerror or exc})"
                     continue
@@ -155,13 +165,14 @@ def check(local_dir, expected: dict, *, marker: dict | None = None, workers: int
                 if got[1] != want:
                     problems[rel] = f"{rel}: {algo} {got[1]}, expected {want} (corrupt or a different revision)"
                     bad.add(rel)
-                    continue
-                record[rel] = {"stat": _stat_key(p.stat()), algo: want}
-    complete = not problems
+                else:
+                    record[rel] = {"stat": _stat_key(p.stat()), algo: want}
+                if on_verified:
+                    on_verified({"commit": commit, "files": dict(record)}, rel, done, len(to_hash))
+    complete = not problems and not unverified
     return {"complete": complete, "problems": [problems[k] for k in sorted(problems)], "bad": sorted(bad),
-            "hashed": len(to_hash), "trusted": trusted,
-            "marker": {"commit": expected.get("commit") if "files" in expected else None, "files": record}
-            if complete else None}
+            "unverified": unverified, "hashed": len(to_hash), "trusted": trusted,
+            "marker": {"commit": expected.get("commit") if "files" in expected else None, "files": record}}
 
 
 def verify(local_dir, expected: dict, *, marker: dict | None = None, workers: int = 4) -> list[str]:
@@ -180,6 +191,9 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("--remove-bad", action="store_true",
                         help="delete files whose size or digest is wrong (a download then fetches them again)")
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--no-hash", action="store_true",
+                        help="hash nothing: files of the right size the marker does not vouch for are 'unverified'")
+    parser.add_argument("--progress", action="store_true", help="one line on stderr per file hashed")
     args = parser.parse_args(argv)
     try:
         text = sys.stdin.read() if args.expected == "-" else Path(args.expected).read_text()
@@ -193,11 +207,22 @@ def _main(argv: list[str]) -> int:
         marker = json.loads(marker_path.read_text())
     except (OSError, ValueError):
         marker = None
-    result = check(args.local_dir, expected, marker=marker, workers=args.workers)
-    if result["complete"] and args.write_marker:
+    def write(doc: dict) -> None:
         tmp = marker_path.with_name(marker_path.name + ".tmp")
-        tmp.write_text(json.dumps(result["marker"], indent=1, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, marker_path)
+
+    def verified(doc: dict, rel: str, done: int, total: int) -> None:
+        if args.write_marker:
+            write(doc)          # one record per file, at once: a verify cut here keeps what it proved
+        if args.progress:
+            print(f"weights_check: verified {done}/{total} {rel}"
+                  + ("" if rel in doc["files"] else ": MISMATCH"), file=sys.stderr, flush=True)
+
+    result = check(args.local_dir, expected, marker=marker, workers=args.workers, hash_files=not args.no_hash,
+                   on_verified=verified)
+    if args.write_marker and result["hashed"]:
+        write(result["marker"])
     if args.remove_bad:
         for rel in result["bad"]:
             (Path(args.local_dir) / rel).unlink(missing_ok=True)    # _unsafe paths never reach "bad"
