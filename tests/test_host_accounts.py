@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.host.accounts import MARKER, account_problems, verdict
+from dsv4deploy.host.accounts import MARKER, account_problems, login_problem, verdict
+from dsv4deploy.host.facts import Accounts
+from dsv4deploy.host.release_store import LOGIN_CHECK, LOGIN_MARK, login_refused
 from dsv4deploy.render.layout import GATE_USER
 
 FACTS = Path(__file__).parent / "fixtures" / "facts" / "Accounts"
@@ -96,3 +98,28 @@ def test_an_existing_login_group_of_the_name_is_refused():
 
 def test_a_read_that_said_nothing_refuses_rather_than_assumes_absent():
     assert "could not read the host's accounts" in account_problems(wanted(), {})[0]
+
+
+# --- the login itself: root, or through sudo -------------------------------------------------
+
+def test_root_or_sudo_may_deploy_and_any_other_login_is_refused():
+    assert login_problem("root", None, sudo=False) is None           # the inventory's root, before connecting
+    assert login_problem("ops", 0, sudo=False) is None               # what the host says wins over the name
+    assert login_problem("ops", None, sudo=True) is None
+    said = login_problem("ops", 1000, sudo=False, sudo_usable=False)
+    assert said.startswith("the deploy logs in as ops (uid 1000) without sudo, but it writes /opt") and \
+        "connect as root, or give ops passwordless sudo" in said
+    assert "ops has passwordless sudo there: use it (CT200_SUDO=1" in login_problem("ops", 1000, False, True)
+    assert login_problem("root", 1000, sudo=False)                   # a "root" that is not uid 0
+
+
+def test_the_lock_s_login_check_is_read_back_and_nothing_else_is():
+    assert login_refused([f"{LOGIN_MARK} ops 1000 yes"]) == login_problem("ops", 1000, False, True)
+    assert login_refused(['{"controller": "c", "pid": 1}']) is None    # a lock holder's owner.json
+    assert LOGIN_CHECK.startswith('[ "$(id -u)" = 0 ] ||')
+
+
+def test_the_host_read_says_who_it_ran_as():
+    found = Accounts().process(["ssh_user:ops", "uid:1000", "sudo:no"])
+    assert (found["uid"], found["sudo_usable"]) == (1000, False)
+    assert "sudo_usable" not in Accounts().process(["ssh_user:ops", "uid:0"])    # root is not asked

@@ -202,11 +202,39 @@ def test_an_invalid_profile_is_refused_with_file_line_and_key(pinned):
 def test_the_ssh_user_as_service_user_is_refused_before_connecting(pinned):
     """pyinfra's --user wins over CT200_USER, as it does for the connection."""
     out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", "--user", "sglang",
-                     env={"CT200_HOST": NOWHERE, "CT200_USER": "ops", "CT200_PROFILE": "nvfp4-ctx8k",
+                     env={"CT200_HOST": NOWHERE, "CT200_USER": "ops", "CT200_SUDO": "1", "CT200_PROFILE": "nvfp4-ctx8k",
                           "DSV4_PROFILES_DIR": str(pinned)})
     assert out.returncode == 2, out.text
     assert re.search(r"\.yaml:\d+: service\.user: 'sglang' is the inventory's SSH user", out.text), out.text
     assert "Connecting" not in out.text
+    clean(out)
+
+
+@pytest.mark.parametrize("args, env", [
+    ((), {"CT200_USER": "ops"}),                           # the environment's user, no CT200_SUDO
+    (("--user", "ops"), {}),                               # pyinfra's --user over the default root
+    ((), {"CT200_USER": "ops", "CT200_SUDO": "0"}),
+])
+def test_a_login_that_is_not_root_without_sudo_is_refused_before_connecting(pinned, listener, args, env):
+    out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", *args,
+                     env={"CT200_HOST": NOWHERE, "CT200_PORT": str(listener.port), "CT200_PROFILE": "nvfp4-ctx8k",
+                          "DSV4_PROFILES_DIR": str(pinned), **env})
+    assert out.returncode == 2, out.text
+    said = [line for line in out.text.splitlines() if "ops" in line]
+    assert said == ["inventory/ct200.py: the deploy logs in as ops without sudo, but it writes /opt, /etc, /srv, "
+                    "/var/lib and systemd units as root: connect as root, or give ops passwordless sudo and use it "
+                    "(CT200_SUDO=1 with inventory/ct200.py, pyinfra's --sudo, or host data _sudo: True)"], out.text
+    assert "Connecting" not in out.text and listener.accepted == 0
+    clean(out)
+
+
+def test_a_login_through_sudo_goes_on_and_a_bad_sudo_setting_is_refused(pinned, listener):
+    base = {"CT200_HOST": NOWHERE, "CT200_PORT": str(listener.port), "CT200_PROFILE": "nvfp4-ctx8k",
+            "DSV4_PROFILES_DIR": str(pinned), "CT200_USER": "ops"}
+    out, _ = pyinfra("-y", "inventory/ct200.py", "deploy/serve.py", "--sudo", env=base)
+    assert "without sudo" not in out.text and "Connecting" in out.text, out.text
+    out, _ = pyinfra("inventory/ct200.py", "deploy/serve.py", env={**base, "CT200_SUDO": "yes"})
+    assert out.returncode == 2 and "inventory/ct200.py: CT200_SUDO='yes': expected 1 (through sudo) or unset" in out.text
     clean(out)
 
 

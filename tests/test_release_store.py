@@ -69,7 +69,8 @@ def h():
 
 @pytest.fixture()
 def store(h, tmp_path):
-    return ReleaseStore(h, str(tmp_path / "releases"), lock=str(tmp_path / "state" / "deploy.lock"))
+    return ReleaseStore(h, str(tmp_path / "releases"), lock=str(tmp_path / "state" / "deploy.lock"),
+                        root_only=False)
 
 
 def begin(store: ReleaseStore, tmp_path: Path, profile: str = "nvfp4-ctx8k", manifest: str = "m1") -> Release:
@@ -457,7 +458,7 @@ def test_a_run_whose_lock_was_broken_leaves_the_new_holders_lock_when_it_ends(h,
     """Run A holds the lock; run B breaks it (break_lock=true) and takes it; when A ends, giving its
     lock back removes nothing: the lock is B's."""
     store.take_lock("deploy a")
-    other = ReleaseStore(h, store.dir, lock=store.lock)
+    other = ReleaseStore(h, store.dir, lock=store.lock, root_only=False)
     other.take_lock("deploy b", break_lock=True)         # B, from another process in real life
     b = owner(store)
     assert b["what"] == "deploy b"
@@ -522,7 +523,7 @@ def test_a_deploy_reads_the_host_in_the_command_that_takes_the_lock(h, store, tm
     copy (no command of their own later), and the read's own owner is not shown as another holder."""
     rel = begin(store, tmp_path)
     store.save(rel.with_status(releases.DEPLOYED).record)
-    fresh = ReleaseStore(h, store.dir, lock=store.lock)
+    fresh = ReleaseStore(h, store.dir, lock=store.lock, root_only=False)
     n = len(h.commands)
     state = fresh.read_locked("deploy nvfp4-ctx8k", locked_read(h, fresh))
     assert len(h.commands) == n + 1 and owner(store)["what"] == "deploy nvfp4-ctx8k"
@@ -689,7 +690,8 @@ def test_a_rollback_prepared_while_the_server_started_goes_straight_to_the_files
 
 
 def test_a_rollback_that_ends_the_run_gives_the_lock_back_with_its_last_record(h, tmp_path, monkeypatch):
-    store = ReleaseStore(h, str(tmp_path / "releases"), lock=str(tmp_path / "state" / "deploy.lock"))
+    store = ReleaseStore(h, str(tmp_path / "releases"), lock=str(tmp_path / "state" / "deploy.lock"),
+                        root_only=False)
     monkeypatch.setattr(rollback, "confirm", lambda *a, **kw: None)
     monkeypatch.setattr(rollback, "probe", lambda *a, **kw: None)
     good = store.mark_deployed(begin(store, tmp_path, manifest="m1")).record
@@ -803,3 +805,17 @@ def test_a_manual_rollback_that_fails_after_its_switch_puts_the_release_that_ser
     h.answer("systemctl stop", "")
     said = Rollback(store, poll_s=0.1).back_to_live(store.records()[-1], first)
     assert "NOTHING IS SERVING (sglang.service stopped): neither release 0001 nor 0004" in said
+
+
+def test_a_login_that_is_not_root_is_refused_at_the_lock_with_nothing_written(h, tmp_path):
+    """The host's lock command asks who runs it first: a login without root (no sudo) gets the
+    login's own refusal, not "another deploy holds the lock", and the lock's folder is not made."""
+    store = ReleaseStore(h, str(tmp_path / "releases"), lock=str(tmp_path / "state" / "deploy.lock"))
+    h.answer("dsv4deploy-login-not-root", stdout="dsv4deploy-login-not-root ops 1000 yes\n", ok=False)
+    with pytest.raises(DeployError) as err:
+        store.take_lock("deploy nvfp4-ctx8k")
+    assert str(err.value) == ("the deploy logs in as ops (uid 1000) without sudo, but it writes /opt, /etc, /srv, "
+                              "/var/lib and systemd units as root: ops has passwordless sudo there: use it (CT200_SUDO=1 "
+                              "with inventory/ct200.py, pyinfra's --sudo, or host data _sudo: True). Nothing was changed "
+                              "on the host.")
+    assert not store.holds_lock() and not (tmp_path / "state").exists()

@@ -11,6 +11,9 @@ anything changes (tasks/preflight.py), an account is:
   shell, an empty comment and the home the deploy gives it (under its state folder; the gate's
   /nonexistent); the deploy then sets MARKER;
 - anything else, and always the SSH user (the deploy's own login, sudo or not) or uid 0: refused.
+
+The login itself must be root, or go through sudo (login_problem): the inventory says so before
+connecting (inventory/ct200.py), the host's read for any inventory (uid and `sudo -n`).
 """
 
 from __future__ import annotations
@@ -78,3 +81,23 @@ def account_problems(wanted: list[tuple[str, str, str, str]], accounts: dict) ->
         if v.action == "refuse":
             problems.append(f"account {name!r} ({role}) cannot be the deploy's: {v.why}; {remedy}")
     return problems
+
+
+# What a deploy writes as root: a login that is neither root nor through sudo cannot, and would
+# fail at its first write (the lock under /var/lib) with a message about the lock, not the login.
+NEEDS_ROOT = "it writes /opt, /etc, /srv, /var/lib and systemd units as root"
+USE_SUDO = "CT200_SUDO=1 with inventory/ct200.py, pyinfra's --sudo, or host data _sudo: True"
+
+
+def login_problem(user: str, uid: int | None, sudo: bool, sudo_usable: bool | None = None) -> str | None:
+    """Pure: why the deploy cannot run as USER (uid UID; None: not known before connecting) with
+    the inventory's SUDO; None when it can (root, or any login through sudo). SUDO_USABLE: whether
+    `sudo -n true` worked for USER on the host (None: not asked), which says what to do."""
+    if sudo or uid == 0 or (uid is None and user == "root"):
+        return None
+    who = user if uid is None else f"{user} (uid {uid})"
+    if sudo_usable:
+        fix = f"{user} has passwordless sudo there: use it ({USE_SUDO})"
+    else:
+        fix = f"connect as root, or give {user} passwordless sudo and use it ({USE_SUDO})"
+    return f"the deploy logs in as {who} without sudo, but {NEEDS_ROOT}: {fix}"

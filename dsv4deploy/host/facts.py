@@ -322,7 +322,8 @@ class DebPackages(FactBase):
 class Accounts(FactBase):
     """The named users and groups that exist, who the deploy logs in as and where system uids end:
     {"users": {name: {"uid", "gid", "comment", "home", "shell"}}, "groups": {name: gid},
-    "ssh_user": the login (SUDO_USER under sudo), "sys_uid_max": login.defs' SYS_UID_MAX or None}.
+    "ssh_user": the login (SUDO_USER under sudo), "sys_uid_max": login.defs' SYS_UID_MAX or None,
+    "uid": who the read ran as (0 under sudo), "sudo_usable": whether `sudo -n true` works (asked when not root)}.
     host/accounts.py judges whether the deploy may make or keep each account."""
 
     default = dict
@@ -331,7 +332,9 @@ class Accounts(FactBase):
         u = " ".join(shlex.quote(n) for n in users)
         g = " ".join(shlex.quote(n) for n in groups)
         return (f"getent passwd {u} | sed 's/^/user:/'; getent group {g} | sed 's/^/group:/'; "
-                "printf 'ssh_user:%s\\n' \"${SUDO_USER:-$(id -un)}\"; "
+                "printf 'ssh_user:%s\\n' \"${SUDO_USER:-$(id -un)}\"; printf 'uid:%s\\n' \"$(id -u)\"; "
+                "[ \"$(id -u)\" = 0 ] || "
+                "printf 'sudo:%s\\n' \"$(sudo -n true </dev/null >/dev/null 2>&1 && echo yes || echo no)\"; "
                 "sed -n 's/^[[:space:]]*SYS_UID_MAX[[:space:]]\\{1,\\}\\([0-9]\\{1,\\}\\).*/sys_uid_max:\\1/p' "
                 "/etc/login.defs 2>/dev/null; true")
 
@@ -349,6 +352,10 @@ class Accounts(FactBase):
                 found["ssh_user"] = entry
             elif kind == "sys_uid_max" and entry.isdigit():
                 found["sys_uid_max"] = int(entry)
+            elif kind == "uid" and entry.isdigit():
+                found["uid"] = int(entry)
+            elif kind == "sudo":
+                found["sudo_usable"] = entry == "yes"
         return found
 
 

@@ -28,6 +28,7 @@ from dsv4deploy.render.layout import ETC, MODELS, OPT, RELEASES, Layout
 from dsv4deploy.release.records import Release
 from dsv4deploy.release.rollout import Target
 from dsv4deploy.host import installer
+from dsv4deploy.host.accounts import login_problem
 from dsv4deploy.host.facts import Releases
 from dsv4deploy.host.io import json_write_command, read_json, sh
 from dsv4deploy.host.state import LOCK, PIP_FREEZE, HostState
@@ -50,10 +51,11 @@ class ReleaseStore:
     """The host's releases and its deploy lock. `h` is a connected pyinfra Host (or the `host`
     proxy while pyinfra prepares); commands run with the inventory's privileges (host/io.py)."""
 
-    def __init__(self, h, releases_dir: str = RELEASES, lock: str = LOCK):
+    def __init__(self, h, releases_dir: str = RELEASES, lock: str = LOCK, root_only: bool = True):
         self.h = h
         self.dir = releases_dir
         self.lock = lock
+        self.root_only = root_only      # the lock is refused to a login that is not root (False: a test's own folder)
         # The records as this run last read or wrote them: kept only while this store holds the
         # host's deploy lock (nothing else writes records then), so a run reads them once, with
         # the lock, and each later step costs no round trip for them. Dropped with the lock.
@@ -323,6 +325,8 @@ class ReleaseStore:
             if rc == 0:
                 self.adopt_lock(owner, got["releases"] or [], label, state)
                 return got
+            if refused := login_refused(lines):
+                raise DeployError(f"{refused}. Nothing was changed on the host.")
             self.taken_over("\n".join(lines).strip(), label, break_lock, attempt)
         raise AssertionError("unreachable: the second attempt takes the lock or refuses")
 
@@ -339,8 +343,9 @@ class ReleaseStore:
                            "what": label}, sort_keys=True)
 
     def lock_command(self, owner: str) -> str:
-        """Take the lock for OWNER (status 0), or print the holder's owner.json (status 1)."""
-        return (f"mkdir -p {self.lock.rsplit('/', 1)[0]} && if mkdir {self.lock} 2>/dev/null; then "
+        """Take the lock for OWNER (status 0), or print the holder's owner.json (status 1); a login
+        that is not root (no sudo) prints LOGIN_MARK's line instead and writes nothing."""
+        return (f"{LOGIN_CHECK + '; ' if self.root_only else ''}mkdir -p  {self.lock.rsplit('/', 1)[0]} && if mkdir {self.lock} 2>/dev/null; then "
                 f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json; "
                 f"else cat {self.lock}/owner.json 2>/dev/null; exit 1; fi")
 
@@ -395,6 +400,22 @@ class ReleaseStore:
 
     def _lock_given_back(self) -> None:
         self._held = self._owner = None
+
+
+LOGIN_MARK = "dsv4deploy-login-not-root"
+# Before the lock's first write: a login that is not root says who it is and whether `sudo -n`
+# works for it, and stops (the lock's mkdir under /var/lib would fail as "another deploy holds it").
+LOGIN_CHECK = (f"[ \"$(id -u)\" = 0 ] || {{ printf '{LOGIN_MARK} %s %s %s\\n' \"$(id -un)\" \"$(id -u)\" "
+               "\"$(sudo -n true </dev/null >/dev/null 2>&1 && echo yes || echo no)\"; exit 1; }")
+
+
+def login_refused(lines: list[str]) -> str | None:
+    """Pure: accounts.login_problem for the LOGIN_CHECK line among LINES, None when there is none."""
+    for line in lines:
+        words = line.split()
+        if len(words) == 4 and words[0] == LOGIN_MARK and words[2].isdigit():
+            return login_problem(words[1], int(words[2]), sudo=False, sudo_usable=words[3] == "yes")
+    return None
 
 
 KEPT_SEP = "@@dsv4deploy-kept-manifest@@"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pyinfra.api import DeployError, deploy
 
 from dsv4deploy.profile import catalog
-from dsv4deploy.host.accounts import account_problems
+from dsv4deploy.host.accounts import account_problems, login_problem
 from dsv4deploy.host.state import HostState, accounts_wanted
 from dsv4deploy.render.layout import MODELS, OPT
 from dsv4deploy.preflight.disk import GIB, Need, Room, disk_problems, venv_need, weights_need
@@ -24,6 +24,12 @@ SUPPORTED_OS = ("debian", "ubuntu")
 def preflight(r: Rollout, state: HostState) -> dict:
     """Refuses (nothing changed) a host whose OS, GPUs, disk, port or accounts (host/accounts.py)
     the deploy cannot use. Returns what later steps need to know: {'driver_needed': bool, 'gpus': [...]}."""
+    accounts = state["accounts"] or {}
+    if "uid" in accounts and (login := login_problem(accounts.get("ssh_user", "?"), accounts["uid"], sudo=False,
+                                                     sudo_usable=accounts.get("sudo_usable"))):
+        # a dry run's read (a real one stops at the lock: release_store.py); what else it read
+        # without root (the port's owners, ...) is no ground for more lines
+        raise DeployError(f"preflight refused the host: {login}. Nothing was changed on the host.")
     problems: list[str] = []
     data = r.data
     basics = state["basics"] or {}
