@@ -60,7 +60,9 @@ def model_dir(twin, profiles) -> str:
 
 
 def downloads(hub) -> list[str]:
-    return [r["path"].rsplit("/", 1)[-1] for r in hub.request_log() if r["method"] == "GET" and "/resolve/" in r["path"]]
+    """Files whose bytes were served: small ones on /resolve/, LFS ones on the CDN path its 302 names."""
+    return [r["path"].rsplit("/", 1)[-1] for r in hub.request_log() if r["method"] == "GET" and r["status"] != 302
+            and ("/resolve/" in r["path"] or r["path"].startswith("/_cdn/"))]
 
 
 def test_hf_download_is_verified_and_never_repeated(sim_twin, hub, pinned):  # noqa: F811
