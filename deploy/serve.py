@@ -34,7 +34,7 @@ tasks.settle_interrupted(rollout, state, store)       # settle what a cut-off ru
 
 changes = Changes()                                   # why the server restarts, if it does
 tasks.host_packages(rollout, state)                   # python3-venv, curl, patch, pinned uv: what a fresh server lacks
-tasks.driver(rollout, needed=found["driver_needed"])  # nvidia-open at the profile's branch; no surprise reboot
+tasks.driver(rollout, found["driver_needed"], state)  # nvidia-open held at the branch; CUDA toolkit
 tasks.service_user(rollout, state)                    # service user and directories
 changes.notify("venv", tasks.sglang_venv(rollout, state))   # pinned SGLang + patches, in a venv named by both
 gateway_venv = changes.notify("gateway venv", tasks.gateway_venv(rollout, state))  # replicas: smg, pinned

@@ -12,11 +12,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pyinfra.facts.server import Command
+
 from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
 from dsv4deploy.render.layout import ETC, GATE_USER, MODELS, OPT, STATE
 from dsv4deploy.release.rollout import Rollout
 from dsv4deploy.host import installer, snapshot
 from dsv4deploy.host.replicas import stale_query
+from dsv4deploy.host.nvidia_apt import REBOOT_FLAG, packages_read as driver_packages_read
+from dsv4deploy.host.reboot import BOOT_ID
 from dsv4deploy.host.facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, DiskRoom, FileStates,
                                    GatewayStale, GatewayWorkers, HostBasics, JsonFile, NvidiaSmi, PatchesApplied,
                                    PortOwners, RecentReleases, UnitInfo, VerifiedCheckpoint)
@@ -97,7 +101,9 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
         "releases": (RecentReleases, {"releases_dir": L.releases_dir}),
         "lock": (JsonFile, {"path": f"{LOCK}/owner.json"}),
         "files": (FileStates, {"paths": managed_paths(r)}),
-        "packages": (DebPackages, {"names": HOST_PACKAGES}),
+        "packages": (DebPackages, {"names": HOST_PACKAGES + driver_packages_read(r.data)}),
+        "boot_id": (Command, {"command": BOOT_ID}),         # tasks/driver.py: a reboot pending or done
+        "reboot": (JsonFile, {"path": REBOOT_FLAG}),
         "accounts": (Accounts, {"users": [user, GATE_USER], "groups": [user, GATE_USER]}),
         "venv": (JsonFile, {"path": f"{L.venv}/{VENV_MARKER}"}),
         "disk": (DiskRoom, {"paths": [MODELS, OPT], "present": L.model_dir}),
