@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shlex
 
 import pytest
 
 from checkout import settings
 from dsv4deploy.release import records as releases
-from dsv4deploy.host.state import PARSER_LOCK
 from dsv4deploy.release.rollout import rollout_for
-from dsv4deploy.sglang.versions import lock_file, parser_lock_file
+from dsv4deploy.sglang.versions import lock_file
 from dsv4deploy.tasks.venv import LAUNCH_PARSER, PARSER_TABLE, installs, launch_check_key, launch_parser, parser_key
 
 from ct200twin.host.stand_ins import STAND_INS, host_data
@@ -43,31 +43,33 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
                      f"{r.layout.venv}/{PARSER_TABLE} {parser_key(r)}")
 
 
-def test_the_twin_installs_the_real_wheel_and_what_its_parser_imports():
-    r = rollout(twin())
-    server, parser, wheel = installs(r)
-    assert "huggingface-hub==1.33.0" in server and "--compile-bytecode" in server   # the server imports these
-    assert f"-c {r.layout.venv}/{PARSER_LOCK} " in server                           # under the lock's pins
-    assert parser.endswith(f"--python {r.layout.venv}/bin/python -r {r.layout.venv}/{PARSER_LOCK}")  # not compiled
-    assert wheel.endswith(f"--python {r.layout.venv}/bin/python --no-deps sglang==0.5.23")
-    assert launch_parser(r)[1] == "SGLang 0.5.23's own parser"
-    lock = parser_lock_file("0.5.23").read_text().splitlines()
-    assert "torch==2.13.0+cpu" in lock and not any(line.startswith("sglang==") for line in lock)
-
-
-def test_the_stand_ins_pins_agree_with_the_parser_lock():
-    """The stand-in's pins are installed under the lock's (-c): a pin that differs from the lock
-    would fail every twin deploy at pip."""
-    lock = {line.split("==")[0].lower().replace("_", "-"): line
-            for line in parser_lock_file("0.5.23").read_text().splitlines() if "==" in line and not line.startswith("#")}
+def test_the_twin_installs_exactly_the_real_hosts_lock_by_the_same_command():
+    """No CPU torch, no local wheel: the twin's venv is the real host's (the stand-in server's
+    packages are pins of that lock, so nothing else is installed), and SGLang's own parser checks."""
+    twin_r, real_r = rollout(twin()), rollout(REAL)
+    assert installs(twin_r) == installs(real_r) and len(installs(twin_r)) == 1
+    assert launch_parser(twin_r)[1] == "SGLang 0.5.23's own parser"
+    lock = lock_file("0.5.23").read_text()
     for req in STAND_INS["sglang"]["requirements"]:
-        name = req.split("==")[0].lower().replace("_", "-")
-        assert lock.get(name, req).lower() == req.lower(), (req, lock.get(name))
+        name, version = req.split("==")
+        assert re.search(rf"^{re.escape(name)}=={re.escape(version)} ", lock, re.M | re.I), req
 
 
-def test_a_twin_told_so_or_a_release_without_a_parser_lock_keeps_the_twins_parser():
-    for r in (rollout(twin(own_parser=False)), rollout(twin(), "nvfp4-ctx8k-sglang0513post1")):
-        assert not any(PARSER_LOCK in c for c in installs(r))
+def test_a_stand_in_requirement_the_lock_lacks_is_installed_after_the_hosts_install():
+    data = twin()
+    data["stand_ins"]["sglang"]["requirements"] = [*data["stand_ins"]["sglang"]["requirements"], "rich==99.0"]
+    r = rollout(data)
+    host, extra = installs(r)
+    assert host == installs(rollout(REAL))[0]
+    assert extra.endswith(f"--compile-bytecode -c {r.layout.venv}/dsv4deploy.lock rich==99.0")
+
+
+def test_a_twin_told_so_keeps_the_twins_parser_and_a_venv_without_torch():
+    for profile in ("nvfp4-ctx8k", "nvfp4-ctx8k-sglang0513post1"):
+        r = rollout(twin(own_parser=False), profile)
+        server, wheel = installs(r)
+        assert "--compile-bytecode -c " in server and "huggingface-hub==1.33.0" in server   # under the lock's pins
+        assert wheel.endswith(f"--no-deps -c {r.layout.venv}/dsv4deploy.lock sglang=={r.data['sglang']['version']}")
         parse, what = launch_parser(r)
         assert parse.endswith("/bin/python -I -m ct200twin.server.args") and what.startswith("the twin's parser (stand-in")
 
@@ -79,7 +81,7 @@ def test_the_launch_checks_key_changes_with_the_argv_and_the_parser_not_with_the
     assert launch_check_key(rollout(twin(), "stop")) == base
     assert launch_check_key(rollout(twin(), "ctx")) != base
     assert launch_check_key(rollout(twin(own_parser=False))) != base
-    assert launch_check_key(rollout(REAL)) != base
+    assert launch_check_key(rollout(REAL)) == base             # the twin checks what a real host checks
 
 
 def test_the_captured_parser_table_is_keyed_by_the_venv_and_its_patches_not_by_the_argv(profile_dir):
@@ -90,16 +92,19 @@ def test_the_captured_parser_table_is_keyed_by_the_venv_and_its_patches_not_by_t
     other = rollout(twin())
     other.data["sglang"]["patches"] = [{**other.data["sglang"]["patches"][0], "sha256": "0" * 64}]
     assert parser_key(other) != base
-    assert parser_key(rollout(REAL)) != base
+    assert parser_key(rollout(REAL)) == base                    # the real host's venv: the same parser
 
 
-def test_a_refreshed_parser_lock_is_a_new_launch_check(monkeypatch, tmp_path):
+def test_a_refreshed_lock_is_a_new_venv_and_a_new_launch_check(monkeypatch, tmp_path):
     r = rollout(twin())
-    base = launch_check_key(r)
-    refreshed = tmp_path / "0.5.23.parser.lock"
-    refreshed.write_text(parser_lock_file("0.5.23").read_text().replace("numpy==2.4.6", "numpy==2.4.7"))
-    monkeypatch.setattr("dsv4deploy.tasks.venv.parser_lock_file", lambda version: refreshed)
-    assert installs(r) == installs(rollout(twin())) and launch_check_key(r) != base
+    base, venv = launch_check_key(r), r.layout.venv
+    refreshed = tmp_path / "0.5.23.lock"
+    refreshed.write_text(lock_file("0.5.23").read_text().replace("\nnumpy==2.3.5 ", "\nnumpy==2.3.6 "))
+    monkeypatch.setattr("dsv4deploy.sglang.versions.lock_file", lambda version: refreshed)
+    monkeypatch.setattr("dsv4deploy.render.layout.lock_sha256", lambda version: "f" * 64)
+    monkeypatch.setattr("dsv4deploy.tasks.venv.lock_sha256", lambda version: "f" * 64)
+    again = rollout(twin())
+    assert again.layout.venv != venv and launch_check_key(again) != base
 
 
 def test_a_rollback_record_keeps_the_launch_check_of_the_release_it_restores():

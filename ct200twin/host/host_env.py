@@ -1,7 +1,11 @@
 """This machine's environment, carried into a twin's root at every boot so that apt and pip work
 there as they work here: the CA bundle, DNS, apt sources (this machine's when it runs the same
-Debian release) and proxies, the pip configuration and the local files and mirrors it names
-(directories bind-mounted read-only: ``bind_mounts``), the proxy variables of SSH sessions.
+Debian release) and proxies, the pip configuration, the proxy variables of SSH sessions.
+
+Not this machine's local package folders: a find-links folder or a file:// index named by pip's
+configuration (or PIP_* variables) is left out, so a twin installs what the registries serve, as
+CT200 does, and a wheel that only this machine holds can never make a twin deploy pass.
+DSV4_SIM_PIP_LOCAL=1 carries them in (bind-mounted read-only: ``bind_mounts``), e.g. offline.
 """
 
 from __future__ import annotations
@@ -35,8 +39,27 @@ def _host_os_codename() -> str:
     return f"{ids.group(1) if ids else ''}:{m.group(1) if m else ''}"
 
 
+LOCAL_SOURCES = os.environ.get("DSV4_SIM_PIP_LOCAL") == "1"
+_PIP_TWIN_PATHS = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf", "/root/.pip/pip.conf", "/root/.config/pip/pip.conf",
+                   "/etc/dsv4deploy-twin/pip.conf")
+_SOURCE_KEYS = ("find-links", "find_links", "index-url", "index_url", "extra-index-url", "extra_index_url")
+_SOURCE_ENV = ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
+
+
+def _is_local(token: str) -> bool:
+    return token.startswith(("file:", "/"))
+
+
+def _without_local_sources(value: str) -> str:
+    """A find-links / index value with this machine's folders left out (unless DSV4_SIM_PIP_LOCAL=1)."""
+    return value if LOCAL_SOURCES else " ".join(t for t in value.split() if not _is_local(t))
+
+
 def _pip_config_files() -> list[tuple[Path, str]]:
-    """(host file, path in the twin) for the pip configuration that applies here."""
+    """(host file, path in the twin) for the pip configuration that applies here (none when
+    PIP_CONFIG_FILE is os.devnull: pip then reads no file either)."""
+    if os.environ.get("PIP_CONFIG_FILE") == os.devnull:
+        return []
     home = Path.home()
     pairs = [(Path("/etc/pip.conf"), "/etc/pip.conf"),
              (Path("/etc/xdg/pip/pip.conf"), "/etc/xdg/pip/pip.conf"),
@@ -65,8 +88,10 @@ def _local_paths(values: Iterable[str]) -> list[Path]:
 
 
 def _pip_local_paths() -> list[Path]:
-    """Local files/dirs the pip configuration points at (find-links, file:// indexes, constraints)."""
-    values = [os.environ[k] for k in _PIP_PATH_ENV if os.environ.get(k)]
+    """Local files/dirs the pip configuration points at (certificates, constraints; find-links and
+    file:// indexes only with DSV4_SIM_PIP_LOCAL=1)."""
+    values = [_without_local_sources(os.environ[k]) if k in _SOURCE_ENV else os.environ[k]
+              for k in _PIP_PATH_ENV if os.environ.get(k)]
     for host_file, _ in _pip_config_files():
         cp = configparser.ConfigParser(interpolation=None, strict=False)
         with contextlib.suppress(configparser.Error, OSError):
@@ -74,8 +99,30 @@ def _pip_local_paths() -> list[Path]:
             for section in cp.sections():
                 for key in _PIP_PATH_KEYS:
                     if cp.has_option(section, key):
-                        values.append(cp.get(section, key))
+                        value = cp.get(section, key)
+                        values.append(_without_local_sources(value) if key in _SOURCE_KEYS else value)
     return [p for p in _local_paths(values) if p.exists()]
+
+
+def _pip_config_text(host_file: Path) -> str:
+    """HOST_FILE as the twin gets it: without this machine's local package folders (a key left
+    empty is dropped), unless DSV4_SIM_PIP_LOCAL=1."""
+    text = host_file.read_text()
+    if LOCAL_SOURCES:
+        return text
+    cp = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        cp.read_string(text)
+    except configparser.Error:
+        return ""                                   # pip could not read it either
+    lines = [f"# {host_file} as the twin gets it: this machine's local package folders left out"]
+    for section in cp.sections():
+        lines.append(f"[{section}]")
+        for key, value in cp.items(section, raw=True):
+            kept = _without_local_sources(value) if key in _SOURCE_KEYS else value
+            if kept.strip():
+                lines.append(f"{key} = {kept}")
+    return "\n".join(lines) + "\n"
 
 
 _PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
@@ -161,8 +208,11 @@ def _sync_host_environment(root: Path) -> None:
         _write(conf / "50dsv4deploy-host-proxy", "\n".join(proxy_lines) + "\n", 0o644)
 
     # pip: config files and the local files they name (directories are bind-mounted)
-    for host_file, twin_path in _pip_config_files():
-        _write(root / twin_path.lstrip("/"), host_file.read_bytes(), 0o644)
+    carried_files = _pip_config_files()
+    for stale in set(_PIP_TWIN_PATHS) - {t for _, t in carried_files}:      # carried at an earlier boot
+        _guard(root / stale.lstrip("/")).unlink(missing_ok=True)
+    for host_file, twin_path in carried_files:
+        _write(root / twin_path.lstrip("/"), _pip_config_text(host_file), 0o644)
     for p in _pip_local_paths():
         if p.is_file():
             _write(root / str(p).lstrip("/"), p.read_bytes(), 0o644)
@@ -170,7 +220,9 @@ def _sync_host_environment(root: Path) -> None:
         _mkdir(root / str(d).lstrip("/"))
 
     # environment of SSH sessions (pam_env)
-    env_lines = [f'{k}="{os.environ[k]}"' for k in _CARRY_ENV if os.environ.get(k)]
+    carried = {k: _without_local_sources(os.environ[k]) if k in _SOURCE_ENV else os.environ[k]
+               for k in _CARRY_ENV if os.environ.get(k)}
+    env_lines = [f'{k}="{v}"' for k, v in carried.items() if v.strip() and v != os.devnull]
     if os.environ.get("PIP_CONFIG_FILE") and Path(os.environ["PIP_CONFIG_FILE"]).is_file():
         env_lines = [ln for ln in env_lines if not ln.startswith("PIP_CONFIG_FILE=")]
         env_lines.append('PIP_CONFIG_FILE="/etc/dsv4deploy-twin/pip.conf"')

@@ -18,10 +18,11 @@ import dsv4deploy
 
 from ct200twin.host.layout import sim_dir
 
-# The launch check: SGLang's own parser, in the venv with CPU torch (2.3 GB, seconds of uv per
-# venv, uncompiled: tasks/venv.py installs). DSV4_SIM_LAUNCH_CHECK=twin keeps the twin's own parser
-# instead (SGLang's flags and their arity, no value checks: a stand-in), e.g. for the isolated twins
-# that test the rollout's order (the fleet's three, the lab's: tests/sim_fixtures.py LAB_ENV).
+# The launch check: SGLang's own, in the real host's venv (its lock, installed by the same command:
+# 9.5 GB with CUDA torch, which imports without a GPU; tasks/venv.py installs). DSV4_SIM_LAUNCH_CHECK=twin
+# keeps the twin's own parser instead (SGLang's flags and their arity, no value checks: a stand-in) and
+# a venv without torch, e.g. for the isolated twins that test the rollout's order (the fleet's three,
+# the lab's: tests/sim_fixtures.py LAB_ENV).
 LAUNCH_CHECK = os.environ.get("DSV4_SIM_LAUNCH_CHECK") or "sglang"
 OWN_PARSER = LAUNCH_CHECK == "sglang"
 
@@ -55,10 +56,10 @@ STAND_INS: dict[str, Any] = {
     # SGLang with CUDA torch -> this project's twin server (same argv, same HTTP API), shipped as
     # one archive (server_archive(); its path is added by host_data()) put on the venv's path.
     "server_module": "ct200twin.server.main",
-    "launch_check_module": "ct200twin.server.args",          # without a parser lock, or OWN_PARSER off
+    "launch_check_module": "ct200twin.server.args",          # with OWN_PARSER off
     # (and huggingface_hub with hf-xet for `hf download`, which SGLang's own requirements bring on a
-    # real host: the versions its lock pins); with own_parser, the venv also holds
-    # data/sglang/<version>.parser.lock (tasks/venv.py)
+    # real host): the server's packages, each a pin of the real host's lock, so with own_parser the
+    # lock's install holds them all and the twin's venv is exactly the real host's (tasks/venv.py)
     "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.4", *host_lock_pins("huggingface_hub", "hf-xet")],
                "own_parser": OWN_PARSER},
     # NVIDIA's apt repository and kernel modules -> the twin's nvidia-smi at the profile's branch

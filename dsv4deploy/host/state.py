@@ -33,7 +33,6 @@ LOCK = f"{STATE}/deploy.lock"
 VENV_MARKER = ".dsv4deploy-venv.json"
 PIP_FREEZE = "pip-freeze.txt"                 # what the venv holds, frozen once per fill
 STAND_IN_PTH = "dsv4deploy-stand-in.pth"      # puts the twin's stand-in server on the venv's path
-PARSER_LOCK = "dsv4deploy.parser.lock"         # the twin: what SGLang's own parser imports (CPU torch)
 
 
 def directories(r: Rollout) -> list[tuple[str, str, str, str]]:
@@ -69,7 +68,7 @@ def managed_paths(r: Rollout) -> list[str]:
     L = r.layout
     paths = [d[0] for d in directories(r)]
     paths += [L.unit, L.nccl_env, L.manifest, L.hf_token_file, f"{L.venv}/bin/python",
-              f"{L.venv}/dsv4deploy.lock", f"{L.venv}/{PARSER_LOCK}", f"{L.venv}/patches", f"{L.venv}/stand-in/.bundle-sha256",
+              f"{L.venv}/dsv4deploy.lock", f"{L.venv}/patches", f"{L.venv}/stand-in/.bundle-sha256",
               f"{L.venv}/lib/python3*/site-packages/{STAND_IN_PTH}",
               f"{L.model_dir}"]
     paths += [f for f, _ in patch_files(r)]

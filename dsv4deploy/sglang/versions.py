@@ -94,14 +94,6 @@ def lock_file(version: str):
     return path if path.is_file() else None
 
 
-def parser_lock_file(version: str):
-    """What the release's own argument parser imports, pinned, with CPU torch
-    (data/sglang/<version>.parser.lock): a machine without GPUs (the CT200 twin) installs it next
-    to `sglang --no-deps` and runs SGLang's own launch check. None when none is shipped."""
-    path = _DIR / f"{version}.parser.lock"
-    return path if path.is_file() else None
-
-
 @cache
 def lock_sha256(version: str) -> str | None:
     path = lock_file(version)

@@ -3,15 +3,16 @@ sha256-pinned patches, and a launch check (the host's own SGLang parses the rend
 Everything is compared with the host's state (host/state.py): a venv whose marker says it holds
 exactly these installs is left alone, so a re-deploy runs no pip at all.
 
-On the CT200 twin the venv holds the real SGLang wheel (--no-deps) and what its own argument
-parser imports, CPU torch included (data/sglang/<version>.parser.lock), so the launch check is
-SGLang's own there too; only the engine that serves is the twin server.
+On the CT200 twin the venv is the real host's, from the same lock by the same command (CUDA
+torch installs and imports without a GPU), so the launch check is SGLang's own there too; only
+the engine that serves is the twin server, put on the venv's path beside it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from importlib.resources import files as package_files
 from pathlib import Path
@@ -23,9 +24,9 @@ from pyinfra.operations import files, server
 
 from dsv4deploy.host import ISOLATED, installer, ops
 from dsv4deploy.release import records as releases
-from dsv4deploy.host.state import PARSER_LOCK, PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
+from dsv4deploy.host.state import PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from dsv4deploy.render.unit import SGLANG_CONFIG_CREDENTIAL
-from dsv4deploy.sglang.versions import lock_file, lock_sha256, parser_lock_file
+from dsv4deploy.sglang.versions import lock_file, lock_sha256
 from dsv4deploy.release.rollout import Rollout
 
 # SGLang's own parser, as `sglang serve` builds it, run by launch_parser.py (a host program): from
@@ -47,14 +48,22 @@ def stand_in_archive(r: Rollout) -> bytes:
         raise DeployError(f"host data stand_ins.sglang.bundle: {path}: {exc.strerror or exc}") from None
 
 
-def twin_parser_lock(r: Rollout) -> Path | None:
-    """The twin's parser lock (what SGLang's own argument parser imports, CPU torch included), or
-    None: a real host's venv holds all of SGLang; a release with no parser lock shipped, or a twin
-    whose stand-in says own_parser: false, keeps the stand-in's parser (launch_check_module)."""
+def _lock_pins(path: Path) -> set[str]:
+    """`name==version` of every package a lock pins, names normalized (PEP 503)."""
+    return {f"{re.sub(r'[-_.]+', '-', m[1]).lower()}=={m[2]}"
+            for m in re.finditer(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", path.read_text(), re.M)}
+
+
+def _normal(requirement: str) -> str:
+    name, _, version = requirement.partition("==")
+    return f"{re.sub(r'[-_.]+', '-', name).lower()}=={version}"
+
+
+def twin_keeps_own_parser(r: Rollout) -> bool:
+    """A twin whose stand-in says own_parser: false (DSV4_SIM_LAUNCH_CHECK=twin): its venv holds
+    the server's packages and the SGLang wheel alone, and the twin's parser checks the argv."""
     stand_in = r.stand_ins.get("sglang")
-    if not stand_in or not stand_in.get("own_parser"):
-        return None
-    return parser_lock_file(r.data["sglang"]["version"])
+    return bool(stand_in) and not stand_in.get("own_parser")
 
 
 def installs(r: Rollout) -> list[str]:
@@ -63,24 +72,29 @@ def installs(r: Rollout) -> list[str]:
     data, venv = r.data, r.layout.venv
     version = data["sglang"]["version"]
     stand_in = r.stand_ins.get("sglang")
+    pinned = ["-c", f"{venv}/{LOCK}"] if lock_file(version) else []
+    if twin_keeps_own_parser(r):
+        # A twin that tests the rollout's order, not SGLang: the stand-in server's packages
+        # (byte-compiled: it runs as the service user, who cannot write __pycache__) and the real
+        # SGLang wheel without its dependencies (the files the profile's patches apply to), both
+        # under the lock's pins; no torch.
+        return [installer.install_command(venv, ["--compile-bytecode", *pinned, *stand_in["requirements"]]),
+                installer.install_command(venv, ["--no-deps", *pinned, f"sglang=={version}"])]
+    host = [real_host_install(r)]
     if stand_in:
-        # A host that cannot hold SGLang with CUDA torch: its stand-in is the server the inventory
-        # names (server_module: same argv and HTTP API; from the archive stand_ins.sglang.bundle),
-        # plus the real SGLang wheel without its dependencies (its files are what the profile's
-        # patches apply to) and, pinned by the
-        # parser lock, what SGLang's own parser imports (CPU torch), for the launch check.
-        # The server's own imports are byte-compiled (it runs as the service user, who cannot
-        # write __pycache__ in the venv); the rest is not (SGLang's and torch's thousands of
-        # modules, which only the launch check imports, as root, writing the caches of what it
-        # imports once). The server's packages are installed under the lock's pins (-c), so the
-        # lock's install keeps them.
-        reqs = list(stand_in["requirements"])
-        wheel = installer.install_command(venv, ["--no-deps", f"sglang=={version}"])
-        if not twin_parser_lock(r):
-            return [installer.install_command(venv, ["--compile-bytecode", *reqs]), wheel]
-        lock = f"{venv}/{PARSER_LOCK}"
-        return [installer.install_command(venv, ["--compile-bytecode", "-c", lock, *reqs]),
-                installer.install_command(venv, ["-r", lock]), wheel]
+        # The twin: exactly the real host's install, then whatever the stand-in server needs that
+        # the lock does not hold (none while its requirements are the lock's own pins)
+        lock = lock_file(version)
+        extra = [q for q in stand_in["requirements"] if not lock or _normal(q) not in _lock_pins(lock)]
+        if extra:
+            host.append(installer.install_command(venv, ["--compile-bytecode", *pinned, *extra]))
+    return host
+
+
+def real_host_install(r: Rollout) -> str:
+    """The real host's one install: the release's lock, whole and hash-checked, when one is shipped."""
+    data, venv = r.data, r.layout.venv
+    version = data["sglang"]["version"]
     extras = data["sglang"].get("extras") or []
     spec = f"sglang[{','.join(extras)}]=={version}" if extras else f"sglang=={version}"
     args = ["--compile-bytecode"]         # the service user cannot write __pycache__: compiled at install
@@ -101,17 +115,13 @@ def installs(r: Rollout) -> list[str]:
         args += ["--extra-index-url", url]
     if data["sglang"].get("extra_index_urls"):
         args += ["--index-strategy", "unsafe-best-match"]     # the best match over all indexes, as pip
-    return [installer.install_command(venv, [*args, *spec_args])]
+    return installer.install_command(venv, [*args, *spec_args])
 
 
 def venv_marker(r: Rollout) -> dict:
     """What the venv holds, as its marker file says it (ops.venv refills it when the host's differs):
-    the installs (the host's uv) and the content of the lock files they install from."""
-    marker = {"installs": installs(r), "lock_sha256": lock_sha256(r.data["sglang"]["version"])}
-    parser_lock = twin_parser_lock(r)
-    if parser_lock:
-        marker["parser_lock_sha256"] = hashlib.sha256(parser_lock.read_bytes()).hexdigest()
-    return marker
+    the installs (the host's uv) and the content of the lock file they install from."""
+    return {"installs": installs(r), "lock_sha256": lock_sha256(r.data["sglang"]["version"])}
 
 
 @deploy("SGLang venv")
@@ -120,16 +130,11 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
     venv = r.layout.venv
     lock = lock_file(r.data["sglang"]["version"])
     changed: list[OperationMeta] = []
-    if lock and not r.stand_ins.get("sglang"):
+    if lock:
         changed.append(ops.file(name=f"lock file {lock.name}", dest=f"{venv}/{LOCK}",
                                 content=lock.read_bytes(), state=state.file(f"{venv}/{LOCK}")))
     marker = venv_marker(r)
-    parser_lock = twin_parser_lock(r)
-    if parser_lock:
-        changed.append(ops.file(name=f"stand-in: what SGLang's own parser imports ({parser_lock.name})",
-                                dest=f"{venv}/{PARSER_LOCK}", content=parser_lock.read_bytes(),
-                                state=state.file(f"{venv}/{PARSER_LOCK}")))
-    holds = [shlex.split(c)[-1] for c in marker["installs"]] + ([parser_lock.name] if parser_lock else [])
+    holds = [lock.name if c.endswith(f"/{LOCK}") and lock else shlex.split(c)[-1] for c in marker["installs"]]
     changed.append(ops.venv(name=f"venv {venv}: {', '.join(holds)}",
                             path=venv, marker=marker, marker_file=f"{venv}/{VENV_MARKER}",
                             marker_state=state["venv"], exists=bool(state.file(f"{venv}/bin/python")),
@@ -179,9 +184,9 @@ def launch_argv(r: Rollout) -> list[str]:
 
 def launch_parser(r: Rollout) -> tuple[str, str]:
     """(the command that parses, what it is): SGLang's own parser in the venv, or on a twin that
-    keeps it (no parser lock for the release, or DSV4_SIM_LAUNCH_CHECK=twin), the twin's."""
+    keeps it (DSV4_SIM_LAUNCH_CHECK=twin), the twin's."""
     version = r.data["sglang"]["version"]
-    if r.stand_ins.get("sglang") and not twin_parser_lock(r):
+    if twin_keeps_own_parser(r):
         module = r.stand_ins["launch_check_module"]        # required with a stand-in (rollout_for)
         return (f"{r.layout.python} {ISOLATED} -m {module}",
                 f"the twin's parser (stand-in: SGLang {version}'s flags and their arity, no value checks)")
