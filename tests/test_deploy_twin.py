@@ -321,5 +321,5 @@ def test_the_085_profile_forced_past_validation_crashes_at_graph_capture(twin, p
     journal = twin.run("journalctl -u oom085 --no-pager -o cat", check=False).stdout
     twin.run("systemctl reset-failed oom085", check=False)  # leave the twin's systemd not degraded
     assert state == "failed"
-    assert "torch.OutOfMemoryError: CUDA out of memory" in journal
-    assert "Capture cuda graph begin" in journal
+    assert "Capture cuda graph failed: CUDA out of memory" in journal
+    assert "Capture target decode CUDA graph begin" in journal

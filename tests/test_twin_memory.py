@@ -49,10 +49,10 @@ def test_085_tp4_bs32_crashes_at_graph_capture():
         t.start()
         assert t.wait_exit(20) != 0
         out = t.output()
-        assert "Capture cuda graph begin" in out
+        assert "Capture target decode CUDA graph begin" in out
         tb = out[out.index("Traceback (most recent call last):"):].splitlines()
         last = [ln for ln in tb if not ln.startswith(("  ", "Traceback"))][0]
-        assert last.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ")
+        assert last.startswith("Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate ")
         assert "Uvicorn running" not in out
         assert t._get("/health") is None
 

@@ -153,7 +153,7 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
                 raise StartupFailure(1)
             peers = await _rendezvous_rank0(res, log)
         cap = res.gpu_mem_mib / 1024
-        log.info(f"Load weight begin. avail mem={cap - 1.0:.2f} GB", tp=True)
+        log.info(f"Load weight begin. avail mem={cap - CUDA_CTX:.2f} GB", tp=True)
         await asyncio.sleep(f.load_seconds * 0.8)
         if mem is None:  # the weights leave no KV pool: SGLang finds out right after loading
             try:
@@ -163,21 +163,21 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
             except KVCacheError as e:
                 err = str(e)
             weights = weights_per_gpu_gib(a.tp_size, a.pp_size or 1, f.weights_gib or WEIGHTS_TOTAL_GIB)
-            log.info(f"Load weight end. type={res.model.architectures[0]}, dtype=torch.bfloat16, "
-                     f"avail mem={max(cap - 1.0 - weights, 0):.2f} GB, mem usage={weights:.2f} GB.", tp=True)
+            log.info(f"Load weight end. elapsed={f.load_seconds * 0.8:.2f} s, type={res.model.architectures[0]}, "
+                     f"avail mem={max(cap - CUDA_CTX - weights, 0):.2f} GB, mem usage={weights:.2f} GB.", tp=True)
             log.raw("Scheduler hit an exception: " + _traceback(
                 [(f"{_SG}/managers/scheduler.py", 3110, "run_scheduler_process", "scheduler = Scheduler("),
                  (f"{_SG}/mem_cache/kv_cache_configurator.py", 141, "_profile_available_bytes",
                   "raise ValueError(")], f"ValueError: {err}"))
             log.error("Received sigquit from a child process. It usually means the child failed.")
             raise StartupFailure(1)
-        log.info(f"Load weight end. type={res.model.architectures[0]}, dtype=torch.bfloat16, "
-                 f"avail mem={cap - 1.0 - mem.weights_gib:.2f} GB, mem usage={mem.weights_gib:.2f} GB.", tp=True)
+        log.info(f"Load weight end. elapsed={f.load_seconds * 0.8:.2f} s, type={res.model.architectures[0]}, "
+                 f"avail mem={cap - CUDA_CTX - mem.weights_gib:.2f} GB, mem usage={mem.weights_gib:.2f} GB.", tp=True)
         log.info(f"KV Cache is allocated. #tokens: {mem.max_total_num_tokens}, "
                  f"KV size: {mem.kv_pool_gib:.2f} GB", tp=True)
         log.info(f"Memory pool end. avail mem={mem.headroom_gib:.2f} GB", tp=True)
         if mem.graph_bs:
-            log.info(f"Capture cuda graph begin. This can take up to several minutes. "
+            log.info(f"Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
                      f"avail mem={mem.headroom_gib:.2f} GB", tp=True)
             await asyncio.sleep(f.load_seconds * 0.2)
             if mem.oom is not None:
@@ -185,14 +185,6 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
                 total = mem.capacity_gib
                 free = o.free_gib
                 in_use = total - free
-                log.error(
-                    f"Capture cuda graph failed: CUDA out of memory at decode batch size {o.bs} "
-                    f"({o.captured}/{len(mem.graph_bs)} graphs captured). Possible solutions:\n"
-                    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
-                    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
-                    "3. disable torch compile by not using --enable-torch-compile\n"
-                    "4. disable CUDA graph by --cuda-graph-backend-decode disabled (will reduce performance)\n"
-                    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose", tp=True)
                 log.raw("Scheduler hit an exception: " + _traceback(
                     [(f"{_SG}/managers/scheduler.py", 3110, "run_scheduler_process", "scheduler = Scheduler("),
                      (f"{_SG}/model_executor/model_runner.py", 2011, "init_device_graphs",
@@ -200,18 +192,24 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
                      (f"{_SG}/model_executor/cuda_graph_runner.py", 468, "capture", "self.capture_one_batch_size(bs, forward)"),
                      ("/opt/sglang/lib/python3.11/site-packages/torch/cuda/graphs.py", 186, "capture_end",
                       "self.cuda_graph.capture_end()")],
-                    f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {o.tried_gib:.2f} GiB. "
+                    f"Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate {o.tried_gib:.2f} GiB. "
                     f"GPU 0 has a total capacity of {total:.2f} GiB of which {free:.2f} GiB is free. "
                     f"Including non-PyTorch memory, this process has {in_use:.2f} GiB memory in use. Of the "
                     f"allocated memory {in_use - CUDA_CTX:.2f} GiB is allocated by PyTorch, and 0.00 GiB is "
                     "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
                     "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
                     "documentation for Memory Management  "
-                    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"))
+                    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n"
+                    "Possible solutions:\n"
+                    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+                    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+                    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. "
+                    "(Not recommended. Huge performance loss)\n"
+                    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose "))
                 log.error("Received sigquit from a child process. It usually means the child failed.")
                 raise StartupFailure(1)
-            log.info(f"Capture cuda graph end. Time elapsed: {f.load_seconds * 0.2:.2f} s. "
-                     f"mem usage={mem.graph_reserve_gib:.2f} GB. avail mem={mem.available_after_gib:.2f} GB.",
+            log.info(f"Capture target decode CUDA graph end. bs={mem.graph_bs}, elapsed={f.load_seconds * 0.2:.2f} s, "
+                     f"mem usage={mem.graph_reserve_gib:.2f} GB, avail mem={mem.available_after_gib:.2f} GB.",
                      tp=True)
         else:
             await asyncio.sleep(f.load_seconds * 0.2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -88,9 +89,29 @@ def _replicas_json(report: Report):
     return None if p is None else asdict(p)
 
 
+def host_calibration(host: str | None, settings: Settings) -> dict | None:
+    """The calibration SGLang's startup logs made for HOST (reports/<host>/calibration.json;
+    None without --host or before its first start); CalibrationError for a bad name or file."""
+    from dsv4deploy.profile import calibration
+
+    if host is None:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", host) or ".." in host:
+        raise calibration.CalibrationError(f"--host {ascii(host)}: expected an inventory host name "
+                                           "(letters, digits, '.', '_', '-')")
+    return calibration.read(calibration.path_for(settings.reports, host))
+
+
 def cmd_validate(args) -> int:
+    from dsv4deploy.profile.calibration import CalibrationError
+
     try:
-        report = validate(load_profile(args.profile, args.settings.profiles))
+        measured = host_calibration(args.host, args.settings)
+    except CalibrationError as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    try:
+        report = validate(load_profile(args.profile, args.settings.profiles), measured)
     except ProfileError as exc:
         if args.json:
             print(json.dumps({"profile": args.profile, "ok": False,
@@ -296,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a profile and print its GPU-memory budget")
     p.add_argument("profile")
     p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument("--host", help="judge memory with this inventory host's calibration (reports/HOST/calibration.json, "
+                                  "made from SGLang's startup logs there)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("render", help="write the unit, NCCL env, manifest and argv of a profile")

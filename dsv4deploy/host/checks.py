@@ -73,6 +73,16 @@ def journal_tail(h, t: Target, lines: int = 30) -> str:
     return "\n".join(escaped(_cut(line), keep="\t") for line in out.removesuffix("\n").split("\n"))
 
 
+def journal_memory(h, t: Target, lines: int = 20000) -> str:
+    """The unit's journal lines that carry SGLang's memory figures at start (release/startup_log.py
+    GREP_PATTERN; the 16 KB ServerArgs line never comes back), from its last LINES lines."""
+    from dsv4deploy.release.startup_log import GREP_PATTERN
+
+    _, out = sh(h, f"journalctl -u {t.unit} -n {lines} --no-pager -o cat 2>/dev/null "
+                   f"| grep -E {shlex.quote(GREP_PATTERN)} | tail -n 400 || true")
+    return out
+
+
 def _cut(line: str) -> str:
     return line if len(line) <= JOURNAL_LINE_MAX else f"{line[:JOURNAL_LINE_MAX]} ... ({len(line)} characters)"
 

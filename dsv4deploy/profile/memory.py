@@ -54,6 +54,7 @@ class Budget:
     max_safe_fraction: float
     graph_max_bs: int = 0
     chunked_prefill_size: int = 0
+    measured: bool = False         # the reserve is the host's own measurement (reserve_source names it)
 
     @property
     def fits(self) -> bool:
@@ -152,4 +153,5 @@ def budget(server: dict, gpu: Gpu, model: Model, calibration: dict | None = None
         allreduce_path=path, graph_gib=graph, activations_gib=activations, nccl_gib=nccl,
         margin_gib=SAFETY_MARGIN_GIB, reserve_gib=reserve, reserve_source=source,
         max_safe_fraction=max_safe, graph_max_bs=max(need.graph_bs), chunked_prefill_size=chunk,
+        measured=measured is not None,
     )

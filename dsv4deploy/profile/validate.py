@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from dsv4deploy.profile import catalog, network, replicas
 from dsv4deploy.profile.boundary import shown
 from dsv4deploy.profile.errors import Problem
-from dsv4deploy.profile.memory import Budget, BudgetInputError, budget
+from dsv4deploy.profile import calibration as host_calibration
+from dsv4deploy.profile.memory import Budget, BudgetInputError, Measured, budget
 from dsv4deploy.sglang.patches import (MASK_SECRETS_PATCH, PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM,
                                        profile_entry)
 from dsv4deploy.sglang.flags import MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
@@ -86,7 +87,9 @@ class Report:
         return not self.errors
 
 
-def validate(profile: Profile) -> Report:
+def validate(profile: Profile, calibration: dict | None = None) -> Report:
+    """CALIBRATION: the host's (profile/calibration.py), which moves the memory boundary for the
+    profile's layout to what that host measured."""
     report = Report(profile)
     add = report.problems.append
     data = profile.data
@@ -139,6 +142,10 @@ def validate(profile: Profile) -> Report:
         b = budget(server, gpu, model, data.get("calibration"))
     except BudgetInputError as exc:
         add(profile.problem(exc.path, str(exc)))
+        found = host_calibration.measured_need(calibration, host_calibration.layout(data, b),
+                                               b.graph_gib + b.activations_gib + b.nccl_gib)
+        if found:
+            b = budget(server, gpu, model, data.get("calibration"), measured=Measured(*found))
         return report
     report.budget = b
     _memory(profile, b, add)
@@ -404,7 +411,8 @@ def _memory(profile, b: Budget, add) -> None:
             f"{profile.data['server'].get('cuda_graph_max_bs_decode')} over {b.allreduce_path} all-reduce "
             f"{b.graph_gib:.1f} + activations {b.activations_gib:.1f} + NCCL {b.nccl_gib:.1f} + margin "
             f"{b.margin_gib:.1f}); use mem_fraction_static <= {b.max_safe_text} or a smaller "
-            f"cuda_graph_max_bs_decode")))
+            f"cuda_graph_max_bs_decode" + (f" (max safe fraction {b.max_safe_text} on {b.reserve_source})"
+                                           if b.measured else ""))))
     if b.kv_tokens < b.context_length:
         add(profile.problem(frac, f"KV pool {b.kv_pool_gib:.1f} GiB holds {b.kv_tokens:,} tokens, less than one "
                             f"full-context request ({b.context_length:,}); lower context_length or raise the fraction"))

@@ -83,6 +83,11 @@ class Release:
     def with_gate(self, gate: dict) -> "Release":
         return replace(self, record={**self.record, "gate": gate})
 
+    def with_startup(self, startup: dict) -> "Release":
+        """What SGLang logged about GPU memory at this release's start (profile/calibration.py
+        startup_entry): kept in the record as `startup`, the host's calibration is made from it."""
+        return replace(self, record={**self.record, "startup": startup})
+
     def with_replicas(self, parts: list[dict]) -> "Release":
         return replace(self, record={**self.record, "replicas": parts})
 

@@ -33,7 +33,9 @@ from dsv4deploy.render.layout import RELEASES
 from dsv4deploy.host.gate import (carry_reports, gate_record, keep_reports, prepare_release_gate, previous_report,
                                   run_release_gate, warm_plotting)
 from dsv4deploy.tasks.venv import launch_check_key
-from dsv4deploy.host.checks import confirm, journal_tail, observer
+from dsv4deploy.host.checks import confirm, journal_memory, journal_tail, observer
+from dsv4deploy.profile import calibration
+from dsv4deploy.release import startup_log
 
 
 def release_store(r: Rollout | None = None) -> ReleaseStore:
@@ -155,6 +157,31 @@ def begin_release(r: Rollout, state: HostState, store: ReleaseStore) -> Pending:
     return Pending(rel, command, written)
 
 
+def startup_memory(h, r: Rollout, rel: Release | None, started: bool) -> Release | None:
+    """REL with what SGLang logged about GPU memory while it started (STARTED: it came up; else
+    the out-of-memory message, if that is why it did not), and the host's calibration on the
+    control node (reports/<host>/calibration.json) remade from it. A replica set's servers are
+    not read yet; nor is a start that logged no memory line."""
+    if rel is None or r.target.is_set:
+        return rel
+    figures = startup_log.parse(journal_memory(h, r.target))
+    if not figures:
+        return rel
+    rel = rel.with_startup(calibration.startup_entry(r.data, r.report.budget, figures, started))
+    print(f"[{h.name}] {rel.name}: SGLang at start: {startup_log.summary(figures)}")
+    path = calibration.path_for(r.settings.reports, h.name)
+    try:
+        previous = calibration.read(path)
+    except calibration.CalibrationError as exc:
+        print(f"[{h.name}] warning: {exc}; made anew")
+        previous = None
+    doc = calibration.derive(h.name, [rel.record], previous)
+    calibration.write(path, doc)
+    if (e := calibration.evidence(rel.record)) is not None:
+        print(f"[{h.name}] calibration {path}: {e['text']}")
+    return rel
+
+
 @deploy("Verify")
 def verify_and_record(r: Rollout, store: ReleaseStore, pending: Pending | None) -> None:
     """Health within the profile's budget, identity, the smoke gate; then PENDING's release
@@ -178,9 +205,11 @@ def verify_and_record(r: Rollout, store: ReleaseStore, pending: Pending | None) 
             confirm(host, r.target, budget_s=r.data["service"]["health_timeout_s"], poll_s=rollback.poll_s)
         except HealthError as exc:
             tail = journal_tail(host, r.target)
+            rel = startup_memory(host, r, rel, started=False)
             outcome = rollback.after_failure(rel, r.target, str(exc), ready=ready, last=last_step(state, host))
             raise DeployError(f"{name} ({r.profile.name}) failed: {exc}\n--- last journal lines of "
                               f"{r.target.unit} ---\n{tail}\n{outcome}") from None
+        rel = startup_memory(host, r, rel, started=True)
         reports: list[tuple] = []         # kept on the host with the record that follows the gate
         gate = run_release_gate(host, r.target, rel.number if rel else None, before, r.profile.name,
                                 keep=lambda *where: reports.append(where), prepared=prepared)
