@@ -375,7 +375,7 @@ def test_hf_cli_download_token_file_and_the_host_check(root, tmp_path):
     check = [sys.executable, "-S", str(script), str(local), str(tmp_path / "expected.json"), "--write-marker"]
     first = subprocess.run(check, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert json.loads(first.stdout) == {"complete": True, "problems": [], "bad": [], "unverified": [], "hashed": len(expected["files"]),
+    assert json.loads(first.stdout) == {"complete": True, "problems": [], "bad": [], "hashed": len(expected["files"]),
                                          "trusted": 0}
     second = json.loads(subprocess.run(check, capture_output=True, text=True, timeout=60).stdout)
     assert second["hashed"] == 0 and second["trusted"] == len(expected["files"])

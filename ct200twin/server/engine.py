@@ -12,12 +12,9 @@ from typing import Any
 
 from ct200twin.server.logs import Log
 from ct200twin.server.perf import IDLE_WAKE_S, PerfConfig, Req, Scheduler
+from ct200twin.server.vocab import WORDS
 
 VOCAB_SIZE = 129280
-_WORDS = ("the model serves tokens from a sparse mixture of experts while the indexer scores "
-          "compressed attention blocks across every layer and the scheduler batches running "
-          "requests into one decode step on four blackwell cards over pcie with nccl ring "
-          "all reduce and cuda graphs for small batches").split()
 
 
 def _seed(obj: Any) -> int:
@@ -29,11 +26,7 @@ def token_id(seed: int, i: int) -> int:
 
 
 def token_text(tok: int) -> str:
-    return " " + _WORDS[tok % len(_WORDS)]
-
-
-def count_text_tokens(text: str) -> int:
-    return max(1, len(text.split()))
+    return " " + WORDS[tok % len(WORDS)]
 
 
 class Engine:

@@ -17,7 +17,8 @@ from aiohttp import web
 
 from dsv4deploy.sglang.patches import MASK
 from ct200twin.server import args as targs
-from ct200twin.server.engine import Engine, ReqGroup, _seed, count_text_tokens
+from ct200twin.server.engine import Engine, ReqGroup, _seed
+from ct200twin.server.vocab import count_text_tokens
 from ct200twin.server.logs import _SG, SECRET_FIELDS, Log, _traceback, secrets_masked
 from ct200twin.server.perf import Req
 from ct200twin.server.resolved import Resolved
