@@ -49,8 +49,8 @@ def test_an_index_the_command_gives_wins_over_the_configurations():
     assert "--index-url" not in args and "--index-strategy" not in args and "--extra-index-url" in args
 
 
-def test_no_pip_configuration_is_uv_defaults():
-    assert uvpip.uv_arguments(uvpip.pip_settings("")) == ([], {})
+def test_no_pip_configuration_is_uv_defaults_with_the_systems_certificates_as_pip():
+    assert uvpip.uv_arguments(uvpip.pip_settings("")) == (["--system-certs"], {})
     # a line pip never prints (no quotes, a stray value) is ignored, not guessed at
     assert uvpip.pip_settings("global.index-url=https://x\nnonsense\n") == {}
 

@@ -86,6 +86,11 @@ def uv_arguments(settings: dict[str, list[str]], given: list[str] = ()) -> tuple
     if settings.get("extra-index-url") and "--index-strategy" not in given:
         args += ["--index-strategy", "unsafe-best-match"]
     env = {var: settings[key][0] for key, var in _ENV_KEYS.items() if settings.get(key)}
+    if not settings.get("cert"):
+        # pip trusts the system's certificate store (truststore); uv, by default, only the roots
+        # built into it: a host behind a TLS-inspecting proxy whose CA is in the system store
+        # reaches PyPI with pip and not with uv unless told (measured on the twin)
+        args.append("--system-certs")
     return args, env
 
 
