@@ -74,8 +74,12 @@ FIELDS = {
     "sglang.version": ("sglang:\n  version: {}\n", "0.5.23", "sglang.version", True),
     "sglang.extras": ("sglang:\n  extras: [{}]\n", "blackwell", "sglang.extras[0]", True),
     "sglang.index_url": ("sglang:\n  index_url: {}\n", "https://pypi.org/simple", "sglang.index_url", True),
-    "sglang.extra_index_urls": ("sglang:\n  extra_index_urls: [{}]\n", "https://x.invalid/simple",
-                                "sglang.extra_index_urls[0]", True),
+    "sglang.indexes.url": ("sglang:\n  indexes:\n    - {{name: pt, url: {}, packages: [torch]}}\n",
+                           "https://x.invalid/simple", "sglang.indexes[0].url", True),
+    "sglang.indexes.name": ("sglang:\n  indexes:\n    - {{name: {}, url: 'https://x.invalid/simple', packages: [torch]}}\n",
+                            "pytorch", "sglang.indexes[0].name", True),
+    "sglang.indexes.packages": ("sglang:\n  indexes:\n    - {{name: pt, url: 'https://x.invalid/simple', packages: [{}]}}\n",
+                                "torch", "sglang.indexes[0].packages[0]", True),
     "patch.name": ("sglang:\n  patches:\n    - {{name: {}, url: 'https://x.invalid/p.diff', sha256: " + SHA + "}}\n" + MASK_ENTRY,
                    "p1", "sglang.patches[0].name", True),
     "patch.url": ("sglang:\n  patches:\n    - {{name: p1, url: {}, sha256: " + SHA + "}}\n" + MASK_ENTRY,
@@ -105,7 +109,7 @@ FIELDS = {
 UNPRINTABLE = {"lf": "\n", "cr": "\r", "nel": "\x85", "ls": "\u2028", "ps": "\u2029", "nul": "\x00",
                "tab": "\t", "esc": "\x1b", "del": "\x7f", "rlo": "\u202e"}
 SHELLISH = {"dq": '"', "sq": "'", "bs": "\\", "dollar": "$", "pct": "%", "semi": ";", "space": " "}
-URL_FIELDS = {"sglang.index_url", "sglang.extra_index_urls", "patch.url"}
+URL_FIELDS = {"sglang.index_url", "sglang.indexes.url", "patch.url"}
 
 
 def _injections():
@@ -576,3 +580,38 @@ def test_a_bad_replica_profile_leaves_an_existing_render_untouched(profile_dir, 
     assert main(["render", "case", "--out", str(out)]) == 2
     assert "replicas.gpus[1][0]" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+# --- issue 37: packages come over https only, each from the one index named for it ------------------
+
+@pytest.mark.parametrize("template,key", [
+    ("sglang:\n  index_url: http://mirror.invalid/simple\n", "sglang.index_url"),
+    ("sglang:\n  index_url: HTTP://mirror.invalid/simple\n", "sglang.index_url"),
+    ("sglang:\n  indexes:\n    - {name: pt, url: 'http://x.invalid/simple', packages: [torch]}\n",
+     "sglang.indexes[0].url"),
+    ("sglang:\n  extra_index_urls: [http://x.invalid/simple]\n", "sglang.extra_index_urls[0]"),
+])
+def test_an_index_over_http_is_refused(profile_dir, tmp_path, capsys, template, key):
+    write(profile_dir, BASE + template)
+    refused(capsys, tmp_path, ["validate", "case"], "case.yaml", key, "https://")
+
+
+def test_an_extra_index_that_names_no_packages_is_refused(profile_dir, tmp_path, capsys):
+    write(profile_dir, BASE + "sglang:\n  extra_index_urls: [https://download.pytorch.org/whl/cu130]\n")
+    refused(capsys, tmp_path, ["render", "case"], "case.yaml", "sglang.extra_index_urls",
+            "must name the packages that come from it")
+
+
+@pytest.mark.parametrize("template,key,contains", [
+    ("    - {name: a, url: 'https://a.invalid/simple', packages: [torch]}\n"
+     "    - {name: b, url: 'https://b.invalid/simple', packages: [Torch]}\n",
+     "sglang.indexes[1].packages[0]", "already named for index a"),
+    ("    - {name: a, url: 'https://a.invalid/simple', packages: [torch]}\n"
+     "    - {name: a, url: 'https://b.invalid/simple', packages: [triton]}\n",
+     "sglang.indexes[1].name", "given twice"),
+    ("    - {name: a, url: 'https://a.invalid/simple', packages: []}\n", "sglang.indexes[0].packages", ""),
+    ("    - {name: a, url: 'https://a.invalid/simple'}\n", "sglang.indexes[0]", "packages"),
+])
+def test_an_index_list_that_is_ambiguous_is_refused(profile_dir, tmp_path, capsys, template, key, contains):
+    write(profile_dir, BASE + "sglang:\n  indexes:\n" + template)
+    refused(capsys, tmp_path, ["render", "case"], "case.yaml", key, contains)

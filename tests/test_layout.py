@@ -16,8 +16,11 @@ def test_extras_index_urls_and_the_lock_change_the_name():
     names = {venv_id(base), venv_id({**base, "extras": ["blackwell"]}),
              venv_id({**base, "index_url": "https://pypi.example/simple"}),
              venv_id({**base, "extra_index_urls": ["https://download.pytorch.org/whl/cu130"]}),
-             venv_id(base, lock_sha256="b" * 64), venv_id(base, lock_sha256="c" * 64)}
-    assert len(names) == 6
+             venv_id(base, lock_sha256="b" * 64), venv_id(base, lock_sha256="c" * 64),
+             venv_id({**base, "indexes": [{"name": "pytorch", "url": "https://x.example/simple", "packages": ["torch"]}]}),
+             venv_id({**base, "indexes": [{"name": "pytorch", "url": "https://x.example/simple",
+                                           "packages": ["torch", "triton"]}]})}
+    assert len(names) == 8
     assert venv_id({**base, "extras": ["x", "y"]}) == venv_id({**base, "extras": ["y", "x"]})
 
 

@@ -130,10 +130,12 @@ def test_an_unknown_launch_check_choice_is_refused(value, monkeypatch):
         importlib.reload(stand_ins)
 
 
-def test_extra_indexes_are_searched_for_the_best_match_as_pip_does(profile_dir):
-    profile_dir.write("idx", "extends: nvfp4-ctx8k\nsglang:\n  extra_index_urls: [https://download.pytorch.org/whl/cu130]\n")
+def test_a_named_index_gives_its_packages_only_and_nothing_is_best_matched(profile_dir):
+    profile_dir.write("idx", "extends: nvfp4-ctx8k\nsglang:\n  indexes:\n    - {name: pytorch, url: "
+                      "'https://download.pytorch.org/whl/cu130', packages: [torch, triton]}\n")
     (cmd,) = installs(rollout(REAL, "idx"))
-    assert "--extra-index-url https://download.pytorch.org/whl/cu130 --index-strategy unsafe-best-match " in cmd
+    assert " --pinned-index pytorch:torch,triton=https://download.pytorch.org/whl/cu130 " in cmd
+    assert "--extra-index-url" not in cmd and "--index-strategy" not in cmd
 
 
 def test_the_twin_server_archive_is_the_same_bytes_every_run_and_holds_only_what_it_imports():

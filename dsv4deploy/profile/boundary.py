@@ -89,6 +89,11 @@ TEXT = Rule("one line of printable text", 1024)
 KEY = Rule("a key", 128)
 URL = Rule("an http(s) URL of RFC 3986 characters, without quotes, backslashes, '$' or ';' "
            "(percent-encode them)", 4096, r"https?://[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+")
+INDEX_URL = Rule("an https:// URL of RFC 3986 characters, without quotes, backslashes, '$' or ';' (an index "
+                 "over http:// can be answered by anyone on the way, and root installs what it serves)", 4096,
+                 r"https://[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+")
+PACKAGE_NAME = Rule("a package name as PyPI spells it: letters, digits, '.', '_' and '-'", 128,
+                    r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 ARGV_WORD = Rule("one argv word", 16384)
 ENV_KEY = Rule("an environment variable name: upper-case letters, digits and '_'", 128, r"[A-Z][A-Z0-9_]*")
 ENV_VALUE = Rule("an environment value", 16384, min_len=0)
@@ -113,8 +118,12 @@ RULES: dict[tuple, Rule] = {
     ("sglang", "version"): Rule("a release like 0.5.23", 32, r"[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?"),
     ("sglang", "extras", "*"): Rule("a pip extra: lower-case letters, digits, '_' and '-'", 64,
                                     r"[a-z0-9][a-z0-9_-]*"),
-    ("sglang", "index_url"): URL,
-    ("sglang", "extra_index_urls", "*"): URL,
+    ("sglang", "index_url"): INDEX_URL,
+    ("sglang", "extra_index_urls", "*"): INDEX_URL,
+    ("sglang", "indexes", "*", "name"): Rule("an index name: letters, digits, '.', '_' and '-', starting with a "
+                                             "letter or digit", 64, r"[A-Za-z0-9][A-Za-z0-9._-]*"),
+    ("sglang", "indexes", "*", "url"): INDEX_URL,
+    ("sglang", "indexes", "*", "packages", "*"): PACKAGE_NAME,
     ("sglang", "patches", "*", "name"): Rule("letters, digits, '.', '_' and '-', starting with a letter or "
                                              "digit", 100, r"[A-Za-z0-9][A-Za-z0-9._-]*"),
     ("sglang", "patches", "*", "url"): URL,

@@ -121,6 +121,7 @@ def validate(profile: Profile, calibration: dict | None = None) -> Report:
     if version is not None:
         _extra_args(profile, server, version, add)
     _secrets(profile, add)
+    _indexes(profile, data["sglang"], add)
     _service(profile, data["service"], add)
     replicas.check(profile, add)
     network.check(profile, add)
@@ -235,6 +236,28 @@ def _api_key_masked(profile, version, add) -> None:
         add(profile.problem(("sglang", "patches"), f"server.api_key needs the mask patch, or SGLang {version.version} "
                             "writes the key into the journal and /server_info; add to sglang.patches: "
                             f"{{name: {entry['name']}, file: {entry['file']}, sha256: {entry['sha256']}}}"))
+
+
+def _indexes(profile, sglang, add) -> None:
+    """An index besides index_url names the packages that come from it, and only those do
+    (host/uvpip.py --pinned-index): an unnamed extra index lets a name resolve to whichever index
+    offers the newest version, an attacker's upload included."""
+    if sglang.get("extra_index_urls"):
+        add(profile.problem(("sglang", "extra_index_urls"), "an extra index must name the packages that come "
+                            "from it: write sglang.indexes: [{name: pytorch, url: https://..., packages: [torch, "
+                            "...]}] instead (those packages then come from that index only, no other package does)"))
+    names: set[str] = set()
+    owner: dict[str, str] = {}
+    for i, index in enumerate(sglang.get("indexes") or []):
+        if index["name"] in names:
+            add(profile.problem(("sglang", "indexes", i, "name"), f"index name {index['name']} is given twice"))
+        names.add(index["name"])
+        for j, package in enumerate(index["packages"]):
+            key = re.sub(r"[-_.]+", "-", package).lower()
+            if key in owner:
+                add(profile.problem(("sglang", "indexes", i, "packages", j), f"{package} is already named for "
+                                    f"index {owner[key]}: a package comes from one index"))
+            owner.setdefault(key, index["name"])
 
 
 def _hardening(profile, service, add) -> None:

@@ -34,10 +34,13 @@ def venv_id(sglang: dict, lock_sha256: str | None = None) -> str:
     extras = sorted(sglang.get("extras") or [])
     index = sglang.get("index_url")
     extra_index = list(sglang.get("extra_index_urls") or [])
-    if not (extras or index or extra_index or lock_sha256):
+    indexes = sglang.get("indexes") or []
+    if not (extras or index or extra_index or indexes or lock_sha256):
         return patchset_id(patches)
     doc = {"patches": sorted(p["sha256"] for p in patches), "extras": extras, "index_url": index,
            "extra_index_urls": extra_index, "lock": lock_sha256}
+    if indexes:             # only when given: the names of venvs without named indexes stay as they were
+        doc["indexes"] = [[i["name"], i["url"], sorted(i["packages"])] for i in indexes]
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -22,7 +22,7 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, server
 
-from dsv4deploy.host import ISOLATED, installer, ops
+from dsv4deploy.host import ISOLATED, installer, ops, uvpip
 from dsv4deploy.release import records as releases
 from dsv4deploy.host.state import PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from dsv4deploy.render.unit import SGLANG_CONFIG_CREDENTIAL
@@ -111,10 +111,9 @@ def real_host_install(r: Rollout) -> str:
         spec_args = [spec]
     if data["sglang"].get("index_url"):
         args += ["--index-url", data["sglang"]["index_url"]]
-    for url in data["sglang"].get("extra_index_urls") or []:
-        args += ["--extra-index-url", url]
-    if data["sglang"].get("extra_index_urls"):
-        args += ["--index-strategy", "unsafe-best-match"]     # the best match over all indexes, as pip
+    for index in data["sglang"].get("indexes") or []:
+        # its packages from it only, and no other package (uvpip.py): never best match across indexes
+        args += [uvpip.PINNED_INDEX, f"{index['name']}:{','.join(index['packages'])}={index['url']}"]
     return installer.install_command(venv, [*args, *spec_args])
 
 
