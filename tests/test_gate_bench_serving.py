@@ -103,16 +103,21 @@ def test_command_shape_and_secret_handling():
                         "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python", "/etc/dsv4deploy/secrets/sglang-api-key")
     cmd = bs.build_command(lv, server, warmup_requests=2, limit_s=300, run_as="dsv4deploy-gate")
     assert cmd.startswith("if [ -s /etc/dsv4deploy/secrets/sglang-api-key ]; then OPENAI_API_KEY=$(cat "
-                          "/etc/dsv4deploy/secrets/sglang-api-key); export OPENAI_API_KEY; fi; export HF_HUB_OFFLINE=1;")
+                          "/etc/dsv4deploy/secrets/sglang-api-key); export OPENAI_API_KEY; fi; ")
+    assert cmd.count("OPENAI_API_KEY") == 2                         # one place hands the key over
     # the gate's user writes only in its own $d/out; stdout and stderr are root's files in root's $d
-    assert 'chmod 711 "$d" && chown dsv4deploy-gate "$d/out" && ' in cmd
+    assert 'chmod 711 "$d" && chown dsv4deploy-gate "$d/out" "$d/out/home" && ' in cmd
+    # its home and caches: its own folder of the run, offline
+    assert ('export HOME="$d/out/home" XDG_CACHE_HOME="$d/out/home/.cache" HF_HOME="$d/out/home/.cache/huggingface" '
+            'TRANSFORMERS_CACHE="$d/out/home/.cache/huggingface/hub" SGLANG_CACHE_DIR="$d/out/home/.cache/sglang" '
+            'HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; timeout ') in cmd
     assert 'chown dsv4deploy-gate "$d" ' not in cmd and 'chown dsv4deploy-gate "$d";' not in cmd
     assert ("setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
             'tail -n 1 "$d/out/bench.jsonl"') in cmd
     assert ("timeout -k 10 300 setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
             "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -I -m sglang.benchmark.serving --backend sglang "
             "--host 127.0.0.1 --port 30000 --model /srv/models/DeepSeek-V4-Flash --tokenizer /srv/models/DeepSeek-V4-Flash "
-            "--dataset-name random-ids --random-input-len 256 --random-output-len 256 --random-range-ratio 1.0 "
+            "--dataset-name random-ids --tokenize-prompt --random-input-len 256 --random-output-len 256 --random-range-ratio 1.0 "
             "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/out/bench.jsonl\" --disable-tqdm") in cmd
     assert "mktemp -d" in cmd       # a fresh output file every run
     assert "sglang.bench_serving" not in cmd   # the deprecated shim only where the module is absent
@@ -303,5 +308,45 @@ def test_tokenizer_code_run_as_the_gate_user_cannot_make_root_read_a_secret_back
         assert sec["jsonl"] == "" and "cannot replace stderr PermissionError" in sec["stderr"]
         assert "replaced" not in out
         assert not list(work.glob("dsv4deploy-gate.*"))            # root's folder removed after the run
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+CACHE_WRITER = r'''#!/usr/bin/python3
+# bench_serving's stand-in as transformers and SGLang act at start: each writes in its cache folder
+# (a trust_remote_code module copy, a hub lookup, SGLang's JIT caches), then the JSONL
+import json, os, sys
+a = sys.argv
+for var in ("HOME", "XDG_CACHE_HOME", "HF_HOME", "TRANSFORMERS_CACHE", "SGLANG_CACHE_DIR"):
+    os.makedirs(os.path.join(os.environ[var], "probe"), exist_ok=True)
+    open(os.path.join(os.environ[var], "probe", "written"), "w").close()
+home = os.environ["HOME"]
+with open(a[a.index("--output-file") + 1], "w") as f:
+    f.write(json.dumps(json.loads({record!r}) | {{"home_owner_uid": os.stat(home).st_uid, "uid": os.getuid(),
+                                    "offline": [os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE")],
+                                    "fresh": sorted(os.listdir(home))}}) + "\n")
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops privileges to the system user daemon: needs root")
+def test_the_gate_user_writes_its_caches_in_a_folder_of_its_own_removed_after_the_run():
+    """The gate account has no home (/nonexistent): bench_serving as that user still writes every
+    cache it needs (HOME, XDG, Hugging Face, transformers, SGLang) in a fresh folder it owns, offline,
+    and nothing of it is left after the level."""
+    work = Path(tempfile.mkdtemp(prefix="gate-caches-"))
+    try:
+        work.chmod(0o755)
+        py = work / "python"
+        py.write_text(CACHE_WRITER.format(record=json.dumps(record(1, 1, 12.0))))
+        py.chmod(0o755)
+        cmd = bs.build_command(LevelSpec(1, 1, 8, 8), GateServer("http://127.0.0.1:30000", "/m", str(py)),
+                               warmup_requests=0, limit_s=30, run_as="daemon")
+        rc, out, err = local_execute(f"TMPDIR={work}; export TMPDIR HOME=/root; {cmd}", 60)
+        sec = bs.split_output(out)
+        assert rc == 0 and sec["rc"] == 0, (out, err)
+        doc = json.loads(sec["jsonl"])
+        assert doc["uid"] == doc["home_owner_uid"] != 0
+        assert doc["offline"] == ["1", "1"] and doc["fresh"] == [".cache", "probe"]
+        assert not list(work.glob("dsv4deploy-gate.*"))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -6,15 +6,22 @@ before), so it is used only where the new one is absent (the runner's probe deci
 
 One remote shell command per level::
 
-    [ -s KEYFILE ] && OPENAI_API_KEY=$(cat KEYFILE) && export OPENAI_API_KEY; export HF_HUB_OFFLINE=1
+    [ -s KEYFILE ] && OPENAI_API_KEY=$(cat KEYFILE) && export OPENAI_API_KEY
+    d=$(mktemp -d); export HOME=$d/out/home XDG_CACHE_HOME=... HF_HOME=... HF_HUB_OFFLINE=1 ...
     timeout -k 10 LIMIT setpriv --reuid=GATE_USER ... -- <venv>/bin/python -m MODULE --backend sglang --host H --port P
-        --model <model path> --tokenizer <model path> --dataset-name random-ids
+        --model <model path> --tokenizer <model path> --dataset-name random-ids --tokenize-prompt
         --random-input-len N --random-output-len M --random-range-ratio 1.0 --num-prompts N
         --max-concurrency C --warmup-requests W --output-file <fresh file> --disable-tqdm
 
-The API key comes from the host's 0600 key file inside the remote shell; it is never in
-the controller's argv nor in the command text. The client runs as the unprivileged gate user.  We read the LAST line of a fresh JSONL file, not
-the text report (sglang.md 3.4).  bench_serving exits 0 when only some requests failed, so
+The API key comes from the host's 0600 key file inside the remote shell (api_key_environment, the
+one place that hands it over); it is never in the controller's argv nor in the command text. The
+client runs as the unprivileged gate user, whose account has no home (/nonexistent): its home and
+every cache it writes (Hugging Face's, transformers' module copies of trust_remote_code files,
+SGLang's) are a fresh folder that user owns, removed with the run (cache_environment); the
+tokenizer comes from the model's local folder, offline. ``--tokenize-prompt`` sends token ids
+(exactly input_len of them, as the built-in client does): a text prompt would be re-tokenized by
+the server (a BOS token, BPE merges across the decoded ids) into another length than the one
+reported.  We read the LAST line of a fresh JSONL file, not the text report (sglang.md 3.4).  bench_serving exits 0 when only some requests failed, so
 failed = num_prompts - completed, judged against max_failed_requests (default 0: any missing
 completion fails the level); a non-zero exit is a failed level with its stderr tail.
 
@@ -58,7 +65,7 @@ def bench_argv(level: LevelSpec, *, venv_python: str, base_url: str, model_path:
     host, port = host_port(base_url)
     # -I: isolated, as every python the deploy starts on the host (host/__init__.py)
     return [venv_python, "-I", "-m", module, "--backend", "sglang", "--host", host, "--port", str(port),
-            "--model", model_path, "--tokenizer", model_path, "--dataset-name", "random-ids",
+            "--model", model_path, "--tokenizer", model_path, "--dataset-name", "random-ids", "--tokenize-prompt",
             "--random-input-len", str(level.input_len), "--random-output-len", str(level.output_len),
             "--random-range-ratio", "1.0", "--num-prompts", str(level.num_prompts),
             "--max-concurrency", str(level.concurrency), "--warmup-requests", str(warmup_requests),
@@ -79,29 +86,50 @@ def drop_privileges(user: str | None) -> list[str]:
     return ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--no-new-privs", "--"]
 
 
+def api_key_environment(api_key_file: str | None) -> str:
+    """Shell that hands the server's API key to bench_serving (OPENAI_API_KEY, read from the
+    host's 0600 KEYFILE by root's shell: never in argv nor in the command text); the one place
+    the key is passed, '' without a key file."""
+    if not api_key_file:
+        return ""
+    q = shlex.quote(api_key_file)
+    return f"if [ -s {q} ]; then OPENAI_API_KEY=$(cat {q}); export OPENAI_API_KEY; fi; "
+
+
+# Where bench_serving writes, all under HOME: the gate user's own folder of the run ("$d/out/home").
+CACHE_DIRS = {"XDG_CACHE_HOME": ".cache", "HF_HOME": ".cache/huggingface",
+              "TRANSFORMERS_CACHE": ".cache/huggingface/hub", "SGLANG_CACHE_DIR": ".cache/sglang"}
+
+
+def cache_environment(home: str) -> str:
+    """Shell that points HOME and every cache bench_serving writes at HOME (a shell word: the
+    gate user's folder of this run) and keeps the Hugging Face libraries offline."""
+    dirs = " ".join(f'{k}="{home}/{v}"' for k, v in CACHE_DIRS.items())
+    return f'export HOME="{home}" {dirs} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; '
+
+
 def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int, limit_s: float,
                   run_as: str | None = None, module: str = MODULE) -> str:
     """The remote shell command (POSIX sh) for one level against SERVER; prints marked sections
     on stdout.
 
     bench_serving runs the model repository's tokenizer code (trust_remote_code), so with RUN_AS
-    it may write only in a folder of its own ($d/out) inside root's private $d: stdout and stderr
-    are files root's shell opens in $d, where RUN_AS can neither create nor replace a name, and
-    the JSONL is read back as RUN_AS, so a link planted there reads nothing RUN_AS could not."""
+    it may write only in a folder of its own ($d/out, its home and caches in $d/out/home) inside
+    root's private $d: stdout and stderr are files root's shell opens in $d, where RUN_AS can
+    neither create nor replace a name, and the JSONL is read back as RUN_AS, so a link planted
+    there reads nothing RUN_AS could not."""
     q = shlex.quote
-    api_key_file = server.api_key_file
     as_user = drop_privileges(run_as)
     argv = as_user + bench_argv(level, venv_python=server.venv_python, base_url=server.base_url,
                                 model_path=server.model_path, warmup_requests=warmup_requests,
                                 output_file="@OUT@", module=module)
     cmd = " ".join('"$d/out/bench.jsonl"' if a == "@OUT@" else q(a) for a in argv)
-    key = (f"if [ -s {q(api_key_file)} ]; then OPENAI_API_KEY=$(cat {q(api_key_file)}); export OPENAI_API_KEY; fi; "
-           if api_key_file else "")
-    owner = f'chmod 711 "$d" && chown {q(run_as)} "$d/out" && ' if run_as else ""
+    owner = f'chmod 711 "$d" && chown {q(run_as)} "$d/out" "$d/out/home" && ' if run_as else ""
     read_jsonl = " ".join(q(a) for a in as_user) + (" " if as_user else "")
-    return (key + "export HF_HUB_OFFLINE=1; "
-            f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/dsv4deploy-gate.XXXXXX") && mkdir "$d/out" && {owner}'
+    return (api_key_environment(server.api_key_file) +
+            f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/dsv4deploy-gate.XXXXXX") && mkdir "$d/out" "$d/out/home" && {owner}'
             f': >"$d/stdout" && : >"$d/stderr" || {{ echo "{MARK} rc=97"; rm -rf "$d"; exit 0; }}; '
+            + cache_environment("$d/out/home") +
             f'timeout -k 10 {max(1, int(limit_s))} {cmd} >"$d/stdout" 2>"$d/stderr" </dev/null; rc=$?; '
             f'echo "{MARK} rc=$rc"; echo "{MARK} jsonl"; {read_jsonl}tail -n 1 "$d/out/bench.jsonl" 2>/dev/null; echo; '
             f'echo "{MARK} stderr"; tail -c 4000 "$d/stderr"; echo; '
@@ -170,7 +198,8 @@ def parse_jsonl(text: str, level: LevelSpec) -> LevelResult:
         peak_output_throughput=d.get("max_output_tokens_per_s"),
         max_in_flight=d.get("max_concurrent_requests"),
         extra={k: d.get(k) for k in ("backend", "dataset_name", "max_concurrency", "random_input_len",
-                                     "random_output_len", "random_range_ratio", "concurrency", "tag")
+                                     "random_output_len", "random_range_ratio", "concurrency", "tag",
+                                     "total_output_tokens_retokenized")
                if k in d},
     )
     info = d.get("server_info")
