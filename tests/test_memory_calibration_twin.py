@@ -9,6 +9,7 @@ On the rollbacks' isolated twin (same make test group as tests/test_rollbacks_tw
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -38,7 +39,7 @@ def deploy(profile: str, profiles_dir):
 
 def validate(profile: str, profiles_dir, *host: str):
     return subprocess.run([sys.executable, "-m", "dsv4deploy", "validate", profile, *host], capture_output=True,
-                          text=True, env={**__import__("os").environ, "DSV4_PROFILES_DIR": str(profiles_dir)})
+                          text=True, env={**os.environ, "DSV4_PROFILES_DIR": str(profiles_dir)})
 
 
 @pytest.fixture(scope="module")
