@@ -58,8 +58,7 @@ def _packages(repo: Path, kernel_release: str, base_url: str, key: bytes, distro
         v = f"{upstream}-1"
         _deb(repo, "nvidia-open", v, depends=f"nvidia-driver (= {v}), nvidia-kernel-open-dkms (= {v})")
         _deb(repo, "nvidia-driver", v, depends=f"libnvidia-ml1 (= {v}), libcuda1 (= {v})",
-             postinst=f"if command -v dsv4deploy-twin-driver >/dev/null; then dsv4deploy-twin-driver install "
-                      f"{upstream}; fi")
+             postinst=f"tool=/usr/local/sbin/dsv4deploy-twin-driver; if [ -x $tool ]; then $tool install {upstream}; fi")
         _deb(repo, "nvidia-kernel-open-dkms", v, files={f"/usr/src/nvidia-{upstream}/dkms.conf": "stand-in\n"},
              postinst='[ -e "/usr/src/linux-headers-$(uname -r)/Makefile" ] || { echo "DKMS: no headers for '
                       'kernel $(uname -r)" >&2; exit 1; }')

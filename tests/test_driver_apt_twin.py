@@ -115,3 +115,30 @@ def test_a_keyring_of_another_sha256_is_refused_before_it_reaches_the_host(apt_t
     assert run.returncode != 0 and f"not the pinned {'f' * 64}: not installed" in out, out[-3000:]
     assert "cuda-keyring" not in _installed(apt_twin)
     assert apt_twin.run("ls /var/lib/dsv4deploy/cuda-keyring.deb", check=False).returncode != 0
+
+
+def test_allow_reboot_reboots_waits_for_the_new_boot_and_the_deploy_goes_on(apt_twin, repo):
+    """A pending driver install with allow_reboot=true: the host reboots (the twin's container halts;
+    a thread here boots it again, as the firmware would), the wait ends on the new boot id, the flag
+    is gone and the same run deploys to the end (a whole deploy with its gate: 28 s on a twin that
+    holds the venv, about 100 s on a fresh one)."""
+    _fresh(apt_twin)
+    assert _deploy(repo).returncode != 0                    # installed, the reboot pending
+    boot = apt_twin.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    downs: list[float] = []
+
+    def firmware():
+        deadline = time.monotonic() + 300
+        while apt_twin.running() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        downs.append(time.monotonic())
+        simhost.up(1, fleet=FLEET)
+
+    threading.Thread(target=firmware, daemon=True).start()
+    run = _deploy(repo, "allow_reboot=true")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert "reboot to load the new driver (allow_reboot=true; waits up to 900 s)" in out
+    assert downs and apt_twin.run("cat /proc/sys/kernel/random/boot_id").stdout.strip() != boot
+    assert apt_twin.run("test -e /var/lib/dsv4deploy/reboot-required", check=False).returncode != 0
+    assert _installed(apt_twin)["nvidia-open"] == "580.95.05-1"
