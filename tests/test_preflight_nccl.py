@@ -19,7 +19,7 @@ import pytest
 
 from dsv4deploy.sglang.flags import MANAGED_ENV
 from dsv4deploy.render.layout import Layout
-from dsv4deploy.render.nccl import LOOPBACK_SOCKETS, PRESETS, nccl_environment, render_env_file
+from dsv4deploy.render.nccl import LOOPBACK_SOCKETS, NO_CONF_FILE, PRESETS, nccl_environment, render_env_file
 from dsv4deploy.preflight import (HANG_HINT, busbw, format_compare, format_groups, format_result, launch,
                                   probe_argv, rank_environment, read_env_file)
 from dsv4deploy.preflight import nccl_probe as P
@@ -60,7 +60,7 @@ def assert_gone(res: dict) -> None:
 
 def test_env_file_read_as_systemd_reads_it():
     rendered = render_env_file(nccl_environment("nop2p", {"NCCL_SOCKET_IFNAME": "lo"}), "NCCL preset nop2p")
-    assert read_env_file(rendered) == {"NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "16",
+    assert read_env_file(rendered) == {"NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "16", "NCCL_CONF_FILE": "/dev/null",
                                        "NCCL_P2P_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"}
     text = textwrap.dedent("""\
         # comment
@@ -152,7 +152,7 @@ def test_ranks_get_exactly_the_profiles_environment(profile_dir):
     for r, env in enumerate(envs):
         assert {k: v for k, v in env.items() if k.startswith("NCCL_")} == {
             "NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "4", "NCCL_NVLS_ENABLE": "0",
-            "NCCL_P2P_LEVEL": "SYS", "NCCL_SOCKET_IFNAME": "lo"}
+            "NCCL_P2P_LEVEL": "SYS", "NCCL_SOCKET_IFNAME": "lo", "NCCL_CONF_FILE": "/dev/null"}
         assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(r), str(r), "3")
         assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == envs[0]["MASTER_PORT"]
@@ -171,14 +171,14 @@ def test_cli_env_file_reaches_ranks_unchanged(tmp_path, capsys, monkeypatch):
     assert res["label"] == "nccl.env" and "NCCL_ALGO" in res["stripped_inherited"]
     for env in rank_envs(res):
         got = {k: v for k, v in env.items() if k.startswith("NCCL_") and k != "NCCL_NVLS_ENABLE"}
-        assert got == read_env_file(env_file.read_text()) == PRESETS["nop2p"]
+        assert got == read_env_file(env_file.read_text()) == {**PRESETS["nop2p"], **NO_CONF_FILE}
 
 
 def test_cli_profile_dry_run_and_compare_presets(capsys):
     assert main(["nccl", "--profile", "nvfp4-tp8-nop2p", "--dry-run", "--json", "--nranks", "2"]) == 0
     res = json.loads(capsys.readouterr().out)
     # one host: the rendered file's loopback sockets too, so the probe runs as the unit's server would
-    assert res["label"] == "nop2p" and res["nccl_env"] == {**PRESETS["nop2p"], **LOOPBACK_SOCKETS}
+    assert res["label"] == "nop2p" and res["nccl_env"] == {**PRESETS["nop2p"], **LOOPBACK_SOCKETS, **NO_CONF_FILE}
     assert res["nranks"] == 2
     assert main(["nccl", "--profile", "nvfp4-ctx8k", "--dry-run", "--json", "--nranks", "2",
                  "--compare-presets"]) == 0
@@ -188,7 +188,7 @@ def test_cli_profile_dry_run_and_compare_presets(capsys):
         for env in rank_envs(run):
             assert env["NCCL_IB_DISABLE"] == "1"
             assert {k for k in env if k.startswith("NCCL_")} - {"NCCL_NVLS_ENABLE"} == \
-                set(PRESETS[run["label"]]) | {"NCCL_SOCKET_IFNAME"}
+                set(PRESETS[run["label"]]) | {"NCCL_SOCKET_IFNAME", "NCCL_CONF_FILE"}
             assert env["NCCL_SOCKET_IFNAME"] == "lo"
 
 
@@ -378,7 +378,7 @@ def test_probe_argv_for_the_deploy():
                     "launch", "--as-service", "--json", "--timeout", "60", "--nranks", "4",
                     "--env-file", "/etc/dsv4deploy/sglang/nccl.env", *unit]
     argv = probe_argv(data, script="p.py", python="py", timeout_s=5, nranks=2)
-    assert argv[argv.index("--nccl") + 1] == "GLOO_SOCKET_IFNAME=lo" and argv.count("--nccl") == 5
+    assert argv[argv.index("--nccl") + 1] == "GLOO_SOCKET_IFNAME=lo" and argv.count("--nccl") == 6
     assert "NCCL_SOCKET_IFNAME=lo" in argv
     # the argv parses with the probe's own parser
     ns = P.build_parser().parse_args(argv[3:])

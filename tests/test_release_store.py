@@ -293,6 +293,27 @@ def test_prune_keeps_the_last_releases_and_what_they_use(h, store, tmp_path):
     assert len(h.commands) == 2 and not any(c.startswith("rm -rf") for c in h.commands)
 
 
+def test_prune_removes_a_servers_home_with_its_venv_and_keeps_the_kept_ones(h, store, tmp_path):
+    """A venv's server home (Layout.home: HOME and the JIT caches) goes when its venv goes, and
+    only then: the same venv's next start finds its caches, a removed one leaves nothing behind."""
+    from dsv4deploy.render.layout import HOMES
+    for n in range(1, 4):
+        begin(store, tmp_path, manifest=f"m{n}")
+    store.mark_deployed(Release(store.records()[-1]))
+    layout = Layout.of(load_profile("nvfp4-ctx8k").data)
+    old = "/opt/dsv4deploy/venvs/sglang-0.4.0-old"
+    old_homes = [f"{HOMES}/sglang/sglang-0.4.0-old", f"{HOMES}/other/sglang-0.4.0-old"]
+    kept_home = layout.home
+    listing = "\n".join([layout.venv, old, layout.model_dir, kept_home, *old_homes])
+    h.answer("echo ---", lambda cmd: sh_here(cmd.split("echo ---")[0] + "echo ---") + listing + "\n")
+    h.answer("rm -rf", "")
+    h.commands.clear()
+    store.prune()
+    assert f" {HOMES}/*/* " in h.commands[-2]                          # the listing looks for them
+    rm = h.commands[-1].split()
+    assert rm[:2] == ["rm", "-rf"] and sorted(rm[2:]) == sorted([old, *old_homes])
+
+
 def _kept_manifest(store: ReleaseStore, number: int, venv: str, gateway_venv: str | None = None) -> None:
     """Release NUMBER's kept manifest, as a dsv4deploy with other lock files wrote it."""
     path = Path(store.folder(number), "files/etc/dsv4deploy/sglang/manifest.json")

@@ -50,7 +50,8 @@ def test_each_instance_sees_only_its_gpus_in_pci_order():
         env = env_file(rendered.files[r.env_file])
         assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": gpus, "DSV4_REPLICA_PORT": str(r.port)}
         assert env_file(rendered.files[r.nccl_env_file]) == {"NCCL_ALGO": "Ring", "NCCL_IB_DISABLE": "1", "NCCL_PROTO": "LL",
-                                                             "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+                                                             "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo",
+                                                             "NCCL_CONF_FILE": "/dev/null"}
 
 
 def test_the_check_would_catch_an_instance_reading_another_replicas_env_file():

@@ -116,10 +116,10 @@ def test_a_broken_env_file_is_caught(profile_dir, monkeypatch):
 
 def test_a_template_input_that_would_start_a_directive_is_caught(profile_dir, monkeypatch):
     from dsv4deploy.render.layout import Layout
-    monkeypatch.setattr(Layout, "state_dir", property(lambda self: "/var/lib/x\nExecStartPre=+/bin/sh"))
-    with pytest.raises(ProfileError, match="state_dir holds an unprintable character"):
+    monkeypatch.setattr(Layout, "home", property(lambda self: "/var/lib/x\nExecStartPre=+/bin/sh"))
+    with pytest.raises(ProfileError, match="home holds an unprintable character"):
         render(load_profile("nvfp4-ctx8k"))
-    monkeypatch.setattr(Layout, "state_dir", property(lambda self: "/var/lib/x\\"))
+    monkeypatch.setattr(Layout, "home", property(lambda self: "/var/lib/x\\"))
     with pytest.raises(ProfileError, match="trailing backslash"):
         render(load_profile("nvfp4-ctx8k"))
 

@@ -24,7 +24,7 @@ from pyinfra.api import BaseStateCallback, DeployError
 from dsv4deploy.profile import boundary, replicas
 from dsv4deploy.release import records as releases
 from dsv4deploy.profile.errors import make_target, rerun_with
-from dsv4deploy.render.layout import ETC, MODELS, OPT, RELEASES, Layout
+from dsv4deploy.render.layout import ETC, HOMES, MODELS, OPT, RELEASES, Layout, venv_of_home
 from dsv4deploy.release.records import Release
 from dsv4deploy.release.rollout import Target
 from dsv4deploy.host import installer
@@ -218,9 +218,10 @@ class ReleaseStore:
         return ok, out
 
     def prune(self) -> None:
-        """Keep the last releases' files; remove venvs and checkpoints no kept release uses. One
-        command reads every kept release's profile and what is on disk, one removes (only when
-        something goes); the records cost one more unless this run holds the lock."""
+        """Keep the last releases' files; remove venvs (with their servers' homes, Layout.home)
+        and checkpoints no kept release uses. One command reads every kept release's profile and
+        what is on disk, one removes (only when something goes); the records cost one more
+        unless this run holds the lock."""
         listing, dropped = self._prune_listing(self.records())
         _, out = sh(self.h, listing)
         self._prune_from(out, dropped)
@@ -242,7 +243,7 @@ class ReleaseStore:
         return (f"for f in {kept}; do [ -f \"$f\" ] && {{ printf '%s\\t' \"$f\"; tr -d '\\n' < \"$f\"; echo; "
                 f"for m in \"${{f%/profile.json}}\"/files{ETC}/*/manifest.json; do [ -f \"$m\" ] && "
                 f"{{ printf '{KEPT_MANIFEST}\\t%s\\t' \"$f\"; tr -d '\\n' < \"$m\"; echo; }}; done; }}; done; "
-                f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* {q(self.dir)}/[0-9]*/files "
+                f"echo ---; ls -d {OPT}/venvs/* {MODELS}/*/* {HOMES}/*/* {q(self.dir)}/[0-9]*/files "
                 f"{q(self.dir)}/[0-9]*/profile.json 2>/dev/null; true"), dropped
 
     def _prune_removal(self, out: str, dropped: list[int]) -> tuple[str, list[str]]:
@@ -267,6 +268,7 @@ class ReleaseStore:
                 data = json.loads(doc)["data"]
                 layout = Layout.of(data)
                 used |= {layout.venv, layout.model_dir, replicas.gateway_venv(data)} - {None}
+        used |= {p for p in on_disk if venv_of_home(p) in used}     # a server home goes with its venv
         gone = [p for n in dropped for p in (f"{self.folder(n)}/files", f"{self.folder(n)}/profile.json")
                 if p in still_there]
         unused = releases.unused(on_disk, used)

@@ -16,9 +16,9 @@ from dsv4deploy.profile import calibration as host_calibration
 from dsv4deploy.profile.memory import Budget, BudgetInputError, Measured, budget
 from dsv4deploy.sglang.patches import (MASK_SECRETS_PATCH, PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM,
                                        profile_entry)
-from dsv4deploy.sglang.flags import MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
+from dsv4deploy.sglang.flags import HOME_ENV, MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
 from dsv4deploy.render.layout import GATE_USER
-from dsv4deploy.render.nccl import nccl_environment, nccl_integer
+from dsv4deploy.render.nccl import NO_CONF_FILE, nccl_environment, nccl_integer
 from dsv4deploy.profile.load import Profile
 from dsv4deploy.sglang.versions import facts, known_versions
 
@@ -64,6 +64,7 @@ SYSTEM_UNITS = {
     # the deploy's own folders beside the service's under /etc/dsv4deploy and /var/lib/dsv4deploy: a
     # service named so would own root's HF_HOME (hf-home) or share the secrets' folder (secrets)
     "secrets", "hf-home", "deploy.lock", "reboot-required", "secrets.env", "tools", "venvs", "gate",
+    "homes",  # /var/lib/dsv4deploy/homes holds every service's per-venv homes (render/layout.py HOMES)
 }
 SYSTEM_UNIT_PREFIXES = ("systemd-", "dbus-", "getty", "user@", "sys-", "dev-", "run-")
 
@@ -279,10 +280,15 @@ def _hardening(profile, service, add) -> None:
 
 def _nccl(profile, data, add) -> None:
     """P2P off (the value NCCL reads from the rendered nccl.env, whatever its spelling: 1, "1",
-    "01", "0x1") needs SGLang's custom all-reduce off too: it uses P2P itself (a hang at start)."""
+    "01", "0x1") needs SGLang's custom all-reduce off too: it uses P2P itself (a hang at start).
+    NCCL_CONF_FILE stays /dev/null (render/nccl.py NO_CONF_FILE): a file would set NCCL's others."""
+    overrides = data["nccl"].get("overrides") or {}
+    if "NCCL_CONF_FILE" in overrides:
+        add(profile.problem(("nccl", "overrides", "NCCL_CONF_FILE"), "NCCL_CONF_FILE is set by the rendered "
+                            f"nccl.env ({NO_CONF_FILE['NCCL_CONF_FILE']}: no NCCL settings from a file that model "
+                            "code could write); put the variables in nccl.overrides instead"))
     if data["server"]["disable_custom_all_reduce"]:
         return
-    overrides = data["nccl"].get("overrides") or {}
     p2p = nccl_environment(data["nccl"]["preset"], overrides).get("NCCL_P2P_DISABLE", "")
     if nccl_integer(p2p) != 1:
         return
@@ -415,6 +421,9 @@ def _env(profile, server, add) -> None:
         path = ("server", "env", key)
         if key in MANAGED_ENV:
             add(profile.problem(path, f"{key} is set by the rendered unit ({key}={MANAGED_ENV[key]}); remove it"))
+        elif key in HOME_ENV:
+            add(profile.problem(path, f"{key} is set by the rendered unit to the release's own folder (a new "
+                                "venv starts with an empty home and caches); remove it"))
         elif key.startswith("NCCL_"):
             add(profile.problem(path, f"{key}: NCCL variables go in nccl.overrides (nccl.env is read after "
                                 "Environment= and would silently win)"))

@@ -15,6 +15,7 @@ ETC = "/etc/dsv4deploy"
 STATE = "/var/lib/dsv4deploy"
 MODELS = "/srv/dsv4deploy/models"
 RELEASES = f"{STATE}/releases"   # the release store: one per host, whatever the profile
+HOMES = f"{STATE}/homes"         # the server's home and caches: HOMES/<service>/<venv folder name>
 GATE_USER = "dsv4deploy-gate"   # the gate's load client runs as this user: no files, no login, no groups
 
 
@@ -156,3 +157,22 @@ class Layout:
     @property
     def releases_dir(self) -> str:
         return RELEASES
+
+    @property
+    def home(self) -> str:
+        """The server's HOME and JIT caches: one folder per service and venv, so a restart of the
+        same venv finds its compiled kernels and a new venv (a new release's code) starts empty.
+        systemd makes it (StateDirectory=); pruning removes it with its venv (venv_of_home)."""
+        return f"{HOMES}/{self.service}/{self.venv.rsplit('/', 1)[1]}"
+
+
+    @property
+    def state_directory(self) -> str:
+        """`home` as systemd's StateDirectory= names it (relative to /var/lib)."""
+        return self.home.removeprefix("/var/lib/")
+
+
+def venv_of_home(path: str) -> str | None:
+    """The venv whose server home PATH is (Layout.home), or None when PATH is no such home."""
+    parts = path[len(HOMES) + 1:].split("/") if path.startswith(HOMES + "/") else []
+    return f"{OPT}/venvs/{parts[1]}" if len(parts) == 2 and all(parts) else None

@@ -26,11 +26,18 @@ PRESETS: dict[str, dict[str, str]] = {
 LOOPBACK_SOCKETS = {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
 
 
+# NCCL reads KEY=VALUE lines from NCCL_CONF_FILE, else from ~/.nccl.conf with ~ the passwd home
+# (getpwuid, not $HOME: src/misc/param.cc), then /etc/nccl.conf. The service account's passwd
+# home persists across releases, so a file one release's model code left there would set NCCL
+# for the next (and for the probe): NCCL reads an empty file instead. validate.py keeps it.
+NO_CONF_FILE = {"NCCL_CONF_FILE": "/dev/null"}
+
+
 def nccl_environment(preset: str, overrides: dict | None = None, one_host: bool = False) -> dict[str, str]:
     """The preset's variables with the profile's overrides on top, as the text they render to
     (boundary.rendered_text, which load.py has already applied: one value for `4` and `"4"`). With
-    ONE_HOST (network.single_host), LOOPBACK_SOCKETS under the overrides."""
-    env = {**PRESETS[preset], **(LOOPBACK_SOCKETS if one_host else {})}
+    ONE_HOST (network.single_host), LOOPBACK_SOCKETS under the overrides; always NO_CONF_FILE."""
+    env = {**PRESETS[preset], **(LOOPBACK_SOCKETS if one_host else {}), **NO_CONF_FILE}
     env.update({k: rendered_text(v) for k, v in (overrides or {}).items()})
     return dict(sorted(env.items()))
 

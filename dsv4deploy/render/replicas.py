@@ -25,7 +25,7 @@ from dsv4deploy.render.nccl import nccl_environment, render_env_file
 from dsv4deploy.render.rendered import Rendered, RenderedGateway, RenderedReplica, manifest_base, manifest_text
 from dsv4deploy.render.systemd import (blame, check_template_inputs, systemd_env, systemd_exec, systemd_word,
                                        templates, unit_specifiers)
-from dsv4deploy.sglang.flags import unit_environment
+from dsv4deploy.sglang.flags import HOME_ENV, home_environment, unit_environment
 from dsv4deploy.sglang.versions import facts
 
 PORT_VAR = "DSV4_REPLICA_PORT"
@@ -52,13 +52,14 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
     template_argv = launch_argv(profile, module, port="${" + PORT_VAR + "}",
                                 config=f"%d/{SGLANG_CONFIG_CREDENTIAL}" if keyed else None)
     raw = {template_argv.index("--port") + 1} | ({template_argv.index("--config") + 1} if keyed else set())
-    env = unit_environment(data)
+    env = {**unit_environment(data), **home_environment(layout.home)}
     nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"),
                                  one_host=network.single_host(data))
     inputs = dict(
         profile=profile.name, content_hash=profile.content_hash,
         sglang_version=data["sglang"]["version"], model_repo=data["model"]["repo"],
-        manifest=layout.manifest, user=service["user"], state_dir=layout.state_dir,
+        manifest=layout.manifest, user=service["user"], home=layout.home,
+        state_directory=layout.state_directory,
         nccl_env=layout.replica_nccl_env("%i"), extra_env_files=[layout.replica_env("%i")],
         credentials=[(SGLANG_CONFIG_CREDENTIAL, layout.sglang_config_secret)] if keyed else [],
         hardening=service.get("hardening", "strict"),
@@ -73,7 +74,9 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
     files = {layout.template_unit: unit}
     rendered_replicas = []
     found: list[tuple[tuple, tuple, str]] = [(loc, template_argv, f"{layout.template_unit}: {msg}") for loc, msg in
-                                             unitcheck.check_ip_access(unit, network.replica_allow(data))]
+                                             unitcheck.check_ip_access(unit, network.replica_allow(data))
+                                             + unitcheck.check_home(unit, layout.home, HOME_ENV,
+                                                                    instance_specifiers(layout.service, 0))]
     for r in plan.replicas:
         instance = layout.instance(r.index)
         argv = launch_argv(profile, module, port=str(r.port),

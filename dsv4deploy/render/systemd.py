@@ -78,7 +78,8 @@ def check_template_inputs(profile: Profile, inputs: dict) -> None:
 
 
 _INPUT_KEYS = {"profile": (), "sglang_version": ("sglang", "version"), "model_repo": ("model", "repo"),
-               "user": ("service", "user"), "manifest": ("service", "name"), "state_dir": ("service", "name"),
+               "user": ("service", "user"), "manifest": ("service", "name"), "home": ("service", "name"),
+               "state_directory": ("service", "name"),
                "nccl_env": ("service", "name"), "environment": ("server", "env"),
                "exec_start": ("server", "extra_args")}
 
@@ -91,7 +92,7 @@ def blame(profile: Profile, argv: list[str], loc: tuple) -> tuple:
     if loc[0] == "nccl":
         overrides = data["nccl"].get("overrides") or {}
         return ("nccl", "overrides", loc[1]) if loc[1] in overrides else ("nccl", "preset")
-    if loc[0] == "ip":
+    if loc[0] in ("ip", "home"):
         return ("service",)
     if loc[0] == "argv":
         extra = data["server"].get("extra_args") or []

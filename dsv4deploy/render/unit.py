@@ -22,7 +22,7 @@ from dsv4deploy.render.rendered import Rendered, manifest_base, manifest_text
 from dsv4deploy.render.replicas import render_replicas
 from dsv4deploy.render.systemd import (blame, check_template_inputs, systemd_env, systemd_exec, systemd_word,
                                        templates, unit_specifiers)
-from dsv4deploy.sglang.flags import unit_environment
+from dsv4deploy.sglang.flags import HOME_ENV, home_environment, unit_environment
 
 
 def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
@@ -32,7 +32,7 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
     layout = Layout.of(data)
     server, service = data["server"], data["service"]
     argv = launch_argv(profile, module)
-    env = unit_environment(data)
+    env = {**unit_environment(data), **home_environment(layout.home)}
     nccl_vars = nccl_environment(data["nccl"]["preset"], data["nccl"].get("overrides"),
                                  one_host=network.single_host(data))
     nccl_env = render_env_file(nccl_vars, f"NCCL preset {data['nccl']['preset']} for profile {profile.name}")
@@ -40,7 +40,8 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
     inputs = dict(
         profile=profile.name, content_hash=profile.content_hash,
         sglang_version=data["sglang"]["version"], model_repo=data["model"]["repo"],
-        manifest=layout.manifest, user=service["user"], state_dir=layout.state_dir,
+        manifest=layout.manifest, user=service["user"], home=layout.home,
+        state_directory=layout.state_directory,
         nccl_env=layout.nccl_env, credentials=credentials, hardening=service.get("hardening", "strict"),
         environment=[systemd_env(k, v) for k, v in env.items()],
         exec_start=systemd_exec(argv),
@@ -63,12 +64,13 @@ def render(profile: Profile, module: str = SGLANG_MODULE) -> Rendered:
 def check_round_trip(profile: Profile, unit: str, nccl_env: str, argv: list[str], env: dict[str, str],
                      nccl_vars: dict[str, str], ip_allow: list[str] | None) -> None:
     """Read the unit and the NCCL env file back as systemd does; raise ProfileError (naming the
-    profile key each difference comes from) unless they give exactly `argv`, `env`, `nccl_vars`
-    and the peers `ip_allow` (None: no IP rules)."""
+    profile key each difference comes from) unless they give exactly `argv`, `env`, `nccl_vars`,
+    the peers `ip_allow` (None: no IP rules) and the venv's own home (unitcheck.check_home)."""
     service = profile.data["service"]["name"]
     found = unitcheck.check_unit(unit, argv, env, unit_specifiers(service), RENDERED_LINE_MAX, quote=systemd_word)
     found += [(("nccl",) + loc[1:], msg) for loc, msg in unitcheck.check_env_file(nccl_env, nccl_vars)]
     found += unitcheck.check_ip_access(unit, ip_allow)
+    found += unitcheck.check_home(unit, Layout.of(profile.data).home, HOME_ENV, unit_specifiers(service))
     if found:
         raise ProfileError([profile.problem(blame(profile, argv, loc), f"refused at render: {msg}")
                             for loc, msg in found])

@@ -458,6 +458,35 @@ def check_ip_access(unit: str, allow: list[str] | None) -> list[tuple[tuple, str
     return found
 
 
+STATE_ROOT = "/var/lib"     # where systemd puts StateDirectory= (system units)
+
+
+def check_home(unit: str, home: str, names: tuple[str, ...], specifiers: dict[str, str]) -> list[tuple[tuple, str]]:
+    """Mismatches between where the unit lets the server keep files and HOME (one folder per
+    venv): StateDirectory= must be exactly HOME, WorkingDirectory= HOME, no ReadWritePaths=
+    (the account's passwd home and all else stay read-only under ProtectSystem=strict), and
+    Environment= must set each of NAMES (HOME, the caches) to HOME or a folder under it."""
+    try:
+        directives = [d for d in unit_directives(unit) if d.section == "Service"]
+        env = dict(kv for d in directives if d.key == "Environment"
+                   for kv in environment_assignments(d.value, specifiers))
+        state = [w for d in directives if d.key == "StateDirectory" for w in split_words(d.value)]
+    except SyntaxProblem as exc:
+        return [(("unit",), f"the unit does not read back: {exc}")]
+    found = []
+    if [f"{STATE_ROOT}/{w}" for w in state] != [home]:
+        found.append((("home",), f"StateDirectory= reads back as {state}, not the venv's own home {home}"))
+    work = [d.value for d in directives if d.key == "WorkingDirectory"]
+    if work != [home]:
+        found.append((("home",), f"WorkingDirectory= reads back as {work}, not {home}"))
+    writable = [d.value for d in directives if d.key == "ReadWritePaths" and d.value]
+    if writable:
+        found.append((("home",), f"ReadWritePaths={' '.join(writable)}: the server may write only its home {home}"))
+    found += [(("home",), f"Environment= gives {name}={env.get(name)!r}, not the venv's own home {home} or under it")
+              for name in names if env.get(name) != home and not (env.get(name) or "").startswith(home + "/")]
+    return found
+
+
 def check_env_file(text: str, env: dict[str, str]) -> list[tuple[tuple, str]]:
     """Mismatches between an EnvironmentFile= as systemd loads it and `env`."""
     try:

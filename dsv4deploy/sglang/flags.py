@@ -19,6 +19,27 @@ def unit_environment(data: dict) -> dict[str, str]:
     unit's renderers and the NCCL probe's ranks read it from here."""
     return {**MANAGED_ENV, **{k: rendered_text(v) for k, v in sorted((data["server"].get("env") or {}).items())}}
 
+def home_environment(home: str) -> dict[str, str]:
+    """HOME and every cache folder the server's libraries pick by themselves, under HOME: the
+    server gets its venv's own folder (render/layout.py Layout.home), the NCCL probe a fresh
+    empty one. Each library would otherwise write under the account's persistent home or /tmp
+    and load what it finds there. Names as read by SGLang 0.5.23 (environ.py, whose own
+    redirect_third_party_caches sets the same subfolders of SGLANG_CACHE_DIR, but only when it
+    runs before the library is imported), flashinfer 0.7.2 (jit/env.py), tvm-ffi 0.1.11,
+    triton 3.8 and CUTLASS's DSL (else /tmp/<user>); XDG_CACHE_HOME covers the rest
+    (huggingface, torch hub and extensions, DeepGEMM, outlines)."""
+    cache = f"{home}/.cache"
+    sglang = f"{cache}/sglang"
+    return {"HOME": home, "XDG_CACHE_HOME": cache, "XDG_CONFIG_HOME": f"{home}/.config",
+            "XDG_DATA_HOME": f"{home}/.local/share", "HF_HOME": f"{cache}/huggingface",
+            "SGLANG_CACHE_DIR": sglang, "TRITON_HOME": home, "TRITON_CACHE_DIR": f"{sglang}/triton",
+            "TORCHINDUCTOR_CACHE_DIR": f"{sglang}/inductor", "CUDA_CACHE_PATH": f"{sglang}/nv",
+            "TILELANG_CACHE_DIR": f"{sglang}/tilelang", "FLASHINFER_WORKSPACE_BASE": sglang,
+            "TVM_FFI_CACHE_DIR": f"{cache}/tvm-ffi", "CUTE_DSL_CACHE_DIR": f"{cache}/cutlass"}
+
+
+HOME_ENV = tuple(home_environment("/"))   # names a profile's server.env may not set (validate.py)
+
 # Flags the profile manages, with every alias SGLang accepts for them: extra_args may not
 # repeat them (an override buried in extra_args is how a launch silently differs from its profile).
 MANAGED_FLAGS: dict[str, tuple[str, ...]] = {
