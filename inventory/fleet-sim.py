@@ -10,6 +10,8 @@ serves on its own 127.0.0.1:30000); it is named NAME-N here (reports/NAME-N/, `-
 and reached at its veth address (host data ssh_hostname), host-key checking on. NAME-1 is the
 canary (host data `canary: true`; DSV4_SIM_CANARY=2,3 marks others instead). The profile is
 chosen and checked as in inventory/sim.py (PROFILE, else nvfp4-ctx8k), with the same stand-ins.
+It connects as the twins' `deploy` account with sudo; DSV4_SIM_USER=root as root with root's key
+and no sudo (CT200's likely login).
 """
 
 import os

@@ -8,6 +8,8 @@ The profile deploy/serve.py rolls out is host data `profile`: `--data profile=NA
 environment's PROFILE, else nvfp4-ctx8k; it is checked while this file loads, before pyinfra
 connects. The twin holds a weights stand-in, so a placeholder revision is allowed here.
 Host-key checking stays on: the twins' keys are in .sim/ssh/known_hosts.
+It connects as the twins' `deploy` account with sudo; DSV4_SIM_USER=root as root with root's key
+and no sudo (CT200's likely login).
 """
 
 import sys

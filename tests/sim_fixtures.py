@@ -121,3 +121,15 @@ def fault_lab(twin, profiles_dir, env: dict[str, str]):
     yield lab
     lab.reset_host()
     twin.run(f"rm -f {faultlab.FAULTS}", check=False)
+
+
+ROOT_FLEET = os.environ.get("DSV4_SIM_ROOT_FLEET", "root")
+# CT200's likely login: root over SSH with a key, no sudo (DSV4_SIM_USER=root); the twin's own
+# parser for the launch check, as for the rollbacks (what is tested is the login, not the parser).
+ROOT_ENV = {"DSV4_SIM_FLEET": ROOT_FLEET, "DSV4_SIM_LAUNCH_CHECK": "twin", "DSV4_SIM_USER": "root"}
+
+
+@pytest.fixture(scope="session")
+def root_login_twin():
+    """An isolated twin of its own for tests/test_root_login_twin.py (deploys as root, no sudo)."""
+    yield from _isolated_twin(ROOT_FLEET)

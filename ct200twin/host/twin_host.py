@@ -224,8 +224,12 @@ class SimHost:
                 "root": str(self.root), "console_log": str(self.console_log), **extra}
 
     def inventory_entry(self) -> tuple[str, dict[str, Any]]:
-        """As an operator connects: the `deploy` account with sudo (DSV4_SIM_USER=root: as root)."""
-        user = os.environ.get("DSV4_SIM_USER", DEPLOY_USER)
+        """As an operator connects: the `deploy` account with sudo (DSV4_SIM_USER=root: as root
+        with root's key and no sudo, as CT200 is most likely reached); another value is refused."""
+        user = os.environ.get("DSV4_SIM_USER") or DEPLOY_USER
+        if user not in ("root", DEPLOY_USER):
+            raise SimError(f"DSV4_SIM_USER={ascii(user)}: expected root (as root, no sudo) or {DEPLOY_USER} "
+                           "(the default: with sudo)", 2)
         as_root = user == "root"
         # a fleet twin is named (reports/<name>/, --limit NAME), reached at its veth address
         where = {"ssh_hostname": self.address, "sim_fleet": self.fleet} if self.isolated else {}
