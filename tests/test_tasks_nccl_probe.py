@@ -1,8 +1,9 @@
-"""dsv4deploy/tasks/nccl_probe.py: the probe runs only as uploaded (sha256) and as the service's
-user, never as root (the twin skips the probe: it runs on real GPUs only)."""
+"""dsv4deploy/tasks/nccl_probe.py: the probe runs only as uploaded (sha256), never as root, and
+in the server unit's own sandbox (a transient unit with the rendered unit's settings: its user,
+its IP rules) with an empty private HOME (the twin skips the probe: it runs on real GPUs only)."""
 
 import hashlib
-import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -10,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dsv4deploy.sglang.flags import MANAGED_ENV
-from dsv4deploy.tasks.nccl_probe import probe_command
+from checkout import load_profile
+from dsv4deploy.render.unit import render
+from dsv4deploy.render.unitcheck import unit_directives
+from dsv4deploy.sglang.flags import MANAGED_ENV, home_environment
+from dsv4deploy.tasks.nccl_probe import LAUNCH_ONLY, PROBE_HOME, probe_command, sandbox_properties
 
 FAKE_PROBE = "#!/bin/sh\necho \"uid=$(id -u) home=$HOME args=$*\"\n"
 
@@ -31,37 +35,104 @@ def _run(cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="drops privileges to the system user daemon: needs root")
-def test_the_probe_runs_as_the_service_user_with_its_home(program):
-    digest = hashlib.sha256(program.read_bytes()).hexdigest()
-    cmd = probe_command([str(program), "launch", "--nranks", "4"], script=str(program), sha256=digest,
-                        user="daemon", home="/var/lib/dsv4deploy/sglang")
-    out = _run(cmd)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "uid=1 home=/var/lib/dsv4deploy/sglang args=launch --nranks 4"
+def _unit(name: str = "nvfp4-ctx8k") -> str:
+    return render(load_profile(name)).unit
+
+
+def _systemd_run(cmd: str) -> tuple[list[str], list[str]]:
+    """(the --property= values, the argv after `--`) of the probe command's systemd-run."""
+    words = shlex.split(cmd.split("exit 1; }; ", 1)[1])
+    assert words[:5] == ["systemd-run", "--quiet", "--wait", "--pipe", "--collect"]
+    cut = words.index("--")
+    assert all(w.startswith("--property=") for w in words[5:cut])
+    return [w.removeprefix("--property=") for w in words[5:cut]], words[cut + 1:]
+
+
+@pytest.mark.parametrize("name", ["nvfp4-ctx8k", "nvfp4-ctx8k-dp2"])
+def test_the_probe_gets_the_rendered_units_sandbox_and_user(name):
+    """Every [Service] setting of the rendered unit but how it launches reaches the probe, read
+    from the unit (one source): a setting added to the template reaches the probe unasked."""
+    unit = _unit(name)
+    props, _ = _systemd_run(probe_command(["/v/bin/python", "/v/p.py"], script="/v/p.py", sha256="a" * 64,
+                                          unit=unit))
+    service = [f"{d.key}={d.value}" for d in unit_directives(unit) if d.section == "Service"]
+    assert props == [p for p in service if p.split("=", 1)[0] not in LAUNCH_ONLY]
+    assert {"User=sglang", "Group=sglang", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
+            "ProtectHome=yes", "IPAddressDeny=any", "IPAddressAllow=localhost", "DevicePolicy=closed",
+            "DeviceAllow=char-nvidia rw", "CapabilityBoundingSet="} <= set(props)
+    # nothing of how the server starts or what it may keep: no argv, credentials, home or state
+    assert not any(p.split("=", 1)[0] in ("ExecStart", "LoadCredential", "StateDirectory", "WorkingDirectory",
+                                          "ReadWritePaths", "EnvironmentFile") for p in props)
+
+
+def test_with_hardening_off_the_probe_still_gets_a_private_empty_home(profile_dir):
+    profile_dir.write("soft", "extends: nvfp4-ctx8k\nservice:\n  hardening: 'off'\n"
+                              "  hardening_off_reason: a test of the probe\n")
+    props = sandbox_properties(_unit("soft"))
+    assert "PrivateTmp=yes" in props and "User=sglang" in props and "IPAddressDeny=any" not in props
+
+
+def test_the_probe_runs_with_an_empty_private_home_and_caches():
+    _, argv = _systemd_run(probe_command(["/v/bin/python", "-I", "/v/p.py", "launch"], script="/v/p.py",
+                                         sha256="a" * 64, unit=_unit()))
+    assert argv[:4] == ["/v/bin/python", "-I", "/v/p.py", "launch"]
+    env = dict(a.split("=", 1) for a in argv[5::2])
+    assert argv[4::2] == ["--env"] * len(env) and env == home_environment(PROBE_HOME)
+    assert env["HOME"] == "/tmp" and all(v == "/tmp" or v.startswith("/tmp/") for v in env.values())
+
+
+def test_a_unit_setting_with_a_specifier_is_refused_not_passed_on():
+    with pytest.raises(ValueError, match="ReadOnlyPaths=/run/%i holds a specifier"):
+        sandbox_properties("[Service]\nUser=sglang\nReadOnlyPaths=/run/%i\n")
+
+
+def _fake_systemd_run(folder: Path) -> dict:
+    """A `systemd-run` stand-in on PATH that prints what it was asked to run (no systemd here)."""
+    fake = folder / "systemd-run"
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done; shift; echo "systemd-run ran: $*"\n')
+    fake.chmod(0o755)
+    import os
+    return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
 
 
 def test_a_program_that_does_not_match_its_sha256_is_not_run(program):
-    cmd = probe_command([str(program), "launch"], script=str(program), sha256="0" * 64, user="daemon", home="/x")
-    out = _run(cmd)
+    env = _fake_systemd_run(program.parent)
+    cmd = probe_command([str(program), "launch"], script=str(program), sha256="0" * 64, unit=_unit())
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
     assert out.returncode == 1 and out.stdout == ""
     assert f"{program} does not match sha256 0000000000000000: not run" in out.stderr
+    good = hashlib.sha256(program.read_bytes()).hexdigest()
+    cmd = probe_command([str(program), "launch"], script=str(program), sha256=good, unit=_unit())
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 0 and out.stdout.startswith(f"systemd-run ran: {program} launch --env HOME=/tmp ")
 
 
 def test_the_command_quotes_every_word():
     cmd = probe_command(["/v/bin/python", "/v/nccl_probe.py", "--env", "A=b c; rm -rf /"], script="/v/nccl_probe.py",
-                        sha256="a" * 64, user="sglang", home="/var/lib/dsv4deploy/sglang")
-    assert cmd.endswith("setpriv --reuid=sglang --regid=sglang --clear-groups --no-new-privs -- env "
-                        "HOME=/var/lib/dsv4deploy/sglang /v/bin/python /v/nccl_probe.py --env 'A=b c; rm -rf /'")
+                        sha256="a" * 64, unit=_unit())
+    assert " -- /v/bin/python /v/nccl_probe.py --env 'A=b c; rm -rf /' --env HOME=/tmp " in cmd
+    assert " '--property=DeviceAllow=char-nvidia rw' " in cmd
 
 
-def test_the_command_proven_as_the_service_user_on_an_h200_is_the_one_the_deploy_sends():
-    """tests/fixtures/nccl/h200x1-service-user-*: on a 1-GPU H200 (2026-12-03) the deploy's probe
-    command, sha256-checked and run as the unprivileged `sglang` (no groups, the service's HOME),
-    ran NCCL 2.28.9 with every sum correct, and a wrong sha256 ran nothing. The command recorded
-    there is what probe_command makes today for the same inputs: a change to it needs a new run."""
+def _recorded_argv(recorded: str) -> list[str]:
+    """The probe's own argv in a command recorded on a GPU machine (after `env HOME=...`)."""
+    words = shlex.split(recorded.split("exit 1; }; ", 1)[1])
+    return words[words.index("env") + 2:]
+
+
+def _deploys_argv(cmd: str) -> list[str]:
+    """The probe's own argv in the deploy's command today, without the empty home's --env."""
+    _, argv = _systemd_run(cmd)
+    return argv[:len(argv) - 2 * len(home_environment(PROBE_HOME))]
+
+
+def test_the_probe_proven_as_the_service_user_on_an_h200_is_the_one_the_deploy_runs():
+    """tests/fixtures/nccl/h200x1-service-user-*: on a 1-GPU H200 (2026-12-03) the deploy's probe,
+    sha256-checked and run as the unprivileged `sglang` (then through setpriv with the account's
+    home; now through systemd-run in the unit's sandbox, with the empty home's variables after it,
+    not yet run on a GPU), ran NCCL 2.28.9 with every sum correct, and a wrong sha256 ran nothing.
+    The probe's argv recorded there is what the deploy runs today for the same inputs."""
     import json
-    from pathlib import Path
 
     fix = Path(__file__).parent / "fixtures" / "nccl"
     recorded = (fix / "h200x1-service-user-command.sh").read_text().strip()
@@ -69,8 +140,8 @@ def test_the_command_proven_as_the_service_user_on_an_h200_is_the_one_the_deploy
     argv = [f"{venv}/bin/python", f"{venv}/nccl_probe.py", "launch", "--json", "--timeout", "60", "--nranks", "1",
             "--env-file", "/etc/dsv4deploy/sglang/nccl.env.next", "--keep-env", "NCCL_VERSION"]
     sha = recorded.split("'")[1].split()[0]
-    assert probe_command(argv, script=f"{venv}/nccl_probe.py", sha256=sha, user="sglang",
-                         home="/var/lib/dsv4deploy/sglang") == recorded
+    assert _deploys_argv(probe_command(argv, script=f"{venv}/nccl_probe.py", sha256=sha, unit=_unit())) == \
+        _recorded_argv(recorded)
     machine = (fix / "h200x1-service-user-machine.txt").read_text()
     assert "good: rc=0" in machine and "as uid 999 gid 999 groups [] HOME /var/lib/dsv4deploy/sglang cuda True 1" in machine
     assert "bad sha: rc=1" in machine and "does not match sha256 0000000000000000: not run" in machine
@@ -81,26 +152,25 @@ def test_the_command_proven_as_the_service_user_on_an_h200_is_the_one_the_deploy
 
 def test_the_deploys_probe_as_a_service_on_an_h200_ran_apart_from_the_login():
     """tests/fixtures/nccl/h200x1-as-service-*: on a 1-GPU H200 (2026-12-05) the deploy's probe
-    command for nvfp4-ctx8k (probe_argv with one rank: the launcher isolated, the ranks started
+    for nvfp4-ctx8k (probe_argv with one rank: the launcher isolated, the ranks started
     --as-service with the unit's Environment=), run from a login whose PYTHONPATH held a json.py
     that fails on import and whose CUDA_VISIBLE_DEVICES named a GPU that is not there, passed
     with every sum correct; the same login without -I and --as-service failed on that json.py.
-    The recorded command is what the deploy makes today for the same inputs."""
+    The probe's argv recorded there (its venv's paths aside) is what the deploy runs today; the
+    sandbox around it (systemd-run) is newer than that run."""
     import json
-    from pathlib import Path
 
-    from dsv4deploy.render.layout import Layout
     from dsv4deploy.preflight import probe_argv
-    from checkout import load_profile
 
     fix = Path(__file__).parent / "fixtures" / "nccl"
     recorded = (fix / "h200x1-as-service-command.sh").read_text().strip()
     data = load_profile("nvfp4-ctx8k").data
-    layout = Layout.of(data)
-    script = f"{layout.venv}/nccl_probe.py"
-    argv = probe_argv(data, script=script, env_file=f"{layout.config_dir}/nccl.env.next", timeout_s=60, nranks=1)
+    venv = "/opt/dsv4deploy/venvs/sglang-0.5.23-c6d34365f13f"          # the venv's name then
+    script = f"{venv}/nccl_probe.py"
+    argv = probe_argv(data, script=script, python=f"{venv}/bin/python", env_file="/etc/dsv4deploy/sglang/nccl.env.next",
+                      timeout_s=60, nranks=1)
     sha = recorded.split("'")[1].split()[0]
-    assert probe_command(argv, script=script, sha256=sha, user=data["service"]["user"], home=layout.state_dir) == recorded
+    assert _deploys_argv(probe_command(argv, script=script, sha256=sha, unit=_unit())) == _recorded_argv(recorded)
     machine = (fix / "h200x1-as-service-machine.txt").read_text()
     assert "good (login with PYTHONPATH, CUDA_VISIBLE_DEVICES=7): rc=0" in machine
     assert "before (the same login, no -I, no --as-service): rc=1" in machine and "the login json.py was imported" in machine

@@ -165,7 +165,6 @@ class Layout:
         systemd makes it (StateDirectory=); pruning removes it with its venv (venv_of_home)."""
         return f"{HOMES}/{self.service}/{self.venv.rsplit('/', 1)[1]}"
 
-
     @property
     def state_directory(self) -> str:
         """`home` as systemd's StateDirectory= names it (relative to /var/lib)."""

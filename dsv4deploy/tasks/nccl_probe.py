@@ -14,21 +14,48 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from dsv4deploy.gate.bench_serving import drop_privileges
 from dsv4deploy.host import ops
 from dsv4deploy.preflight.cli import PROBE_SCRIPT, probe_argv
 from dsv4deploy.release.rollout import Rollout
+from dsv4deploy.render.unitcheck import unit_directives
+from dsv4deploy.sglang.flags import home_environment
+
+# What the server's unit says about starting, stopping and feeding its own process, not about its
+# sandbox: everything else in its [Service] (User=, the Protect*/Restrict* settings, the device
+# and IP rules, the limits) is the probe's too, read from the rendered unit (sandbox_properties).
+LAUNCH_ONLY = frozenset({"Type", "ExecStart", "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec",
+                         "KillMode", "KillSignal", "Environment", "EnvironmentFile", "LoadCredential",
+                         "WorkingDirectory", "StateDirectory", "StateDirectoryMode"})
+# The probe's HOME: its own private /tmp (PrivateTmp=yes below), empty at start and removed by
+# systemd when the probe ends; never the account's home nor a release's (Layout.home).
+PROBE_HOME = "/tmp"
 
 
-def probe_command(argv: list[str], *, script: str, sha256: str, user: str, home: str) -> str:
-    """The probe's shell command: the uploaded program must match its sha256, and it runs as the
-    service's user, with what the server gets (its venv, its GPUs, `server.env`) and no more:
-    root never runs it, so a `server.env` such as PYTHONPATH or LD_PRELOAD pointing at a folder
-    the server can write reaches nothing the server could not do itself."""
+def sandbox_properties(unit: str) -> list[str]:
+    """The rendered unit's sandbox as `systemd-run --property=` values, in the unit's order, plus
+    PrivateTmp=yes (the probe's fresh HOME, whatever the hardening). ValueError for a setting
+    holding a specifier (%i, %d): a transient unit would not resolve it as the unit does."""
+    found = [f"{d.key}={d.value}" for d in unit_directives(unit) if d.section == "Service" and d.key not in LAUNCH_ONLY]
+    unresolved = [p for p in found if "%" in p]
+    if unresolved:
+        raise ValueError(f"the unit's {unresolved[0]} holds a specifier: not a sandbox setting systemd-run can take")
+    return found if "PrivateTmp=yes" in found else [*found, "PrivateTmp=yes"]
+
+
+def probe_command(argv: list[str], *, script: str, sha256: str, unit: str) -> str:
+    """The probe's shell command: the uploaded program must match its sha256, and it runs as a
+    transient unit with the server's own sandbox (sandbox_properties of the rendered UNIT: its
+    User=, no new privileges, read-only system, its device and IP rules), HOME and every cache
+    in an empty private /tmp, with what the server gets (its venv, its GPUs, `server.env`) and
+    no more: root never runs it, nothing of the account's or a release's home is read, and NCCL
+    bootstraps under the same IPAddressDeny=any the server does."""
     q = shlex.quote
     check = (f"echo {q(sha256 + '  ' + script)} | sha256sum -c --status - || "
              f"{{ echo {q(f'{script} does not match sha256 {sha256[:16]}: not run')} >&2; exit 1; }}; ")
-    return check + " ".join(q(a) for a in [*drop_privileges(user), "env", f"HOME={home}", *argv])
+    home = [a for k, v in home_environment(PROBE_HOME).items() for a in ("--env", f"{k}={v}")]
+    run = ["systemd-run", "--quiet", "--wait", "--pipe", "--collect",
+           *(f"--property={p}" for p in sandbox_properties(unit)), "--", *argv, *home]
+    return check + " ".join(q(a) for a in run)
 
 
 @deploy("NCCL probe")
@@ -46,6 +73,7 @@ def nccl_probe(r: Rollout) -> None:
                       timeout_s=float(host.data.get("nccl_probe_timeout_s", 60)))
     where = (f"GPU sets {argv[argv.index('--groups') + 1]} at once and alone" if "--groups" in argv
              else f"{argv[argv.index('--nranks') + 1]} GPUs")
-    server.shell(name=f"all-reduce 8 KiB..64 MiB on {where} as {r.data['service']['user']} (hard timeout)",
+    server.shell(name=f"all-reduce 8 KiB..64 MiB on {where} as {r.data['service']['user']} in the unit's sandbox "
+                      "(hard timeout)",
                  commands=[probe_command(argv, script=script, sha256=hashlib.sha256(program).hexdigest(),
-                                         user=r.data["service"]["user"], home=r.layout.state_dir)])
+                                         unit=r.rendered.unit)])
