@@ -24,6 +24,7 @@ from sim_fixtures import _isolated_twin  # noqa: E402
 
 from ct200twin.host import machines as simhost  # noqa: E402
 
+pytestmark = [pytest.mark.slow, pytest.mark.fleet]   # an isolated twin of its own: make test's fleet processes
 REPO = Path(__file__).resolve().parents[1]
 FLEET = os.environ.get("DSV4_SIM_APT_FLEET", "apt")
 ENV = {"DSV4_SIM_FLEET": FLEET, "DSV4_SIM_LAUNCH_CHECK": "twin", "DSV4_SIM_DRIVER": "apt"}
