@@ -2,6 +2,7 @@
 prints it, carried to uv, so that a machine set up for pip (a mirror, a wheel folder, a
 corporate CA) installs the control venv from the same places."""
 
+import os
 import re
 import subprocess
 import sys
@@ -153,3 +154,62 @@ def test_an_http_index_in_pips_environment_stops_the_install_before_uv_runs(tmp_
     assert "refused to install from pip's configuration" in out.stderr
     assert "PIP_EXTRA_INDEX_URL): extra-index-url http://mirror.local/simple" in out.stderr
     assert not (tmp_path / "uv").exists()           # refused before any bootstrap
+
+
+# --- more than one index: each package named to the index it comes from -------------------------
+
+def _wheel(index: Path, name: str, version: str, requires: str = "") -> None:
+    """A pure wheel NAME-VERSION on the PEP 503 index folder INDEX whose module says which index it is."""
+    import base64
+    import hashlib
+    folder = index / name
+    folder.mkdir(parents=True, exist_ok=True)
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"WHERE = {index.parent.name!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v.encode()).digest()).rstrip(b'=').decode()},"
+              f"{len(v)}" for k, v in files.items()] + [f"{info}/RECORD,,"]
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        for k, v in {**files, f"{info}/RECORD": "\n".join(record) + "\n"}.items():
+            whl.writestr(k, v)
+    links = "".join(f'<a href="{w.name}">{w.name}</a>' for w in sorted(folder.glob("*.whl")))
+    (folder / "index.html").write_text(f"<html><body>{links}</body></html>")
+    (index / "index.html").write_text("<html><body>" + "".join(
+        f'<a href="{d.name}/">{d.name}</a>' for d in sorted(index.iterdir()) if d.is_dir()) + "</body></html>")
+
+
+def test_a_pinned_package_comes_from_its_index_only_and_no_other_from_there(tmp_path, monkeypatch):
+    """`private` has torchish 1.0 and sharedlib 1.0; the default index has torchish 2.0 (newer: best
+    match would take it), sharedlib 1.0 and app, which needs both. Pinned, torchish comes from
+    `private` and sharedlib, which `private` also has but is not named for, from the default."""
+    uv_bin = uvpip.uv(uvpip.UvHome.of(os.environ, REPO))
+    private, public = tmp_path / "private" / "simple", tmp_path / "public" / "simple"
+    _wheel(private, "torchish", "1.0")
+    _wheel(private, "sharedlib", "1.0")
+    _wheel(public, "torchish", "2.0")
+    _wheel(public, "sharedlib", "1.0")
+    _wheel(public, "app", "1.0", "Requires-Dist: torchish\nRequires-Dist: sharedlib\n")
+    venv = tmp_path / "venv"
+    assert subprocess.run([uv_bin, "venv", "-q", "--python", sys.executable, venv]).returncode == 0
+    for var in [v for v in os.environ if v.startswith("PIP_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    home = uvpip.UvHome(uv_bin.parent.parent, tmp_path / "cache")
+    argv, env = uvpip.install_command(str(venv / "bin" / "python"),
+                                      ["--no-config", "--default-index", public.as_uri(),
+                                       uvpip.PINNED_INDEX, f"private:torchish={private.as_uri()}", "app"], home, os.environ)
+    out = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = subprocess.run([venv / "bin" / "python", "-c", "import torchish, sharedlib; print(torchish.WHERE, "
+                          "sharedlib.WHERE)"], capture_output=True, text=True)
+    assert got.stdout.split() == ["private", "public"], got.stdout + got.stderr
+
+
+@pytest.mark.parametrize("value", ["pytorch=https://x.example/simple", "pytorch:torch=http://x.example/simple",
+                                   ":torch=https://x.example/simple", "pytorch:torch=/srv/simple"])
+def test_a_pinned_index_that_is_not_name_packages_and_https_stops_the_install(tmp_path, value):
+    env = {"DSV4_UV_HOME": str(tmp_path / "uv"), "PIP_CONFIG_FILE": "/dev/null", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "dsv4deploy.host.uvpip", "install", "--python", "/v/bin/python",
+                          uvpip.PINNED_INDEX, value, "x==1"], capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "--pinned-index" in out.stderr, out.stderr

@@ -21,6 +21,8 @@ the installer's command sets both variables).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -121,6 +123,51 @@ def refused_locations(settings: dict[str, list[str]], given: list[str] = ()) -> 
     return found
 
 
+PINNED_INDEX = "--pinned-index"      # ours, not uv's: NAME:PACKAGE,PACKAGE=URL
+_PINNED = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*):(?P<packages>[A-Za-z0-9][A-Za-z0-9._,-]*)=(?P<url>\S+)")
+
+
+def index_pins(given: list[str]) -> tuple[str | None, list[str]]:
+    """(a pyproject.toml that pins packages to named indexes, or None; the other arguments).
+    `--pinned-index pytorch:torch,triton=https://...` becomes an explicit index (no package comes
+    from it unless named) and a source per package, which `uv pip install -r pyproject.toml`
+    honours for that package wherever it appears in the resolution; uv's own --index has no such
+    pin, and best match across indexes would take a name from whichever index has the newest."""
+    rest, indexes = [], []
+    args = iter(given)
+    for arg in args:
+        if arg != PINNED_INDEX:
+            rest.append(arg)
+            continue
+        value = next(args, "")
+        m = _PINNED.fullmatch(value)
+        if not m or _untrusted(m["url"]) or not _TRUSTED.match(m["url"]):
+            raise ValueError(f"{PINNED_INDEX} {value!r}: want NAME:PACKAGE,PACKAGE=https://URL")
+        indexes.append((m["name"], m["packages"].split(","), m["url"]))
+    if not indexes:
+        return None, rest
+    q = json.dumps                      # a JSON string is a TOML basic string
+    packages = [p for _, names, _ in indexes for p in names]
+    lines = ["[project]", 'name = "dsv4deploy-index-pins"', 'version = "0"',
+             f"dependencies = [{', '.join(q(p) for p in packages)}]", "", "[tool.uv.sources]"]
+    lines += [f"{q(p)} = {{ index = {q(name)} }}" for name, names, _ in indexes for p in names]
+    for name, _, url in indexes:
+        lines += ["", "[[tool.uv.index]]", f"name = {q(name)}", f"url = {q(url)}", "explicit = true"]
+    return "\n".join(lines) + "\n", rest
+
+
+def _pins_file(text: str, home: UvHome) -> Path:
+    """TEXT as a pyproject.toml under HOME.cache, named by its hash (written whole, then renamed)."""
+    folder = home.cache / "dsv4deploy-index-pins" / hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = folder / "pyproject.toml"
+    if not (path.is_file() and path.read_text() == text):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".pyproject.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return path
+
+
 def requirements_file() -> Path:
     """uv's pin with the sha256 of each wheel: data/uv.requirements of the package, or beside this
     file where it runs alone (the host's tool folder, host/installer.py)."""
@@ -166,12 +213,15 @@ def install_command(python: str, args: list[str], home: UvHome,
                     environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of `uv pip install ARGS` into the venv of PYTHON, with pip's settings:
     the environment is ENVIRON (the caller's) with what pip's configuration says added."""
+    pins, args = index_pins(args)
     listing = subprocess.run(PIP_CONFIG, capture_output=True, text=True).stdout
     settings = pip_settings(listing)
     refused = refused_locations(settings, args)
     if refused:
         raise RefusedLocation("; ".join(refused))
     extra, env = uv_arguments(settings, args)
+    if pins:
+        args = ["-r", str(_pins_file(pins, home)), *args]
     return ([str(uv(home)), "pip", "install", "--quiet", "--python", python, "--cache-dir", str(home.cache),
              *extra, *args], {**environ, **env})
 
@@ -190,6 +240,9 @@ def main(argv: list[str]) -> int:
         print(f"dsv4deploy: refused to install from {exc}: a package index or wheel folder over http:// can "
               "be answered by anyone on the way; use https:// (or file:// for a folder on this machine)",
               file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"dsv4deploy: {exc}", file=sys.stderr)
         return 2
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"dsv4deploy: could not bootstrap uv {UV_VERSION} under {home.tools} with {sys.executable} -m pip "
