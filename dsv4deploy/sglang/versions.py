@@ -26,6 +26,7 @@ class VersionFacts:
     secrets_mask_patch: str | None = None   # sha256 of the patch that masks api_key in logs
     nvfp4_dsv4_moe_patch: str | None = None  # sha256 of the PR #25820 backport (releases without it)
     min_driver_branch: int = 0
+    prepare_without_gpu: bool = False       # prepare_server_args runs on a machine without a GPU
     venv_gib: float | None = None           # the venv's installed size, measured (None: not yet)
     arity: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
@@ -73,6 +74,7 @@ def facts(version: str) -> VersionFacts | None:
         secrets_mask_patch=entry.get("secrets_mask_patch"),
         nvfp4_dsv4_moe_patch=entry.get("nvfp4_dsv4_moe_patch"),
         min_driver_branch=int(entry.get("min_driver_branch") or 0),
+        prepare_without_gpu=bool(entry.get("prepare_without_gpu")),
         venv_gib=float(entry["venv_gib"]) if entry.get("venv_gib") is not None else None,
         arity=arity,
     )
