@@ -3,6 +3,8 @@
 
 import subprocess
 
+import pytest
+
 from dsv4deploy.host.facts import DiskRoom
 from dsv4deploy.preflight.disk import GIB, Room, disk_problems, venv_need, weights_need
 from dsv4deploy.render.layout import MODELS, OPT
@@ -71,3 +73,40 @@ def test_the_host_read_counts_complete_and_partial_files(tmp_path):
     assert set(rooms) == {str(tmp_path / "models"), absent}
     assert rooms[absent]["device"] == rooms[str(tmp_path / "models")]["device"] and rooms[absent]["free_bytes"] > 0
     assert fact.process(["room\t/srv\t\t2049 /srv"]) == {"rooms": {}, "present_bytes": 0}   # df said nothing
+
+
+def test_what_a_deploy_still_writes_is_read_from_the_host_s_state():
+    """disk_needs on a fresh host, a host holding the venv and the complete checkpoint, and a twin
+    whose venv holds a stand-in (host data stand_ins.sglang.venv_gib: its own size, not SGLang's)."""
+    from checkout import settings
+    from dsv4deploy.host.state import HostState
+    from dsv4deploy.release.rollout import rollout_for
+    from dsv4deploy.tasks.preflight import disk_needs
+    from dsv4deploy.tasks.venv import venv_marker
+
+    r = rollout_for({"weights_source": {"type": "hf"}, "profile": "nvfp4-ctx8k", "settings": settings()})
+    fresh = HostState(values={"disk": {"present_bytes": 40 * GIB}})
+    weights, venv = disk_needs(r, fresh)
+    assert (weights.path, round(weights.bytes / GIB, 2)) == (MODELS, 108.66)      # 148.66 less the 40 there
+    assert (venv.path, venv.bytes, venv.what) == (OPT, int(9.5 * GIB), "the SGLang 0.5.23 venv's 9.5 GiB")
+    held = HostState(values={"venv": venv_marker(r), "files": {f"{r.layout.venv}/bin/python": {"type": "file"}},
+                             "checkpoint": {"complete": True, "marker": True}, "disk": {"present_bytes": 0}})
+    assert [n.bytes for n in disk_needs(r, held)] == [0, 0]
+
+    from ct200twin.host.stand_ins import host_data
+    stand_in = host_data()
+    stand_in["sglang"] = {**stand_in["sglang"], "venv_gib": 0.25}
+    twin = rollout_for({"weights_source": {"type": "rsync", "path": "/x", "size_gib": 0.01}, "stand_ins": stand_in,
+                        "profile": "nvfp4-ctx8k", "settings": settings()})
+    assert [n.bytes for n in disk_needs(twin, HostState(values={}))] == [int(0.01 * GIB), int(0.25 * GIB)]
+
+
+@pytest.mark.parametrize("size", ["9.5", 0, -1, True])
+def test_a_stand_in_venv_size_that_is_no_size_is_refused(size):
+    from dsv4deploy.release.rollout import stand_in_problems
+
+    from ct200twin.host.stand_ins import host_data
+    stand_in = host_data()
+    stand_in["sglang"] = {**stand_in["sglang"], "venv_gib": size}
+    assert stand_in_problems(stand_in) == [
+        f"stand_ins.sglang.venv_gib: {size!r}: the stand-in venv's size on disk, GiB > 0"]

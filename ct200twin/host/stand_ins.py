@@ -61,7 +61,10 @@ STAND_INS: dict[str, Any] = {
     # real host): the server's packages, each a pin of the real host's lock, so with own_parser the
     # lock's install holds them all and the twin's venv is exactly the real host's (tasks/venv.py)
     "sglang": {"requirements": ["aiohttp==3.14.5", "pyyaml==6.0.4", *host_lock_pins("huggingface_hub", "hf-xet")],
-               "own_parser": OWN_PARSER},
+               "own_parser": OWN_PARSER,
+               # what the venv takes on disk, for the deploy's disk check: with own_parser it is the real
+               # host's (the version data's figure counts); without, the server's packages (180 MB seen)
+               **({} if OWN_PARSER else {"venv_gib": 0.25})},
     # NVIDIA's apt repository and kernel modules -> the twin's nvidia-smi at the profile's branch
     # (the command the deploy runs instead; {branch} is the profile's driver branch).
     "driver": {"install": "dsv4deploy-twin-driver install {branch}.95.05"},

@@ -192,6 +192,9 @@ def stand_in_problems(stand_ins: dict) -> list[str]:
             problems.append("stand_ins.sglang.bundle: the path of the stand-in server's archive is required")
         elif not Path(bundle).is_file():
             problems.append(f"stand_ins.sglang.bundle: {bundle}: no such file")
+        size = sglang.get("venv_gib") if isinstance(sglang, dict) else None
+        if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0):
+            problems.append(f"stand_ins.sglang.venv_gib: {size!r}: the stand-in venv's size on disk, GiB > 0")
     driver = stand_ins.get("driver")
     if driver and not (isinstance(driver, dict) and isinstance(driver.get("install"), str) and driver["install"]):
         problems.append("stand_ins.driver.install: the command that installs the stand-in driver is required "

@@ -86,8 +86,9 @@ def disk_needs(r: Rollout, state: HostState) -> list[Need]:
     present = size_gib * GIB if state.checkpoint_complete else (state["disk"] or {}).get("present_bytes")
     version = r.data["sglang"]["version"]
     installed = bool(state.file(f"{r.layout.venv}/bin/python")) and state["venv"] == venv_marker(r)
+    stand_in = (r.stand_ins.get("sglang") or {}).get("venv_gib")     # a host whose venv holds a stand-in
     return [weights_need(MODELS, size_gib, present),
-            venv_need(OPT, venv_gib(version), installed, f"SGLang {version} venv")]
+            venv_need(OPT, float(stand_in or venv_gib(version)), installed, f"SGLang {version} venv")]
 
 
 def rooms(state: HostState) -> dict[str, Room]:
