@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ct200twin.server import memory as twin
-from dsv4deploy import memory_facts as facts
+from dsv4deploy.profile import memory_facts as facts
 from dsv4deploy.profile import catalog
 from dsv4deploy.profile.memory import budget
 
@@ -73,7 +73,7 @@ def test_the_twin_imports_only_the_products_memory_facts():
     tree = ast.parse(Path(twin.__file__).read_text())
     product = {node.module for node in ast.walk(tree)
                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dsv4deploy")}
-    assert product == {"dsv4deploy.memory_facts"}
+    assert product == {"dsv4deploy.profile.memory_facts"}
     facts_tree = ast.parse(Path(facts.__file__).read_text())
     imported = {node.module for node in ast.walk(facts_tree) if isinstance(node, ast.ImportFrom)}
     imported |= {a.name for node in ast.walk(facts_tree) if isinstance(node, ast.Import) for a in node.names}

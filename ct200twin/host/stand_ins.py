@@ -80,7 +80,8 @@ def server_archive() -> bytes:
     restart the twin; same files, same bytes (mtime 0, fixed modes, sorted)."""
     members = [(PRODUCT_DIR, PRODUCT_DIR / "__init__.py"), (PRODUCT_DIR, PRODUCT_DIR / "sglang" / "__init__.py"),
                (PRODUCT_DIR, PRODUCT_DIR / "sglang" / "patches.py"),
-               (PRODUCT_DIR, PRODUCT_DIR / "memory_facts.py"), (TWIN_DIR, TWIN_DIR / "__init__.py")]
+               (PRODUCT_DIR, PRODUCT_DIR / "profile" / "__init__.py"),
+               (PRODUCT_DIR, PRODUCT_DIR / "profile" / "memory_facts.py"), (TWIN_DIR, TWIN_DIR / "__init__.py")]
     for top, part in ((TWIN_DIR, TWIN_DIR / "server"), (PRODUCT_DIR, PRODUCT_DIR / "data")):
         members += [(top, p) for p in sorted(part.rglob("*"))
                     if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]

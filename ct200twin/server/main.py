@@ -32,7 +32,7 @@ from ct200twin.server.http_api import TwinServer  # noqa: E402
 from ct200twin.server.local_twin import LocalTwin, free_port, nvfp4_ctx8k_argv  # noqa: E402
 from ct200twin.server.logs import _SG, Log, StartupFailure, _traceback  # noqa: E402
 from ct200twin.server.memory import KVCacheError, plan_memory  # noqa: E402
-from dsv4deploy.memory_facts import CUDA_CONTEXT_GIB as CUDA_CTX, WEIGHTS_TOTAL_GIB, weights_per_gpu_gib  # noqa: E402
+from dsv4deploy.profile.memory_facts import CUDA_CONTEXT_GIB as CUDA_CTX, WEIGHTS_TOTAL_GIB, weights_per_gpu_gib  # noqa: E402
 from ct200twin.server.resolved import Resolved, _mem_inputs, resolve  # noqa: E402
 
 __all__ = ["LocalTwin", "free_port", "main", "nvfp4_ctx8k_argv", "run_server", "run_worker_rank"]

@@ -1,5 +1,5 @@
 """The twin's GPU memory model: SGLang's start (weights, KV pool, decode-graph capture) simulated
-on the project's one set of memory facts (dsv4deploy/memory_facts.py, stdlib only, shipped with the
+on the project's one set of memory facts (dsv4deploy/profile/memory_facts.py, stdlib only, shipped with the
 twin): the twin imports that pure module and nothing else of the product, so the validator and the
 twin cannot read the campaign's OOM differently. This module adds what only the twin does: the
 simulated capture, largest batch first, that runs out of memory at a given graph, and SGLang's
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dsv4deploy.memory_facts import (CUDA_CONTEXT_GIB, DSV4_PAGE_SIZE, GIB, KV_BYTES_PER_TOKEN, MIB,
+from dsv4deploy.profile.memory_facts import (CUDA_CONTEXT_GIB, DSV4_PAGE_SIZE, GIB, KV_BYTES_PER_TOKEN, MIB,
                                      WEIGHTS_TOTAL_GIB, allreduce_path, capture_need,
                                      decode_capture_batch_sizes, default_gpu_settings, headroom_gib,
                                      weights_per_gpu_gib)

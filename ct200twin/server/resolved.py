@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsv4deploy.memory_facts import KV_BYTES_PER_TOKEN, WEIGHTS_TOTAL_GIB
+from dsv4deploy.profile.memory_facts import KV_BYTES_PER_TOKEN, WEIGHTS_TOTAL_GIB
 from dsv4deploy.sglang.patches import MASK
 from ct200twin.server import args as targs
 from ct200twin.server.faults import Faults

@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from dsv4deploy.memory_facts import headroom_gib
+from dsv4deploy.profile.memory_facts import headroom_gib
 
 FILE_NAME = "calibration.json"
 LAYOUT_KEYS = ("model", "tp", "allreduce", "graph_max_bs", "chunked_prefill_size")

@@ -7,7 +7,8 @@ from functools import cache
 
 import yaml
 
-from dsv4deploy import PACKAGE_DATA, memory_facts
+from dsv4deploy import PACKAGE_DATA
+from dsv4deploy.profile import memory_facts
 
 # The Flash checkpoints' memory figures live in memory_facts (with their sources), which the
 # twin's server computes from too; a catalog entry may still name its own.

@@ -1,6 +1,6 @@
 """The per-GPU memory budget of a profile: will it load, will CUDA-graph capture fit?
 
-Computed from the project's one set of memory facts (dsv4deploy/memory_facts.py, which the twin's
+Computed from the project's one set of memory facts (dsv4deploy/profile/memory_facts.py, which the twin's
 server simulates too; its docstring states the one reading of the campaign's OOM) plus
 SAFETY_MARGIN_GIB, so the validator never accepts what the twin's memory model would crash. Two
 measured sources move it: a profile's `calibration:` block (constants), and the host's own
@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from dsv4deploy import memory_facts as facts
-from dsv4deploy.memory_facts import CUDA_CONTEXT_GIB, GIB, MIB, SAFETY_MARGIN_GIB
+from dsv4deploy.profile import memory_facts as facts
+from dsv4deploy.profile.memory_facts import CUDA_CONTEXT_GIB, GIB, MIB, SAFETY_MARGIN_GIB
 from dsv4deploy.profile.catalog import Gpu, Model
 
 
@@ -134,7 +134,7 @@ def budget(server: dict, gpu: Gpu, model: Model, calibration: dict | None = None
     chunk = server.get("chunked_prefill_size") or facts.default_gpu_settings(gpu.memory_mib, tp)[0]
     need = facts.capture_need(tp, graph_batch_sizes(server, gpu, max_running), chunk, path)
     graph, activations, nccl = need.graphs_gib, need.activations_gib, need.nccl_gib
-    source = "model (dsv4deploy/memory_facts.py)"
+    source = "model (dsv4deploy/profile/memory_facts.py)"
     if "graph_reserve_mib" in calibration:
         graph, activations, nccl = calibration["graph_reserve_mib"] * MIB / GIB, 0.0, 0.0
         source = "calibration.graph_reserve_mib"

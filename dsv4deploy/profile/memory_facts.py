@@ -1,6 +1,6 @@
 """The GPU-memory facts of DeepSeek-V4-Flash on SGLang 0.5.23, in one place: the validator
-(profile/memory.py) and the twin's server (ct200twin/server/memory.py) both compute from these,
-so they cannot read the campaign differently. Stdlib only and pure: the twin ships this file.
+(profile/memory.py) and the stand-in server of a test bench both compute from these, so they
+cannot read the campaign differently. Stdlib only and pure, so a stand-in can ship this file.
 
 SGLang's accounting: ``mem_fraction_static = (weights + KV pool) / GPU capacity``; the CUDA
 context sits outside torch's pool, and CUDA-graph capture (graphs, the activation pool, NCCL
