@@ -78,4 +78,5 @@ def disk_problems(needs: list[Need], rooms: dict[str, Room | None]) -> list[str]
 
 
 def _gib(n: int | float) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """GiB to a tenth; under one GiB in MiB (a stand-in's small checkpoint, a nearly full disk)."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB or n == 0 else f"{n / 1024 ** 2:.0f} MiB"
