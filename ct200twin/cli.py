@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(also PUT /_sim/faults while running)")
     hb.add_argument("--make", action="append", metavar="ORG/NAME", help="make the stand-in checkpoint first")
     hb.add_argument("--cdn-host", default="localhost", metavar="NAME",
-                    help="host name of the 302s for LFS files: this server under another name (default localhost)")
+                    help="host name of the 302s for LFS files: this server under another name (default localhost; "
+                         "an isolated twin knows this machine as sim-host: --host its veth address)")
     hb.add_argument("--ready-file", metavar="F", help="write {url, pid, repos} here once listening")
     hb.set_defaults(func=cmd_hub)
 

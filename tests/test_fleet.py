@@ -434,7 +434,7 @@ def test_an_isolated_twin_is_pointed_at_its_proxy(tmp_path):
     (root / "etc/apt/apt.conf.d/50dsv4deploy-host-proxy").write_text('Acquire::http::Proxy "http://127.0.0.1:9";\n')
     (root / "etc/pip.conf").write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
     (root / "etc/environment").write_text('PIP_CERT="x"\nhttp_proxy="http://127.0.0.1:9"\n')
-    host_env._isolated_environment(root, "http://10.213.0.1:3128")
+    host_env._isolated_environment(root, "http://10.213.0.1:3128", direct=("10.213.0.1", netns.LAN_NAME))
     apt = (root / "etc/apt/apt.conf.d/60dsv4deploy-fleet-proxy").read_text()
     assert 'Acquire::https::Proxy "http://10.213.0.1:3128";' in apt
     assert not (root / "etc/apt/apt.conf.d/50dsv4deploy-host-proxy").exists()
@@ -442,7 +442,10 @@ def test_an_isolated_twin_is_pointed_at_its_proxy(tmp_path):
     assert "proxy = http://10.213.0.1:3128" in pip and "cert = /etc/ssl/certs/ca-certificates.crt" in pip
     env = (root / "etc/environment").read_text().splitlines()
     assert 'PIP_CERT="x"' in env and 'https_proxy="http://10.213.0.1:3128"' in env
-    assert 'no_proxy="localhost,127.0.0.1,::1"' in env and 'http_proxy="http://127.0.0.1:9"' not in env
+    assert 'http_proxy="http://127.0.0.1:9"' not in env
+    # this machine's end of the veth (its address and its name there) is the twin's LAN: reached
+    # directly, as the proxy refuses this machine's addresses (a local hub is reached so)
+    assert 'no_proxy="localhost,127.0.0.1,::1,10.213.0.1,sim-host"' in env
 
 
 def test_the_sim_commands_take_a_fleet(sim_dir, monkeypatch, capsys):

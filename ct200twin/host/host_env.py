@@ -232,10 +232,12 @@ def _sync_host_environment(root: Path) -> None:
 ISOLATED_NO_PROXY = "localhost,127.0.0.1,::1"
 
 
-def _isolated_environment(root: Path, proxy_url: str) -> None:
+def _isolated_environment(root: Path, proxy_url: str, direct: Iterable[str] = ()) -> None:
     """An isolated twin (its own network namespace, no route out) reaches the outside only through
     its proxy on this machine's end of the veth: apt, pip and SSH sessions are pointed at it,
-    over whatever this machine's own proxy settings said (the twin could not reach those)."""
+    over whatever this machine's own proxy settings said (the twin could not reach those).
+    DIRECT: addresses and names on the twin's own network (this machine's end of the veth), reached
+    without the proxy, as a host reaches its LAN (a local hub) with them in no_proxy."""
     conf = _mkdir(root / "etc/apt/apt.conf.d")
     _guard(conf / "50dsv4deploy-host-proxy").unlink(missing_ok=True)
     # 60 sorts after the host's 50dsv4deploy-host-* copies: apt keeps the last value it reads
@@ -262,5 +264,6 @@ def _isolated_environment(root: Path, proxy_url: str) -> None:
         kept = [ln for ln in env.read_text().splitlines()
                 if ln.strip() and ln.split("=", 1)[0] not in _PROXY_ENV]
     proxies = [f'{k}="{proxy_url}"' for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")]
-    proxies += [f'{k}="{ISOLATED_NO_PROXY}"' for k in ("no_proxy", "NO_PROXY")]
+    no_proxy = ",".join([ISOLATED_NO_PROXY, *direct])
+    proxies += [f'{k}="{no_proxy}"' for k in ("no_proxy", "NO_PROXY")]
     _write(env, "".join(ln + "\n" for ln in kept + proxies), 0o644)

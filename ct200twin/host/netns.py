@@ -5,6 +5,7 @@ every other's) and its sshd listens on the twin's end of the veth.
     this machine                          twin NAME-N (its own network namespace)
     dv<tag><N>  10.213.0.1/30  <--veth-->  host0  10.213.0.2/30   sshd :22
       proxy.py listens here :3128          lo     127.0.0.1       the deploy's server :30000
+      (`sim-host` in the twin's /etc/hosts, reached without the proxy: a neighbour on its LAN)
 
 The namespace has no default route: nothing in it reaches the outside except through the HTTP
 proxy on this machine's end (``proxy.py``: apt, pip, curl over http/https), and nothing in it
@@ -36,6 +37,10 @@ PEER = "host0"                 # the twin's end, inside its namespace (nspawn's 
 NETNS_RE = r"dsv4-[a-z][a-z0-9]{0,9}-[0-9]{1,3}-[0-9a-f]{6}"
 VETH_RE = r"dv[0-9a-f]{6}[0-9]{1,3}"
 NETNS_DIR = Path("/run/netns")
+# The name an isolated twin knows this machine's end of its veth by (its /etc/hosts), and reaches
+# directly (its no_proxy), as a host knows a neighbour on its LAN: e.g. the local hub's CDN name
+# (`python -m ct200twin hub --host <host_ip> --cdn-host sim-host`), another name than the hub's.
+LAN_NAME = "sim-host"
 
 
 def pool() -> ipaddress.IPv4Network:

@@ -17,6 +17,7 @@ from ct200twin.host.files import _mkdir, _safe_rmtree, _write
 from ct200twin.host.gpu_settings import _install_twin_tools
 from ct200twin.host.host_env import _isolated_environment, _sync_host_environment
 from ct200twin.host.layout import client_key, deploy_key, known_hosts_file, ssh_dir
+from ct200twin.host.netns import LAN_NAME
 from ct200twin.host.proxyctl import PORT as PROXY_PORT
 from ct200twin.host.rootfs import ROOTFS_MARKER
 from ct200twin.host.twin_host import DEPLOY_USER, SimHost
@@ -103,10 +104,13 @@ def _configure_twin(host: SimHost) -> None:
     os.chmod(auth.parent, 0o700)
     _write(auth, client_key().with_suffix(".pub").read_text(), 0o600)
     _ensure_deploy_user(root)
-    _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n"
+    # an isolated twin knows this machine's end of its veth by name, as a host knows its LAN
+    lan = f"{host.net()['host_ip']}\t{LAN_NAME}\n" if host.isolated else ""
+    _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n{lan}"
                                "::1\tlocalhost ip6-localhost ip6-loopback\n", 0o644)
     _sync_host_environment(root)
     if host.isolated:
-        _isolated_environment(root, f"http://{host.net()['host_ip']}:{PROXY_PORT}")
+        _isolated_environment(root, f"http://{host.net()['host_ip']}:{PROXY_PORT}",
+                              direct=(host.net()["host_ip"], LAN_NAME))
     _install_twin_tools(root, host.name)
     _record_host_key(host.address, (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text())
