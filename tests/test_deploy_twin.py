@@ -67,9 +67,10 @@ def test_make_deploy_serves_the_profile_passes_the_gate_and_records_it(twin):
         assert name in listing
     freeze = twin.run("cat /var/lib/dsv4deploy/releases/0001/pip-freeze.txt").stdout.splitlines()
     assert "sglang==0.5.23" in freeze and any(line.startswith("aiohttp==") for line in freeze)
-    # the launch check was SGLang's own parser, in the venv: the real wheel and CPU torch
-    assert "torch==2.13.0+cpu" in freeze
-    assert "Launch check | SGLang 0.5.23's own parser parses the rendered argv" in changed_ops(out.stdout + out.stderr)
+    # the venv is the real host's lock (CUDA torch from PyPI), and the launch check SGLang's own in it
+    assert "torch==2.14.1" in freeze and "sglang-kernel==0.4.10" in freeze
+    assert ("Launch check | SGLang 0.5.23's own parser with its ServerArgs checks parses the rendered argv"
+            in changed_ops(out.stdout + out.stderr))
     assert (REPO / "reports/127.0.0.2/0001-nvfp4-ctx8k/gate.md").is_file()
     assert twin.run("stat -c '%a %U' /etc/dsv4deploy/secrets /etc/dsv4deploy/secrets/sglang-api-key").stdout.split(
         "\n")[:2] == ["700 root", "600 root"]
@@ -211,6 +212,21 @@ def test_sglangs_own_parser_refuses_an_argv_the_twins_parser_would_pass(twin, pr
     assert again.returncode != 0 and main_pid(twin) == pid
     assert "sglang serve: error: argument --attention-backend: invalid choice: 'bogus'" in again.stdout + again.stderr
     assert twin.run(f"test -s {table}", check=False).returncode == 0
+
+
+def test_an_argv_that_parses_but_serverargs_refuses_stops_nothing(twin, profiles):
+    """SGLang 0.5.23 parses `--sampling-mask-max-tokens 0` (an int) and refuses it only when it
+    resolves its ServerArgs at start ("must be positive"): the launch check runs that resolution
+    (its model-independent part, which needs no GPU), so the old release keeps serving."""
+    (profiles / "badmask.yaml").write_text("extends: quick16k\nserver:\n  extra_args: [--sampling-mask-max-tokens, '0']\n")
+    count, pid = len(releases(twin)), main_pid(twin)
+    out = deploy("badmask", profiles_dir=profiles)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "SGLang's ServerArgs refuses this argv: ValueError: --sampling-mask-max-tokens must be positive" in text, \
+        text[-3000:]
+    assert changed_ops(text) == [] and len(releases(twin)) == count and main_pid(twin) == pid
+    assert health(twin) == "200"
 
 
 def test_too_few_gpus_refuses_before_changing_anything(twin):

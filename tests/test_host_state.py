@@ -61,7 +61,8 @@ def test_an_edited_unit_plans_the_restart_with_its_reason_the_release_the_gate_a
     assert changes.reasons == ["unit files: unit sglang.service"]
     lines = plan_lines(r, state, changes.reasons)
     assert lines[0] == "restart sglang.service because: unit files: unit sglang.service"
-    assert lines[1] == ("launch check before the switch: SGLang 0.5.23's own parser parses the rendered argv "
+    assert lines[1] == ("launch check before the switch: SGLang 0.5.23's own parser with its ServerArgs checks "
+                        "parses the rendered argv "
                         "(from the table it captured in this venv, when it has one)")
     assert "record release 0004 (nvfp4-ctx8k) as pending" in lines[2]
     assert "C=64 >= 400 tok/s, C=16 >= 120 tok/s, C=1 >= 10 tok/s" in lines[3]
@@ -76,7 +77,7 @@ def test_the_plan_skips_the_launch_check_the_serving_release_passed_with_the_sam
     state.values["files"][r.layout.unit]["sha256"] = "0" * 64     # the unit alone differs
     lines = plan_lines(r, state, ["unit files: unit sglang.service"])
     assert lines[1] == ("launch check: release 0003, the last deployed, passed it with this argv and venv "
-                        "(SGLang 0.5.23's own parser); not run again")
+                        "(SGLang 0.5.23's own parser with its ServerArgs checks); not run again")
     refilled = plan_lines(r, state, ["venv changed", "unit files: unit sglang.service"])   # the venv is redone
     assert refilled[1].startswith("launch check before the switch")
     state.values["releases"][0]["launch_check"] = "0" * 16      # another argv or venv passed there
@@ -96,7 +97,7 @@ def test_an_argv_an_earlier_release_passed_on_this_venv_is_not_parsed_again():
     state.values["files"][r.layout.unit]["sha256"] = "0" * 64
     lines = plan_lines(r, state, ["unit files: unit sglang.service"])
     assert lines[1] == (f"launch check: release {live['release'] + 1:04d} (failed) passed it with this argv and venv "
-                        "(SGLang 0.5.23's own parser); not run again")
+                        "(SGLang 0.5.23's own parser with its ServerArgs checks); not run again")
     assert plan_lines(r, state, ["venv changed", "unit files: unit sglang.service"])[1].startswith(
         "launch check before the switch")                        # a venv this run redoes is checked again
 

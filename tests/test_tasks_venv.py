@@ -38,9 +38,11 @@ def test_a_real_host_installs_sglang_with_its_lock_and_parses_with_sglang():
     assert f"install --python {r.layout.venv}/bin/python --compile-bytecode " in cmd     # the service user runs it
     assert cmd.endswith(f"--require-hashes -r {r.layout.venv}/dsv4deploy.lock")        # the whole lock, hash-checked
     parse, what = launch_parser(r)
-    assert what == "SGLang 0.5.23's own parser"
-    assert parse == (f"{r.layout.venv}/bin/python -I -c {shlex.quote(LAUNCH_PARSER)} check "   # isolated
+    assert what == "SGLang 0.5.23's own parser with its ServerArgs checks"       # prepare_without_gpu: true
+    assert parse == (f"{r.layout.venv}/bin/python -I -c {shlex.quote(LAUNCH_PARSER)} check --prepare "   # isolated
                      f"{r.layout.venv}/{PARSER_TABLE} {parser_key(r)}")
+    old = rollout(REAL, "nvfp4-ctx8k-sglang0513post1")                    # prepare_server_args needs a GPU there
+    assert launch_parser(old)[1] == "SGLang 0.5.13.post1's own parser" and " check --prepare " not in launch_parser(old)[0]
 
 
 def test_the_twin_installs_exactly_the_real_hosts_lock_by_the_same_command():
@@ -48,7 +50,7 @@ def test_the_twin_installs_exactly_the_real_hosts_lock_by_the_same_command():
     packages are pins of that lock, so nothing else is installed), and SGLang's own parser checks."""
     twin_r, real_r = rollout(twin()), rollout(REAL)
     assert installs(twin_r) == installs(real_r) and len(installs(twin_r)) == 1
-    assert launch_parser(twin_r)[1] == "SGLang 0.5.23's own parser"
+    assert launch_parser(twin_r) == launch_parser(real_r)
     lock = lock_file("0.5.23").read_text()
     for req in STAND_INS["sglang"]["requirements"]:
         name, version = req.split("==")

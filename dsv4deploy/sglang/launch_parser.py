@@ -18,12 +18,22 @@ SGLang's own parser, which captures the table for the next time. The table is th
 (written by root into the root-owned venv): a type's source in it is SGLang's code from that
 venv, as trusted as importing it.
 
-    python launch_parser.py check TABLE KEY ARGV...     # tasks/venv.py runs it as python -c SOURCE
+    python launch_parser.py check [--prepare] TABLE KEY ARGV...     # tasks/venv.py runs it as python -c SOURCE
+
+With --prepare (a release whose ServerArgs can be built without a GPU: versions.yaml
+prepare_without_gpu), an argv the parser takes then goes through SGLang's own start checks:
+`prepare_server_args(argv)` (the --config merge and the ServerArgs record, as `sglang serve`
+builds it) and, where the release has it (0.5.23: `ServerArgs.resolve_once`, which
+prepare_server_args leaves to the launcher), the resolution run on the same argv with
+`--model-path dummy`: SGLang runs every model-independent validation before its dummy-model
+return, and nothing after it (the checkpoint's config, GPU memory: "No accelerator ..." without
+a GPU). An argv that parses but that SGLang would refuse at start is refused here, before the
+old server stops.
 
 Runs with the venv's python (the interpreter, so argparse, is SGLang's). Exit 0: parsed; 2:
-refused, argparse's message on stderr (without the 500-line usage); 1: SGLang could not be
-imported. stdout says which parser decided. SGLang is imported only when the table cannot
-decide (sglang_parser: the venv holds it).
+refused, argparse's (or ServerArgs') message on stderr (without the 500-line usage); 1: SGLang
+could not be imported. stdout says which parser decided. SGLang is imported only when the table
+cannot decide or --prepare asks (sglang_parser: the venv holds it).
 """
 
 from __future__ import annotations
@@ -255,7 +265,36 @@ def decide(parser: argparse.ArgumentParser, opaque: dict[str, list[str]], argv: 
     return 0, ""
 
 
-def check(table: str, key: str, argv: list[str]) -> int:
+def prepare(argv: list[str]) -> int:
+    """SGLang's own start checks that need no GPU (see the module's docstring): 0, or 2 with
+    ServerArgs' message. Their log lines are kept out of the output (a record's repr holds the
+    API key)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            prepare_server_args(argv)
+            probe = prepare_server_args([*argv, "--model-path", "dummy"])
+            if hasattr(probe, "resolve_once"):
+                probe.resolve_once()
+    except SystemExit as exc:                                # argparse inside, after the --config merge
+        sys.stderr.write(said.getvalue()[-2000:])
+        return exc.code if isinstance(exc.code, int) and exc.code else 2
+    except Exception as exc:                                 # ServerArgs' own refusal, as SGLang raises it
+        print(f"SGLang's ServerArgs refuses this argv: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print("passed SGLang's own start checks (prepare_server_args; the model-independent resolution)")
+    return 0
+
+
+def check(table: str, key: str, argv: list[str], with_prepare: bool = False) -> int:
+    code = parse(table, key, argv)
+    return prepare(argv) if code == 0 and with_prepare else code
+
+
+def parse(table: str, key: str, argv: list[str]) -> int:
+    """The parser's verdict: the captured table's when it decides, else SGLang's own, imported."""
     doc = _read(table, key)
     if doc is not None:
         try:
@@ -286,10 +325,13 @@ def check(table: str, key: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    with_prepare = argv[1:2] == ["--prepare"]
+    if with_prepare:
+        argv = argv[:1] + argv[2:]
     if len(argv) < 3 or argv[0] != "check":
-        print("usage: launch_parser.py check TABLE KEY ARGV...", file=sys.stderr)
+        print("usage: launch_parser.py check [--prepare] TABLE KEY ARGV...", file=sys.stderr)
         return 2
-    return check(argv[1], argv[2], argv[3:])
+    return check(argv[1], argv[2], argv[3:], with_prepare)
 
 
 if __name__ == "__main__":

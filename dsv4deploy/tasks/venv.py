@@ -26,7 +26,7 @@ from dsv4deploy.host import ISOLATED, installer, ops, uvpip
 from dsv4deploy.release import records as releases
 from dsv4deploy.host.state import PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from dsv4deploy.render.unit import SGLANG_CONFIG_CREDENTIAL
-from dsv4deploy.sglang.versions import lock_file, lock_sha256
+from dsv4deploy.sglang.versions import facts, lock_file, lock_sha256
 from dsv4deploy.release.rollout import Rollout
 
 # SGLang's own parser, as `sglang serve` builds it, run by launch_parser.py (a host program): from
@@ -191,6 +191,12 @@ def launch_parser(r: Rollout) -> tuple[str, str]:
                 f"the twin's parser (stand-in: SGLang {version}'s flags and their arity, no value checks)")
     q = shlex.quote
     table = f"{r.layout.venv}/{PARSER_TABLE}"
+    known = facts(version)
+    if known and known.prepare_without_gpu:
+        # and SGLang's own start checks that need no GPU (launch_parser.prepare): an argv that
+        # parses but that ServerArgs refuses never stops the old server
+        return (f"{r.layout.python} {ISOLATED} -c {q(LAUNCH_PARSER)} check --prepare {q(table)} {parser_key(r)}",
+                f"SGLang {version}'s own parser with its ServerArgs checks")
     return (f"{r.layout.python} {ISOLATED} -c {q(LAUNCH_PARSER)} check {q(table)} {parser_key(r)}",
             f"SGLang {version}'s own parser")
 
