@@ -347,7 +347,8 @@ class ReleaseStore:
     def lock_command(self, owner: str) -> str:
         """Take the lock for OWNER (status 0), or print the holder's owner.json (status 1); a login
         that is not root (no sudo) prints LOGIN_MARK's line instead and writes nothing."""
-        return (f"{LOGIN_CHECK + '; ' if self.root_only else ''}mkdir -p  {self.lock.rsplit('/', 1)[0]} && if mkdir {self.lock} 2>/dev/null; then "
+        return (f"{LOGIN_CHECK + '; ' if self.root_only else ''}"
+                f"mkdir -p {self.lock.rsplit('/', 1)[0]} && if mkdir {self.lock} 2>/dev/null; then "
                 f"printf '%s\\n' {shlex.quote(owner)} > {self.lock}/owner.json; "
                 f"else cat {self.lock}/owner.json 2>/dev/null; exit 1; fi")
 
