@@ -110,7 +110,8 @@ def test_command_shape_and_secret_handling():
     # its home and caches: its own folder of the run, offline
     assert ('export HOME="$d/out/home" XDG_CACHE_HOME="$d/out/home/.cache" HF_HOME="$d/out/home/.cache/huggingface" '
             'TRANSFORMERS_CACHE="$d/out/home/.cache/huggingface/hub" SGLANG_CACHE_DIR="$d/out/home/.cache/sglang" '
-            'HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; timeout ') in cmd
+            'TMPDIR="$d/out/home" USER=dsv4deploy-gate LOGNAME=dsv4deploy-gate HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; '
+            'timeout ') in cmd
     assert 'chown dsv4deploy-gate "$d" ' not in cmd and 'chown dsv4deploy-gate "$d";' not in cmd
     assert ("setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
             'tail -n 1 "$d/out/bench.jsonl"') in cmd
@@ -317,9 +318,12 @@ CACHE_WRITER = r'''#!/usr/bin/python3
 # (a trust_remote_code module copy, a hub lookup, SGLang's JIT caches), then the JSONL
 import json, os, sys
 a = sys.argv
+import getpass, tempfile
 for var in ("HOME", "XDG_CACHE_HOME", "HF_HOME", "TRANSFORMERS_CACHE", "SGLANG_CACHE_DIR"):
     os.makedirs(os.path.join(os.environ[var], "probe"), exist_ok=True)
     open(os.path.join(os.environ[var], "probe", "written"), "w").close()
+# CUTLASS's DSL: $TMPDIR/$USER/cutlass_python_cache
+os.makedirs(os.path.join(tempfile.gettempdir(), getpass.getuser(), "cutlass_python_cache"))
 home = os.environ["HOME"]
 with open(a[a.index("--output-file") + 1], "w") as f:
     f.write(json.dumps(json.loads({record!r}) | {{"home_owner_uid": os.stat(home).st_uid, "uid": os.getuid(),
@@ -341,12 +345,13 @@ def test_the_gate_user_writes_its_caches_in_a_folder_of_its_own_removed_after_th
         py.chmod(0o755)
         cmd = bs.build_command(LevelSpec(1, 1, 8, 8), GateServer("http://127.0.0.1:30000", "/m", str(py)),
                                warmup_requests=0, limit_s=30, run_as="daemon")
-        rc, out, err = local_execute(f"TMPDIR={work}; export TMPDIR HOME=/root; {cmd}", 60)
+        rc, out, err = local_execute(f"TMPDIR={work}; export TMPDIR HOME=/root USER=root; {cmd}", 60)
         sec = bs.split_output(out)
         assert rc == 0 and sec["rc"] == 0, (out, err)
         doc = json.loads(sec["jsonl"])
         assert doc["uid"] == doc["home_owner_uid"] != 0
-        assert doc["offline"] == ["1", "1"] and doc["fresh"] == [".cache", "probe"]
-        assert not list(work.glob("dsv4deploy-gate.*"))
+        assert doc["offline"] == ["1", "1"] and doc["fresh"] == [".cache", "daemon", "probe"]
+        # nothing left in the host's TMPDIR (root's folder of the run is removed)
+        assert sorted(p.name for p in work.iterdir()) == ["python"]
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -97,15 +97,18 @@ def api_key_environment(api_key_file: str | None) -> str:
 
 
 # Where bench_serving writes, all under HOME: the gate user's own folder of the run ("$d/out/home").
+# TMPDIR too: CUTLASS's DSL (flashinfer, imported with SGLang) keeps $TMPDIR/$USER/cutlass_python_cache.
 CACHE_DIRS = {"XDG_CACHE_HOME": ".cache", "HF_HOME": ".cache/huggingface",
-              "TRANSFORMERS_CACHE": ".cache/huggingface/hub", "SGLANG_CACHE_DIR": ".cache/sglang"}
+              "TRANSFORMERS_CACHE": ".cache/huggingface/hub", "SGLANG_CACHE_DIR": ".cache/sglang", "TMPDIR": ""}
 
 
-def cache_environment(home: str) -> str:
-    """Shell that points HOME and every cache bench_serving writes at HOME (a shell word: the
-    gate user's folder of this run) and keeps the Hugging Face libraries offline."""
-    dirs = " ".join(f'{k}="{home}/{v}"' for k, v in CACHE_DIRS.items())
-    return f'export HOME="{home}" {dirs} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; '
+def cache_environment(home: str, user: str | None = None) -> str:
+    """Shell that points HOME, TMPDIR and every cache bench_serving writes at HOME (a shell word:
+    the gate user's folder of this run), names USER (root's, under sudo, otherwise) and keeps the
+    Hugging Face libraries offline."""
+    dirs = " ".join(f'{k}="{home}/{v}"' if v else f'{k}="{home}"' for k, v in CACHE_DIRS.items())
+    names = f" USER={shlex.quote(user)} LOGNAME={shlex.quote(user)}" if user else ""
+    return f'export HOME="{home}" {dirs}{names} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; '
 
 
 def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int, limit_s: float,
@@ -129,7 +132,7 @@ def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int,
     return (api_key_environment(server.api_key_file) +
             f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/dsv4deploy-gate.XXXXXX") && mkdir "$d/out" "$d/out/home" && {owner}'
             f': >"$d/stdout" && : >"$d/stderr" || {{ echo "{MARK} rc=97"; rm -rf "$d"; exit 0; }}; '
-            + cache_environment("$d/out/home") +
+            + cache_environment("$d/out/home", run_as) +
             f'timeout -k 10 {max(1, int(limit_s))} {cmd} >"$d/stdout" 2>"$d/stderr" </dev/null; rc=$?; '
             f'echo "{MARK} rc=$rc"; echo "{MARK} jsonl"; {read_jsonl}tail -n 1 "$d/out/bench.jsonl" 2>/dev/null; echo; '
             f'echo "{MARK} stderr"; tail -c 4000 "$d/stderr"; echo; '
