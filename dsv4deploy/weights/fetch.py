@@ -83,7 +83,6 @@ class Fetcher:
         if bypass and urllib.request.proxy_bypass_environment(u.netloc, {"no": bypass}):
             return None
         return self.proxies.get(u.scheme)
-        self.hub_host = urllib.parse.urlsplit(self.endpoint).hostname
 
     def _headers(self, url: str) -> dict:
         same = urllib.parse.urlsplit(url).hostname == self.hub_host
