@@ -109,6 +109,53 @@ def test_a_replica_the_gateway_does_not_list_is_restarted_without_a_drain(fake):
     assert fake.events[-1] == "add http://127.0.0.1:30001"
 
 
+def test_a_replica_ahead_that_restarted_during_the_roll_leaves_the_gateway_until_its_turn(fake, monkeypatch):
+    """Replica 1, not reached yet, crashed and systemd started it from the files the roll already
+    wrote, which no gate passed on it: it leaves the gateway before replica 0's step (not at its
+    own turn, users would reach it meanwhile), and comes back only after its own check."""
+    plain = fake.sh
+
+    def sh(h, command, timeout=None):
+        if command.startswith("systemctl show -p MainPID --value"):
+            fake.events.append(f"pids {command.split()[-1]}")
+            return True, "4343\n"          # not the 4242 the host's read saw
+        return plain(h, command, timeout)
+
+    monkeypatch.setattr(hr, "sh", sh)
+    said = []
+    hr.roll(fake, target(), [0, 1], lambda rt: fake.events.append(f"gate {rt.unit}"), poll_s=0, log=said.append,
+            pids_before={0: 4141, 1: 4242})
+    e = fake.events
+    assert e[:2] == ["pids sglang@1.service", "remove http://127.0.0.1:30002"]
+    assert e.index("remove http://127.0.0.1:30002") < e.index("remove http://127.0.0.1:30001")
+    assert e[-3:] == ["healthy sglang@1.service", "gate sglang@1.service", "add http://127.0.0.1:30002"]
+    assert any("replica 1 (sglang@1.service) taken out of sglang-gateway.service: it restarted" in m for m in said)
+
+
+@pytest.mark.parametrize("smi, held", [("4, 3\n5, 0\n", None), ("4, 30211\n5, 0\n", "GPU 4: 30211 MiB in use")])
+def test_a_surplus_replica_is_drained_then_stopped_and_its_gpus_checked_free(fake, monkeypatch, smi, held):
+    """count shrank: the replica the new release no longer runs leaves the gateway and goes idle
+    before its stop; a GPU still holding memory after it fails the roll (its restore starts it)."""
+    data = load_profile("nvfp4-ctx8k-dp2").data
+    data["server"]["tp_size"] = 2
+    data["replicas"].update(count=3, gpus=[[0, 1], [2, 3], [4, 5]])
+    three = Target.of(data)
+    fake.workers["w2"] = "http://127.0.0.1:30003"
+    plain = fake.sh
+    monkeypatch.setattr(hr, "sh", lambda h, command, timeout=None: (plain(h, command), (True, smi))[1])
+    said = []
+    if held:
+        with pytest.raises(hr.ReplicaFailed) as err:
+            hr.retire(fake, three, [2], said.append, done=[0, 1])
+        assert err.value.index == 2 and err.value.done == [0, 1] and held in str(err.value)
+    else:
+        hr.retire(fake, three, [2], said.append, done=[0, 1])
+        assert said[-1] == "stopped sglang@2.service: not in the new release's set; GPUs 4,5 free"
+    e = fake.events
+    assert e[0] == "remove http://127.0.0.1:30003" and e[-1].startswith("sh disable --now sglang@2.service && nvidia-smi")
+    assert "-i 4,5" in e[-1]
+
+
 def test_instances_the_set_no_longer_has_are_stopped_and_disabled(tmp_path):
     """After `count` shrank (or a restore of a smaller set), sglang@2 would go on holding its GPUs
     and port, and start again at boot: the command stops and disables exactly the instances the

@@ -184,3 +184,25 @@ def test_a_set_rolls_only_when_every_replica_keeps_its_address_and_its_gpus():
     swapped["replicas"]["gpus"] = [[4, 5, 6, 7], [0, 1, 2, 3]]     # replica 0 would start on GPUs 1 still holds
     assert roll_problem(base, swapped) == "their GPU sets change (0,1,2,3 4,5,6,7 -> 4,5,6,7 0,1,2,3)"
     assert roll_problem(load_profile("nvfp4-ctx8k").data, base) is None    # not two sets: not this question
+
+
+def test_a_set_that_only_shrinks_rolls_and_its_surplus_replicas_leave():
+    """count 3 -> 2 at TP2: the first two keep their addresses and GPUs, so the set rolls and
+    replica 2 leaves (drained, stopped); growing back rolls too (a new replica on free GPUs is
+    not a roll: it is refused as its address is new) and a shrink that moves GPUs is refused."""
+    import copy
+    from checkout import load_profile
+    from dsv4deploy.profile.replicas import roll_problem, surplus
+    base = load_profile("nvfp4-ctx8k-dp2").data
+    three = copy.deepcopy(base)
+    three["server"]["tp_size"] = 2
+    three["replicas"]["count"] = 3
+    three["replicas"].pop("gpus", None)
+    two = copy.deepcopy(three)
+    two["replicas"]["count"] = 2
+    assert roll_problem(three, two) is None and surplus(three, two) == [2]
+    assert surplus(three, copy.deepcopy(three)) == [] and surplus(two, three) == []
+    assert roll_problem(two, three) is not None                 # a new replica: not one at a time
+    moved = copy.deepcopy(two)
+    moved["replicas"]["gpus"] = [[2, 3], [4, 5]]
+    assert roll_problem(three, moved) == "their GPU sets change (0,1 2,3 4,5 -> 2,3 4,5)"

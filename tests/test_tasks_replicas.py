@@ -62,7 +62,7 @@ def switch(monkeypatch):
         events.append(("prepare", t.base_url))
         return "prepared"
 
-    def roll(h, t, indices, check, poll_s, log, steps):
+    def roll(h, t, indices, check, poll_s, log, steps, pids_before=None):
         for s in steps:
             check(t.replica(s.index))
             s.status = "switched"
@@ -78,6 +78,7 @@ def switch(monkeypatch):
     monkeypatch.setattr(tr, "previous_report", lambda h, t, previous: None)
     monkeypatch.setattr(tr, "prepare_release_gate", prepare)
     monkeypatch.setattr(tr, "roll", roll)
+    monkeypatch.setattr(tr, "retire", lambda h, serving, indices, log, done: events.append(("retire", indices)))
     monkeypatch.setattr(tr, "probe", probe)
     h = SimpleNamespace(name="fake", data={"health_poll_s": 0})
     switch = SimpleNamespace(make=lambda: tr.Switch(Store(h), r, ["the unit changed"], False, pending), events=events)
@@ -88,7 +89,8 @@ def test_a_rolling_update_gates_each_replica_alone_then_only_probes_the_gateway(
     switch.make().run()
     # the gate's runner and client made ready once, before the first replica leaves the gateway
     assert switch.events == [("prepare", "http://127.0.0.1:30000"), ("gate", "http://127.0.0.1:30001", "prepared"),
-                             ("gate", "http://127.0.0.1:30002", "prepared"), ("probe", "http://127.0.0.1:30000", 4)]
+                             ("gate", "http://127.0.0.1:30002", "prepared"), ("retire", []),
+                             ("probe", "http://127.0.0.1:30000", 4)]
     rec = Store.last.saved[-1]
     assert rec["gate"]["passed"] and rec["gate"]["output_throughput"] == 380.0
     assert rec["gate"]["scope"] == "replica 1, the weakest of 2 gated one at a time"
@@ -149,7 +151,7 @@ def test_a_replica_restarted_during_a_failed_roll_is_restored_with_the_touched_o
     would go on serving a release no gate passed. Untouched and unchanged, it is left alone."""
     restored = {}
 
-    def roll(h, t, indices, check, poll_s, log, steps):
+    def roll(h, t, indices, check, poll_s, log, steps, pids_before=None):
         raise tr.ReplicaFailed(0, "replica 0: smoke gate failed", done=[])
 
     def after_failure(rel, t, reason, indices):
@@ -159,7 +161,8 @@ def test_a_replica_restarted_during_a_failed_roll_is_restored_with_the_touched_o
     asked = []
     monkeypatch.setattr(tr, "roll", roll)
     monkeypatch.setattr(tr, "Rollback", lambda store, poll_s: SimpleNamespace(after_failure=after_failure))
-    monkeypatch.setattr(tr, "sh", lambda h, cmd, timeout=None: (asked.append(cmd), (True, f"{pid_now}\n"))[1])
+    from dsv4deploy.host import replicas as hr
+    monkeypatch.setattr(hr, "sh", lambda h, cmd, timeout=None: (asked.append(cmd), (True, f"{pid_now}\n"))[1])
     s = switch.make()
     s.pids_before = {0: 4141, 1: 4242}
     with pytest.raises(tr.DeployError):

@@ -171,6 +171,51 @@ def stop_surplus(h, t: Target, log: Callable[[str], None]) -> list[str]:
     return gone
 
 
+GPU_FREE_MIB = 1024     # a GPU no process holds shows a few MiB (the driver's own context)
+
+
+def gpus_free_command(gpus: list[int]) -> str:
+    """Print `index, memory.used` (MiB) of GPUS (nvidia-smi's own numbering)."""
+    return (f"nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits "
+            f"-i {','.join(map(str, gpus))}")
+
+
+def held_gpus(out: str) -> list[str]:
+    """From gpus_free_command's output: the GPUs still holding memory ("4: 30000 MiB"); a line
+    that cannot be read counts as held."""
+    held = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2 or not parts[1].isdigit():
+            held.append(f"unread: {line.strip()[:80]!r}")
+        elif int(parts[1]) >= GPU_FREE_MIB:
+            held.append(f"GPU {parts[0]}: {parts[1]} MiB in use")
+    return held
+
+
+def retire(h, serving: Target, indices: list[int], log: Callable[[str], None], done: list[int]) -> None:
+    """The serving set's replicas INDICES that the new release no longer runs (count shrank): each
+    drained from the gateway (SERVING: the set the gateway runs), stopped and disabled, and its
+    GPUs checked free. Raises ReplicaFailed with DONE (the replicas already switched: the restore
+    takes them back, and starts the one that failed here again)."""
+    http, endpoint, key = api(h, serving)
+    for i in indices:
+        rt = serving.replica(i)
+        try:
+            if gateway.find(gateway.list_workers(http, endpoint, key), rt.base_url):
+                drained = gateway.drain(http, endpoint, key, rt.base_url, serving.plan.drain_timeout_s, poll_s=0.3)
+                log(f"{rt.label} drained from the gateway in {drained.idle_s or drained.removed_s:.1f} s: "
+                    "the new release does not run it")
+            gpus = list(serving.plan.replicas[i].gpus)
+            ok, out = sh(h, f"systemctl disable --now {rt.unit} && {gpus_free_command(gpus)}")
+            held = held_gpus(out) if ok else [out.strip()[-300:] or "the stop failed"]
+            if held:
+                raise HealthError(f"its GPUs are not free after the stop: {'; '.join(held)}")
+        except (HealthError, gateway.GatewayError, OSError) as exc:
+            raise ReplicaFailed(i, f"{rt.label}: {exc}", done=done) from None
+        log(f"stopped {rt.unit}: not in the new release's set; GPUs {','.join(map(str, gpus))} free")
+
+
 def start_set(h, t: Target, check: Callable[[Target], None], poll_s: float, log: Callable[[str], None],
               steps: list[Step] | None = None) -> list[Step]:
     """Start every replica at once (nothing serves yet: a first deploy, or a switch from the single
@@ -200,19 +245,57 @@ def start_set(h, t: Target, check: Callable[[Target], None], poll_s: float, log:
     return steps
 
 
+def restarted_since(h, t: Target, pids_before: dict[int, int | None], among: list[int]) -> list[int]:
+    """The replicas AMONG whose process is not the one PIDS_BEFORE (the host's read) saw: systemd
+    restarted them (a crash) from the files in place since. One command."""
+    rest = [i for i in among if isinstance(pids_before.get(i), int) and pids_before[i] > 0]
+    if not rest:
+        return []
+    _, out = sh(h, "systemctl show -p MainPID --value " + " ".join(t.replica(i).unit for i in rest))
+    return [i for i, pid in zip(rest, out.split()) if pid.isdigit() and int(pid) != pids_before[i]]
+
+
+def take_out(h, t: Target, indices: list[int], why: str, log: Callable[[str], None]) -> list[int]:
+    """Remove replicas INDICES from the gateway (no drain wait: what they serve is not what was
+    gated); the ones it listed. A gateway that does not answer removes nothing."""
+    http, endpoint, key = api(h, t)
+    try:
+        listed = gateway.list_workers(http, endpoint, key)
+    except (gateway.GatewayError, OSError):
+        return []
+    out = []
+    for i in indices:
+        w = gateway.find(listed, t.replica(i).base_url)
+        if w is not None:
+            gateway.remove_worker(http, endpoint, key, w.id)
+            log(f"{t.replica(i).label} taken out of {t.unit}: {why}")
+            out.append(i)
+    return out
+
+
 def roll(h, t: Target, indices: list[int], check: Callable[[Target], None], poll_s: float,
-         log: Callable[[str], None], steps: list[Step] | None = None) -> list[Step]:
+         log: Callable[[str], None], steps: list[Step] | None = None,
+         pids_before: dict[int, int | None] | None = None) -> list[Step]:
     """Replace the replicas INDICES one at a time while the others serve (see the module doc).
-    Raises ReplicaFailed at the first that fails; the steps say what each went through."""
+    Raises ReplicaFailed at the first that fails; the steps say what each went through.
+    PIDS_BEFORE (each replica's MainPID as the host's read saw it): before each step, a replica
+    the roll has not reached whose process changed (systemd restarted it from the files in place,
+    which no gate passed on it) is taken out of the gateway until its own step readmits it."""
     http, endpoint, key = api(h, t)
     steps = steps if steps is not None else [Step(rt.index, rt.unit.removesuffix(".service"))
                                              for rt in t.replica_targets]
     by_index = {s.index: s for s in steps}
     gateway_up = unit_active(h, t.unit)
     done: list[int] = []
-    for i in indices:
+    out_since: set[int] = set()
+    for pos, i in enumerate(indices):
         rt, step = t.replica(i), by_index[i]
         start = time.monotonic()
+        if gateway_up and pids_before:     # (replica I's own step drains it now anyway)
+            ahead = [j for j in indices[pos + 1:] if j not in out_since]
+            crashed = restarted_since(h, t, pids_before, ahead)
+            out_since.update(take_out(h, t, crashed, "it restarted during the roll from files no gate passed on "
+                                                     "it; out until its turn", log))
         try:
             # a replica the gateway does not list gets no traffic: nothing to drain (it may be down)
             listed = gateway_up and gateway.find(gateway.list_workers(http, endpoint, key), rt.base_url)

@@ -62,17 +62,28 @@ class ReplicaPlan:
 def roll_problem(old: dict, new: dict) -> str | None:
     """Why a serving replica set of profile data OLD cannot become NEW one replica at a time, or
     None when it can: each replica must keep its address (the gateway's worker) and its GPUs (a
-    new replica would start on GPUs an old one still holds). Pure."""
+    new replica would start on GPUs an old one still holds). A set that only shrinks (the first
+    replicas kept as they were) can: the surplus ones leave (surplus). Pure."""
     po, pn = plan(old), plan(new)
     if po is None or pn is None:
         return None
-    before, after = po.worker_urls, pn.worker_urls
+    keep = len(pn.replicas) if len(pn.replicas) < len(po.replicas) else len(po.replicas)
+    before, after = po.worker_urls[:keep], pn.worker_urls
     if before != after:
-        return f"its replicas change ({', '.join(before)} -> {', '.join(after)})"
-    gpus = lambda p: " ".join(",".join(map(str, r.gpus)) for r in p.replicas)  # noqa: E731
-    if gpus(po) != gpus(pn):
-        return f"their GPU sets change ({gpus(po)} -> {gpus(pn)})"
+        return f"its replicas change ({', '.join(po.worker_urls)} -> {', '.join(after)})"
+    gpus = lambda rs: " ".join(",".join(map(str, r.gpus)) for r in rs)  # noqa: E731
+    if gpus(po.replicas[:keep]) != gpus(pn.replicas):
+        return f"their GPU sets change ({gpus(po.replicas)} -> {gpus(pn.replicas)})"
     return None
+
+
+def surplus(old: dict, new: dict) -> list[int]:
+    """The replica indices of a set of profile data OLD that NEW no longer runs (count shrank):
+    drained from the gateway and stopped in a roll. Pure."""
+    po, pn = plan(old), plan(new)
+    if po is None or pn is None:
+        return []
+    return [r.index for r in po.replicas[len(pn.replicas):]]
 
 
 def gateway_venv(data: dict) -> str | None:

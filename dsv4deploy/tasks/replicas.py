@@ -34,8 +34,8 @@ from dsv4deploy.host.gate import (gate_record, prepare_release_gate, previous_re
 from dsv4deploy.host.io import sh
 from dsv4deploy.host.release_store import ReleaseStore, RollbackError
 from dsv4deploy.host.rollback import Rollback
-from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, roll, start_gateway, start_set,
-                                      unit_active, wait_load_reports)
+from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, restarted_since, retire, roll,
+                                      start_gateway, start_set, unit_active, wait_load_reports)
 from dsv4deploy.host.state import VENV_MARKER, HostState
 from dsv4deploy.release.rollout import Rollout, Target
 from dsv4deploy.tasks.release import Pending, reported
@@ -226,7 +226,10 @@ class Switch:
             if rolling:
                 self.log(f"rolling update of {len(steps)} replicas behind {t.unit}, one at a time")
                 self.prepared = prepare_release_gate(self.h, t)      # while every replica still serves
-                roll(self.h, t, [s.index for s in steps], self.gate_replica, self.poll, self.log, steps)
+                roll(self.h, t, [s.index for s in steps], self.gate_replica, self.poll, self.log, steps,
+                     pids_before=self.pids_before)
+                # a set that shrank: the replicas it no longer runs leave once the others passed
+                retire(self.h, prev, replicas.surplus(prev.data, t.data), self.log, done=[s.index for s in steps])
                 if self.restart_gateway:
                     start_gateway(self.h, t, restart=True)
                     self.log(f"restarted {t.unit} ({self.restart_gateway})")
@@ -303,15 +306,12 @@ class Switch:
         """Replicas the roll had not reached (not in TOUCHED) whose process is not the one the host's
         read saw: systemd restarted them (a crash) from the new release's files, which no gate
         passed; the restore takes them back too. One command."""
-        rest = [rt for rt in self.t.replica_targets if rt.index not in touched
-                and isinstance(self.pids_before.get(rt.index), int)]
-        if not rest:
-            return []
-        _, out = sh(self.h, "systemctl show -p MainPID --value " + " ".join(rt.unit for rt in rest))
-        changed = [rt for rt, pid in zip(rest, out.split()) if pid.isdigit() and int(pid) != self.pids_before[rt.index]]
-        for rt in changed:
-            self.log(f"{rt.label} restarted during the roll (from the new files, ungated): restored with the others")
-        return [rt.index for rt in changed]
+        rest = [rt.index for rt in self.t.replica_targets if rt.index not in touched]
+        changed = restarted_since(self.h, self.t, self.pids_before, rest)
+        for i in changed:
+            self.log(f"{self.t.replica(i).label} restarted during the roll (from the new files, ungated): "
+                     "restored with the others")
+        return changed
 
     def record(self, steps: list[Step], summary: dict) -> None:
         """SUMMARY: the release's gate (through the gateway for a set that started together; each
