@@ -24,7 +24,7 @@ from dsv4deploy.profile.yamlpos import Origins, format_path, load_yaml
 
 NAME_RE = re.compile(NAME_PATTERN + r"\Z")  # use with .match: \Z, never $ (it matches before a final newline)
 DEFAULTS_FILE = "dsv4deploy/data/defaults.yaml"
-NOT_DEPLOYED = ("tune",)  # top-level keys that are not part of what a release deploys
+NOT_DEPLOYED = ("tune", "watch")  # top-level keys that are not part of what a release deploys
 
 
 @cache
@@ -58,8 +58,9 @@ class Profile:
     @property
     def content_hash(self) -> str:
         """sha256 of the canonical merged data: two profiles that mean the same hash the same.
-        The `tune:` block (what `dsv4deploy tune` searches) is left out: it changes nothing that is
-        deployed, so adding one must not make the next deploy restart the server."""
+        The `tune:` block (what `dsv4deploy tune` searches) and the `watch:` block (the watch's
+        own unit reads it) are left out: they change nothing the server runs, so changing one
+        must not make the next deploy restart the server."""
         deployed = {k: v for k, v in self.data.items() if k not in NOT_DEPLOYED}
         canon = json.dumps(deployed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()

@@ -133,6 +133,7 @@ def validate(profile: Profile, calibration: dict | None = None) -> Report:
     if version is not None and server.get("api_key"):
         _api_key_masked(profile, version, add)
     _hardening(profile, data["service"], add)
+    _watch(profile, data, add)
     if version is not None and data["driver"]["branch"] < version.min_driver_branch:
         add(profile.problem(("driver", "branch"), f"SGLang {version.version} is built for CUDA 13, whose runtime "
                             f"needs driver branch >= {version.min_driver_branch}, got {data['driver']['branch']}"))
@@ -152,6 +153,27 @@ def validate(profile: Profile, calibration: dict | None = None) -> Report:
     report.budget = b
     _memory(profile, b, add)
     return report
+
+
+def _watch(profile, data, add) -> None:
+    """The watch's settings must be able to decide: a probe that fits the context, a cooldown
+    longer than the failures it follows; seconds-long intervals are for the twin."""
+    w = data.get("watch") or {}
+    if not w.get("enabled", True):
+        return
+    probe = w.get("probe") or {}
+    ctx = data["server"].get("context_length")
+    if ctx is not None and probe.get("input_len", 0) + probe.get("output_len", 0) > ctx:
+        add(profile.problem(("watch", "probe"), f"the probe's {probe['input_len']} + {probe['output_len']} tokens "
+                            f"exceed context_length {ctx}"))
+    interval, limit = w.get("interval_s", 60), w.get("failure_limit", 3)
+    if w.get("restart_cooldown_s", 3600) <= interval * limit:
+        add(profile.problem(("watch", "restart_cooldown_s"), f"{w['restart_cooldown_s']} s is not longer than "
+                            f"failure_limit x interval_s ({limit} x {interval} s): a restart that did not help "
+                            "would be followed by another instead of being marked degraded"))
+    if interval < 10:
+        add(profile.problem(("watch", "interval_s"), f"{interval} s between measurements: the probe then costs "
+                            "the GPUs a share of their time (seconds are meant for the twin)", "warning"))
 
 
 def _parallelism(profile, server, hw, model, add) -> None:
