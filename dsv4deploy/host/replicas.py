@@ -152,6 +152,36 @@ def start_gateway(h, t: Target, restart: bool, reload: bool = False) -> None:
     wait_all_routable(h, t)
 
 
+def instance_files(t: Target, index: int) -> list[str]:
+    """The files instance INDEX of T's template starts from: the template, its two env files."""
+    return [t.layout.template_unit, t.layout.replica_env(index), t.layout.replica_nccl_env(index)]
+
+
+def instances_command(t: Target) -> str:
+    """Print a line per instance of T's service template systemd knows: its name, ActiveState,
+    when its process started (unix seconds, 0: none) and the newest change time of its files (-:
+    not one of T's replicas). ctime, not mtime: a restore's `cp -a` keeps the kept copies' mtime."""
+    files = {rt.unit: " ".join(shlex.quote(f) for f in instance_files(t, rt.index)) for rt in t.replica_targets}
+    cases = " ".join(f"{shlex.quote(u)}) f=$(stat -c %Z {fs} 2>/dev/null | sort -n | tail -1);;" for u, fs in files.items())
+    return (f"for u in $(systemctl list-units --all --plain --no-legend --type=service "
+            f"{shlex.quote(t.layout.service + '@*')} | cut -d' ' -f1); do f=-; case \"$u\" in {cases} esac; "
+            "s=$(systemctl show -p ExecMainStartTimestamp --value --timestamp=unix \"$u\" | tr -d @); "
+            "printf '%s %s %s %s\\n' \"$u\" \"$(systemctl show -p ActiveState --value \"$u\")\" \"${s:-0}\" \"${f:--}\"; "
+            "done; true")
+
+
+def parse_instances(text: str | None) -> dict[str, dict]:
+    """instances_command's output: {unit: {"active": bool, "started": int, "files": int | None}}."""
+    out = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0].endswith(".service"):
+            out[parts[0]] = {"active": parts[1] == "active",
+                             "started": int(parts[2]) if parts[2].isdigit() else 0,
+                             "files": int(parts[3]) if parts[3].isdigit() else None}
+    return out
+
+
 def surplus_command(t: Target) -> str:
     """Stop and disable every instance of T's service template that T does not run, printing each
     name: after a set shrank (`count`), or a restore of a smaller set, the instance left over

@@ -18,7 +18,7 @@ from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_
 from dsv4deploy.render.layout import ETC, GATE_USER, MODELS, OPT, STATE
 from dsv4deploy.release.rollout import Rollout
 from dsv4deploy.host import installer, snapshot
-from dsv4deploy.host.replicas import stale_query
+from dsv4deploy.host.replicas import instances_command, stale_query
 from dsv4deploy.host.nvidia_apt import REBOOT_FLAG, packages_read as driver_packages_read
 from dsv4deploy.host.reboot import BOOT_ID
 from dsv4deploy.host.facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, DiskRoom, FileStates,
@@ -113,6 +113,7 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
         q["gateway_workers"] = (GatewayWorkers, {"url": r.target.base_url,
                                                  "key_file": L.api_key_file if r.data["server"].get("api_key") else None})
         q["gateway_stale"] = (GatewayStale, stale_query(r.target))
+        q["instances"] = (Command, {"command": instances_command(r.target)})   # tasks/replicas.py drift
     if r.data["server"].get("api_key"):
         q["api_key"] = (ApiKeyState, {"key_file": L.api_key_file, "config_file": L.sglang_config_secret})
     if patch_files(r):

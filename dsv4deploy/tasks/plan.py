@@ -11,7 +11,7 @@ from dsv4deploy.gate import GateSpec
 from dsv4deploy.host.release_store import lock_holder
 from dsv4deploy.host.state import HostState
 from dsv4deploy.release.rollout import Rollout
-from dsv4deploy.tasks.replicas import down_units, out_of_gateway
+from dsv4deploy.tasks.replicas import down_units, out_of_gateway, stale_instances, surplus_units
 from dsv4deploy.tasks.venv import launch_check_plan
 
 
@@ -35,8 +35,15 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
     unit = ", ".join(t.units)
     if not reasons:
         if live and state.unit_active:
-            missing = out_of_gateway(r, state)
-            out = []
+            stale = stale_instances(r, state)
+            missing = [rt for rt in out_of_gateway(r, state) if rt not in stale]
+            out = [f"nothing to change in release {live['release']:04d} ({live['profile']}), but {u} runs and is "
+                   f"not one of its {len(t.replica_targets)} replicas: drain it from {t.unit}, stop and disable it"
+                   for u in surplus_units(r, state)]
+            out += [f"nothing to change in release {live['release']:04d} ({live['profile']}), but {rt.label} runs "
+                    "older files than those in place (its process started before they changed: no gate passed on "
+                    "it): out of the gateway, restart it, health, identity and a probe on its own port, back in"
+                    for rt in stale]
             if missing:
                 out.append(f"nothing to change in release {live['release']:04d} ({live['profile']}), but {t.unit} "
                            f"does not list {', '.join(rt.label for rt in missing)}: health and identity on its own "

@@ -34,8 +34,9 @@ from dsv4deploy.host.gate import (gate_record, prepare_release_gate, previous_re
 from dsv4deploy.host.io import sh
 from dsv4deploy.host.release_store import ReleaseStore, RollbackError
 from dsv4deploy.host.rollback import Rollback
-from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, restarted_since, retire, roll,
-                                      start_gateway, start_set, unit_active, wait_load_reports)
+from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, parse_instances, restarted_since,
+                                      retire, roll, start_gateway, start_set, stop_surplus, unit_active,
+                                      wait_load_reports)
 from dsv4deploy.host.state import VENV_MARKER, HostState
 from dsv4deploy.release.rollout import Rollout, Target
 from dsv4deploy.tasks.release import Pending, reported
@@ -101,6 +102,25 @@ def out_of_gateway(r: Rollout, state: HostState) -> list[Target]:
     return [rt for rt in r.target.replica_targets if rt.base_url.rstrip("/") not in urls]
 
 
+def surplus_units(r: Rollout, state: HostState) -> list[str]:
+    """Instances of the template that run but are none of the release's replicas (a shrink cut off
+    before they left, one started by hand): they hold GPUs and may be in the gateway."""
+    if not r.target.is_set:
+        return []
+    mine = set(r.target.units)
+    return sorted(u for u, i in parse_instances(state["instances"]).items() if i["active"] and u not in mine)
+
+
+def stale_instances(r: Rollout, state: HostState) -> list[Target]:
+    """The release's replicas whose process started before their files last changed: they run
+    files other than those in place (a cut-off roll, a restore), which no gate passed on them."""
+    if not r.target.is_set:
+        return []
+    seen = parse_instances(state["instances"])
+    return [rt for rt in r.target.replica_targets
+            if (i := seen.get(rt.unit)) and i["active"] and i["files"] is not None and 0 < i["started"] < i["files"]]
+
+
 def gateway_restart(r: Rollout, state: HostState, differ: list[str], venv_changed: bool) -> str | None:
     """Why the set's gateway restarts in this run (None: it does not): smg's own venv or files
     change (DIFFER: the unit files' labels that differ), or it runs older gateway files than
@@ -125,7 +145,12 @@ def switch_set(r: Rollout, state: HostState, reasons: list[str], restart_gateway
     than those in place (RESTART_GATEWAY: why it restarts)."""
     down = down_units(r, state)
     if not reasons and not down:
-        missing = out_of_gateway(r, state)
+        surplus, stale = surplus_units(r, state), stale_instances(r, state)
+        if surplus:
+            stop_surplus_units(r, surplus)
+        if stale:
+            reroll_stale(r, stale)
+        missing = [rt for rt in out_of_gateway(r, state) if rt not in stale]
         if missing:
             readmit_replicas(r, missing)
         if restart_gateway:
@@ -152,6 +177,32 @@ def refresh_gateway(r: Rollout, why: str) -> None:
         print(f"[{host.name}] restarted {r.target.unit} ({why}); {probe(host, r.target)}")
 
     python.call(name=f"replica set: restart {r.target.unit} ({why})", function=reported(run))
+
+
+def stop_surplus_units(r: Rollout, units: list[str]) -> None:
+    """Instances the release does not run: out of the gateway (its workers that are none of the
+    release's replicas, drained), then stopped and disabled."""
+
+    def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
+        http, endpoint, key = api(host, r.target)
+        for w in gateway.strays(gateway.list_workers(http, endpoint, key), r.target.plan.worker_urls):
+            gateway.drain(http, endpoint, key, w.url, r.target.plan.drain_timeout_s, poll_s=0.3)
+            print(f"[{host.name}] {w.url} drained from {r.target.unit}: no replica of this release listens there")
+        stop_surplus(host, r.target, lambda m: print(f"[{host.name}] {m}"))
+
+    python.call(name=f"replica set: stop {', '.join(units)} (not in this release's set)", function=reported(run))
+
+
+def reroll_stale(r: Rollout, stale: list[Target]) -> None:
+    """Replicas running older files than those in place: each out of the gateway, restarted,
+    probed on its own port (the release passed its gate), back in."""
+
+    def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
+        roll(host, r.target, [rt.index for rt in stale], lambda rt: probe(host, rt),
+             float(host.data.get("health_poll_s", 2.0)), lambda m: print(f"[{host.name}] {m}"))
+
+    python.call(name=f"replica set: restart {', '.join(rt.unit for rt in stale)} (runs older files than those "
+                     "in place)", function=reported(run))
 
 
 def readmit_replicas(r: Rollout, missing: list[Target]) -> None:
