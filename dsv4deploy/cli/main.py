@@ -375,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from dsv4deploy.cli.fleet import register as register_fleet
     register_fleet(sub)
+    from dsv4deploy.cli.report import register as register_report
+    register_report(sub)
     return parser
 
 

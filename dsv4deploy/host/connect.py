@@ -84,6 +84,17 @@ def load_inventory(inventory_file: str):
 def connected(inventory_file: str, only=None):
     """Yield the connected hosts of `inventory_file` (with `only`, just the hosts of those names);
     raise RemoteError when the inventory does not load or any of its hosts cannot be reached."""
+    with reachable(inventory_file, only) as (hosts, errors):
+        if errors:
+            raise RemoteError(_unreachable(inventory_file, errors))
+        yield hosts
+
+
+@contextmanager
+def reachable(inventory_file: str, only=None):
+    """Yield (the hosts, in inventory order; {name: why} for those that did not connect);
+    RemoteError when the inventory does not load or names no host. `dsv4deploy report` shows an
+    unreachable host as such instead of stopping."""
     state, config, inventory = load_inventory(inventory_file)
     state.init(inventory, config)
     state.set_stage(StateStage.Connect)
@@ -100,17 +111,15 @@ def connected(inventory_file: str, only=None):
             state.activate_host(h)
         else:
             errors[h.name] = "not connected"
-    if errors:
-        try:
-            disconnect_all(state)
-        except Exception:  # noqa: BLE001 - already failing; the message below is what matters
-            pass
-        raise RemoteError(_unreachable(inventory_file, errors))
     state.set_stage(StateStage.Execute)
     try:
-        yield hosts
+        yield hosts, errors
     finally:
-        disconnect_all(state)
+        try:
+            disconnect_all(state)
+        except Exception:  # noqa: BLE001 - a host that never connected has nothing to close
+            if not errors:
+                raise
 
 
 @contextmanager

@@ -182,6 +182,20 @@ class ReleaseStore:
         """A JSON file of release NUMBER's folder (`profile.json`, `gate/gate.json`), or None."""
         return read_json(self.h, f"{self.folder(number)}/{name}")
 
+    def profiles(self) -> dict[int, dict]:
+        """Release number -> the profile data each kept release folder holds (pruned ones have
+        none; a damaged file is left out): the report's profile diffs. One command."""
+        q = shlex.quote(self.dir)
+        _, out = sh(self.h, f"for f in {q}/[0-9]*/profile.json; do [ -f \"$f\" ] || continue; "
+                            "n=${f%/profile.json}; printf '%s ' \"${n##*/}\"; tr -d '\\n' < \"$f\"; echo; done")
+        found = {}
+        for line in out.splitlines():
+            number, _, text = line.partition(" ")
+            doc = _json_or_none(text)
+            if number.isdigit() and doc is not None and isinstance(doc.get("data"), dict):
+                found[int(number)] = doc["data"]
+        return found
+
     def target(self, rec: dict) -> Target:
         """The service release REC ran, from its kept profile, with the venvs its kept manifest
         names (Target.as_kept): a rollback needs it. One command."""

@@ -1,0 +1,90 @@
+"""What a test reads back from a report page, and the figures it must show, taken from gate.json
+files directly (not through dsv4deploy's own model): every table cell and chart point is
+compared with the gate report it came from, so a figure that differs fails."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+METRIC_ROWS = {"throughput": ("output throughput", "observed"), "floor": ("output throughput", "threshold"),
+               "p99_ttft_ms": ("p99 TTFT", "observed"), "p99_tpot_ms": ("p99 TPOT", "observed")}
+CHARTS = {"chart-throughput": "throughput", "chart-p99-ttft-ms": "p99_ttft_ms", "chart-p99-tpot-ms": "p99_tpot_ms"}
+
+
+class _Figures(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.cells: dict[tuple[str, str, str], str] = {}     # (release, level, metric) -> text shown
+        self.points: dict[tuple[str, str, str], str] = {}    # (chart, series, release) -> data-value
+        self.releases: dict[str, str] = {}                   # timeline: release -> data-status
+        self._row: tuple[str, str] | None = None
+        self._cell: str | None = None
+        self._chart: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg" and a.get("id") in CHARTS:
+            self._chart = a["id"]
+        if tag == "li" and "data-release" in a:
+            self.releases[a["data-release"]] = a.get("data-status", "")
+        if tag == "tr" and "data-level" in a:
+            self._row = (a["data-release"], a["data-level"])
+        if tag == "td" and self._row and "data-metric" in a:
+            self._cell, self._text = a["data-metric"], []
+        if self._chart and "data-value" in a and "data-release" in a:
+            self.points[(self._chart, a["data-series"], a["data-release"])] = a["data-value"]
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self._chart = None
+        if tag == "td" and self._cell:
+            self.cells[(*self._row, self._cell)] = "".join(self._text).strip()
+            self._cell = None
+        if tag == "tr":
+            self._row = None
+
+    def handle_data(self, data):
+        if self._cell:
+            self._text.append(data)
+
+
+def shown(html: str) -> _Figures:
+    parser = _Figures()
+    parser.feed(html)
+    return parser
+
+
+def _fig(v) -> str:
+    return "-" if v is None else f"{float(v):.1f}"
+
+
+def expected(gate_docs: dict[str, dict]) -> dict[tuple[str, str, str], str]:
+    """(release label, level, metric) -> the figure as the page must print it, from each
+    release's gate.json verdict rows."""
+    out = {}
+    for release, doc in gate_docs.items():
+        for level in doc["verdict"]["levels"]:
+            rows = {r["metric"]: r for r in level["rows"]}
+            for metric, (row, field) in METRIC_ROWS.items():
+                out[(release, level["label"], metric)] = _fig((rows.get(row) or {}).get(field))
+    return out
+
+
+def mismatches(html: str, gate_docs: dict[str, dict]) -> list[str]:
+    """Every figure of a host page that is not the gate report's, or is missing; empty when the
+    page shows exactly the records."""
+    page, want = shown(html), expected(gate_docs)
+    bad = [f"table {k}: page {page.cells.get(k)!r}, gate.json {v!r}" for k, v in want.items() if page.cells.get(k) != v]
+    bad += [f"table {k}: not in any gate.json" for k in page.cells if k not in want]
+    for (chart, series, release), value in page.points.items():
+        metric = CHARTS[chart]
+        limit = series.endswith(" floor") or series.endswith(" ceiling")
+        level = series.rsplit(" ", 1)[0] if limit else series
+        key = (release, level, "floor" if limit and metric == "throughput" else metric)
+        if want.get(key) != value:
+            bad.append(f"chart {chart} {series} release {release}: page {value}, gate.json {want.get(key)}")
+    plotted = {(r, lv, CHARTS[c]) for c, s, r in page.points for lv in [s] if not s.endswith(("floor", "ceiling"))}
+    bad += [f"chart point missing: {k}" for k, v in want.items()
+            if k[2] in CHARTS.values() and v != "-" and k not in plotted]
+    return bad
