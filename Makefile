@@ -37,6 +37,12 @@ LOCK := requirements.lock
 EXTRAS := test twin
 TWIN_DEBS := debootstrap systemd-container systemd openssh-client rsync patch ca-certificates python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The report page's browser test opens it in Debian's Chromium (tests/browser.py): make test installs it.
+BROWSER_DEBS := chromium
+# After every deploy, rollback, tune and fleet run: the page (reports/index.html) made again from the
+# records; it never changes the verb's exit code (a failure to refresh is said, in .cache/report.log).
+REFRESH_REPORT = $(BIN)/dsv4deploy report --inventory $(1) > .cache/report.log 2>&1 \
+  && echo "page: $$(tail -n 1 .cache/report.log) (make report)" || echo "page not refreshed: see .cache/report.log" >&2
 TWIN := $(if $(SIM),twin-debs)
 
 # A real inventory names its profile: no silent default (the twin keeps nvfp4-ctx8k).
@@ -47,7 +53,8 @@ $(error PROFILE=NAME is required with INVENTORY=$(INVENTORY) (profiles: $(sort $
 endif
 endif
 
-.PHONY: help bootstrap debs twin-debs venv lock test test-fast validate render pin plan deploy rollback history bench tune \
+.PHONY: help bootstrap debs twin-debs browser-debs venv lock test test-fast validate render pin plan deploy rollback history \
+        report bench tune \
         fleet fleet-up fleet-down fleet-status sim-up sim-down sim-status clean
 
 help:
@@ -55,6 +62,7 @@ help:
 	@echo "make plan PROFILE=...        show what a deploy would change, change nothing"
 	@echo "make rollback [TO=NNNN]      back to the previous (or the named) release that passed"
 	@echo "make history                 the host's releases: profile, status, gate, reason"
+	@echo "make report                  reports/index.html: releases, gates, rollbacks and tune runs of every host (docs/report.md)"
 	@echo "make bench PROFILE=...       the smoke gate alone against the live server"
 	@echo "make tune PROFILE=... [PLAN=1] [TUNE_ARGS=\"--set server.context_length=8192,32768\"]   search the profile's tune: space"
 	@echo "make test                    the whole test suite (needs root for the twin)"
@@ -79,6 +87,16 @@ twin-debs: .cache/twin-debs.stamp
 	@missing=$$(for p in $(TWIN_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages for the CT200 twin: $$missing"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@mkdir -p .cache && touch $@
+
+browser-debs: .cache/browser-debs.stamp
+.cache/browser-debs.stamp:
+	@missing=$$(for p in $(BROWSER_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for the report page's browser test: $$missing"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
@@ -156,7 +174,8 @@ fleet-status: venv
 fleet: $(if $(FLEET_SIM),twin-debs) venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
 	$(if $(FLEET_SIM),$(TWIN_CLI) up --fleet $(FLEET) --hosts $(FLEET_HOSTS))
-	DSV4_SIM_FLEET=$(FLEET) $(BIN)/dsv4deploy fleet deploy $(PROFILE) --inventory $(FLEET_INVENTORY) --batch $(BATCH) $(ARGS)
+	DSV4_SIM_FLEET=$(FLEET) $(BIN)/dsv4deploy fleet deploy $(PROFILE) --inventory $(FLEET_INVENTORY) --batch $(BATCH) $(ARGS); \
+	rc=$$?; export DSV4_SIM_FLEET=$(FLEET); $(call REFRESH_REPORT,$(FLEET_INVENTORY)); exit $$rc
 
 # `make plan` reads the host (one command) and changes nothing; it boots no twin: plan against a
 # running one (make sim-up), or a real host (INVENTORY=...).
@@ -169,13 +188,20 @@ plan: venv
 deploy: $(TWIN) venv
 	$(BIN)/dsv4deploy validate $(PROFILE) >/dev/null || { $(BIN)/dsv4deploy validate $(PROFILE); exit 2; }
 	$(if $(SIM),$(TWIN_CLI) up --hosts $(HOSTS))
-	$(BIN)/pyinfra -y $(INVENTORY) deploy/serve.py --data profile=$(PROFILE) $(ARGS)
+	$(BIN)/pyinfra -y $(INVENTORY) deploy/serve.py --data profile=$(PROFILE) $(ARGS); \
+	rc=$$?; $(call REFRESH_REPORT,$(INVENTORY)); exit $$rc
 
 rollback: $(TWIN) venv
-	$(BIN)/pyinfra -y $(INVENTORY) deploy/rollback.py $(if $(TO),--data to=$(TO)) $(ARGS)
+	$(BIN)/pyinfra -y $(INVENTORY) deploy/rollback.py $(if $(TO),--data to=$(TO)) $(ARGS); \
+	rc=$$?; $(call REFRESH_REPORT,$(INVENTORY)); exit $$rc
 
 history: venv
 	$(BIN)/dsv4deploy history --inventory $(INVENTORY) $(ARGS)
+
+# The page of every host of the inventory, from its release records and the gate and tune reports
+# here; a host that cannot be reached is shown from its last read. Opens from file:// (docs/report.md).
+report: venv
+	$(BIN)/dsv4deploy report --inventory $(INVENTORY) $(ARGS)
 
 bench: venv
 	$(BIN)/dsv4deploy bench $(PROFILE) --inventory $(INVENTORY) $(ARGS)
@@ -185,7 +211,8 @@ bench: venv
 # booted first, like `make deploy`); docs/tune.md.
 tune: $(if $(PLAN),,$(TWIN)) venv
 	$(if $(PLAN),,$(if $(SIM),$(TWIN_CLI) up --hosts $(HOSTS)))
-	$(BIN)/dsv4deploy tune $(PROFILE) --inventory $(INVENTORY) $(if $(PLAN),--plan) $(TUNE_ARGS)
+	$(BIN)/dsv4deploy tune $(PROFILE) --inventory $(INVENTORY) $(if $(PLAN),--plan) $(TUNE_ARGS)$(if $(PLAN),,; \
+	rc=$$?; $(call REFRESH_REPORT,$(INVENTORY)); exit $$rc)
 
 # The twin's Debian root and SGLang's parser venvs start building (bare python3, in the background;
 # the parser venvs and the control venv with the one uv, bootstrapped first) before the venv installs;
@@ -195,7 +222,7 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 # matrix and the replica sets share) and all the others (they mostly compute). The twins' logs,
 # with each group's slowest tests, are printed when all are done.
 ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py tests/test_faults_rollback_twin.py
-test: twin-debs
+test: twin-debs browser-debs
 	@mkdir -p .cache; python3 -c 'from ct200twin.host.machines import prebuild_root; prebuild_root()' \
 	  > .cache/rootfs-build.log 2>&1 &
 	@python3 -m dsv4deploy.host.uvpip path > /dev/null
