@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from ct200twin.host.twin_host import SimHost  # noqa: E402
 from dsv4deploy.host import installer  # noqa: E402
+from dsv4deploy.host.state import HOST_PACKAGES  # noqa: E402
 from dsv4deploy.release.rollout import rollout_for  # noqa: E402
 from dsv4deploy.render.unit import SGLANG_CONFIG_CREDENTIAL  # noqa: E402
 from dsv4deploy.sglang.versions import lock_file  # noqa: E402
@@ -90,6 +91,11 @@ def main() -> int:
     print(f"twin {twin.name} ({twin.address}); SGLang {args.version}; venv {venv}")
     print(f"python: {twin.run('python3 --version').stdout.strip()}; "
           f"pip config: {twin.run('python3 -m pip config list', check=False).stdout.strip() or '(none)'}")
+
+    # the Debian packages the deploy's first step installs (python3-venv: the venvs need it)
+    spent, proc = timed(twin, "DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+                              f"apt-get install -y -qq --no-install-recommends {' '.join(HOST_PACKAGES)} >/dev/null")
+    print(f"host packages ({' '.join(HOST_PACKAGES)}): rc {proc.returncode}, {spent:.1f} s")
 
     # the host's uv, as host/installer.py bootstraps it (pip --require-hashes)
     twin.run(f"mkdir -p {q(installer.TOOL)}")
