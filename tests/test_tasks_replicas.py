@@ -79,6 +79,7 @@ def switch(monkeypatch):
     monkeypatch.setattr(tr, "prepare_release_gate", prepare)
     monkeypatch.setattr(tr, "roll", roll)
     monkeypatch.setattr(tr, "retire", lambda h, serving, indices, log, done: events.append(("retire", indices)))
+    monkeypatch.setattr(tr, "stop_surplus", lambda h, t, log: [])
     monkeypatch.setattr(tr, "probe", probe)
     h = SimpleNamespace(name="fake", data={"health_poll_s": 0})
     switch = SimpleNamespace(make=lambda: tr.Switch(Store(h), r, ["the unit changed"], False, pending), events=events)
@@ -260,3 +261,24 @@ def test_the_read_compares_every_instance_with_the_release_and_the_plan_says_wha
         "restart it, health, identity and a probe on its own port, back in"]
     values["instances"] = "sglang@0.service active 1700000100 1700000000\nsglang@1.service active 1700000100 1700000100\n"
     assert plan_lines(r, HostState(values=values), [])[0].startswith("nothing to change: release 0003")
+
+
+def test_a_shrink_plans_a_roll_then_the_surplus_replica_leaves():
+    """count 3 -> 2: the plan promises the rolling update (no allow_downtime) and says that
+    sglang@2, which runs and is not in the release, leaves after it, its GPUs checked free."""
+    from dsv4deploy.host.state import HostState
+    from dsv4deploy.release.rollout import rollout_for
+    from dsv4deploy.tasks.plan import plan_lines
+    from test_host_state import SIM
+
+    r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
+    values = {"files": {}, "unit": {"ActiveState": "active"},
+              "releases": [{"release": 3, "status": "deployed", "profile": "nvfp4-ctx8k-dp2",
+                            "manifest_sha256": "old", "replicas": [{"index": 0}, {"index": 1}, {"index": 2}]}],
+              "checkpoint": {"complete": True, "marker": True},
+              "instances": "sglang@0.service active 2 1\nsglang@1.service active 2 1\nsglang@2.service active 2 -\n"}
+    lines = plan_lines(r, HostState(values=values), ["release: release 0003 renders differently"],
+                       gateway_restart="its unit or launcher changes")
+    roll = next(line for line in lines if line.startswith("rolling update"))
+    assert ("add it back; the others serve throughout; then drain sglang@2.service from the gateway (this release "
+            "does not run it), stop and disable it, its GPUs checked free; then restart sglang-gateway.service") in roll

@@ -84,6 +84,8 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
             switch = [f"rolling update behind {t.unit}, one replica at a time: take it out of the gateway, wait for "
                       f"its requests (at most {t.plan.drain_timeout_s} s), restart it, health, identity and the smoke "
                       f"gate on its own port, add it back; the others serve throughout; then "
+                      + "".join(f"drain {u} from the gateway (this release does not run it), stop and disable it, "
+                                "its GPUs checked free; then " for u in surplus_units(r, state))
                       + (f"restart {t.unit} ({gateway_restart}; connections to it drop while it restarts), then "
                          if gateway_restart else "")
                       + f"{2 * len(t.replica_targets)} short probe requests through {t.unit} (users are there: no "

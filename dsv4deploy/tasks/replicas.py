@@ -281,6 +281,7 @@ class Switch:
                      pids_before=self.pids_before)
                 # a set that shrank: the replicas it no longer runs leave once the others passed
                 retire(self.h, prev, replicas.surplus(prev.data, t.data), self.log, done=[s.index for s in steps])
+                stop_surplus(self.h, t, self.log)        # any other instance the release does not run
                 if self.restart_gateway:
                     start_gateway(self.h, t, restart=True)
                     self.log(f"restarted {t.unit} ({self.restart_gateway})")
