@@ -1,0 +1,93 @@
+"""Both gate runners against one twin server: the built-in client and SGLang's bench_serving, each
+run on the twin as a deploy runs it (over SSH, as the gate account; bench_serving from the
+server's venv, with the checkpoint's tokenizer), every level of the profile's gate to its end, and
+how far apart they came out. Shared by bench/gate_runners.py (the figures) and
+tests/test_gate_runners_twin.py (the agreement within 1%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsv4deploy.gate import run_gate
+from dsv4deploy.gate.inputs import GateHost, GateOptions, GateServer
+from dsv4deploy.gate.result import GateResult, LevelResult
+from dsv4deploy.gate.spec import GateSpec
+from dsv4deploy.profile.load import load_profile
+from dsv4deploy.render.layout import GATE_USER, Layout
+
+RUNNERS = ("builtin", "bench_serving")
+
+
+def twin_gate_host(twin) -> GateHost:
+    """The gate's commands on TWIN (a SimHost) over its SSH, the client run as the gate account."""
+
+    def execute(command: str, timeout_s: float) -> tuple[int, str, str]:
+        proc = twin.run(command, check=False, timeout=timeout_s)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def upload(local_path: str, remote_path: str) -> bool:
+        twin.write_file(remote_path, Path(local_path).read_text())
+        return True
+
+    return GateHost(execute, upload=upload, run_as=GATE_USER)
+
+
+def deployed_server(profile: str, profiles_dir: Path) -> tuple[GateSpec, GateServer]:
+    """The gate spec of PROFILE and the server a deploy of it serves (its venv, checkpoint, key)."""
+    data = load_profile(profile, profiles_dir).data
+    layout = Layout.of(data)
+    server = GateServer(f"http://127.0.0.1:{data['server']['port']}", layout.model_dir, layout.python,
+                        layout.api_key_file if data["server"].get("api_key") else None)
+    return GateSpec.from_profile(data), server
+
+
+def run_both(twin, spec: GateSpec, server: GateServer, log=None) -> dict[str, GateResult]:
+    """{runner: its result} of each runner's full gate, one after the other, on the same server."""
+    host = twin_gate_host(twin)
+    out = {}
+    for runner in RUNNERS:    # every level to its end, in the profile's order: the same requests for both
+        options = GateOptions(runner=runner, order="asis", fail_fast=False, early_stop=False, early_pass=False)
+        out[runner] = run_gate(spec, host, server, options, log=log).result
+    return out
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """One level measured by both runners."""
+
+    builtin: LevelResult
+    bench_serving: LevelResult
+
+    @property
+    def label(self) -> str:
+        return self.builtin.label
+
+    @property
+    def throughput_gap(self) -> float:
+        """bench_serving's output tok/s relative to the built-in client's (0.01 = 1% higher)."""
+        return self.bench_serving.output_throughput / self.builtin.output_throughput - 1
+
+    def tokens(self) -> dict[str, tuple[int, int]]:
+        """Per count, (built-in, bench_serving): completed requests, input and output tokens."""
+        return {k: (getattr(self.builtin, k), getattr(self.bench_serving, k))
+                for k in ("completed", "total_input_tokens", "total_output_tokens")}
+
+    def row(self) -> str:
+        b, s = self.builtin, self.bench_serving
+        retok = s.extra.get("total_output_tokens_retokenized")
+        return (f"| {self.label} | {b.completed}/{s.completed} | {b.total_input_tokens}/{s.total_input_tokens} | "
+                f"{b.total_output_tokens}/{s.total_output_tokens} ({retok} retokenized) | "
+                f"{b.output_throughput:.2f} | {s.output_throughput:.2f} | {100 * self.throughput_gap:+.2f}% | "
+                f"{b.duration_s:.2f} / {s.duration_s:.2f} |")
+
+
+HEADER = ("| level | completed (built-in/bench_serving) | input tokens | output tokens | built-in tok/s | "
+          "bench_serving tok/s | gap | timed part, s |\n|---|---|---|---|---|---|---|---|")
+
+
+def agreements(results: dict[str, GateResult]) -> list[Agreement]:
+    """The levels both runners measured, paired by concurrency."""
+    theirs = {lv.concurrency: lv for lv in results["bench_serving"].levels}
+    return [Agreement(lv, theirs[lv.concurrency]) for lv in results["builtin"].levels if lv.concurrency in theirs]
