@@ -19,3 +19,4 @@ from dsv4deploy import tasks  # noqa: E402
 store = tasks.release_store()             # the host's releases and deploy lock, as this run holds them
 tasks.deploy_lock(store, "rollback")
 tasks.manual_rollback(store, host.data.get("to"))
+tasks.arm_watch(store)                    # the watch, for the release restored (docs/watch.md)

@@ -60,3 +60,4 @@ else:
     started = tasks.switch(rollout, state, changes.reasons, pending)
     if changes or started.will_change:
         tasks.verify_and_record(rollout, store, pending)  # health, identity, gate; a failure rolls back
+tasks.arm_watch(store, rollout.data)                  # the watch on what serves now (docs/watch.md)

@@ -23,6 +23,14 @@ The GPUs it reports come from a JSON settings file, by default
      "compute_cap": "12.0", "memory_used_mib": 0, "driver_installed": true,
      "cuda_version": "13.0", "uuid_seed": "CT200"}
 
+Faults an operator sees on a real host, switchable while the twin runs (each call reads the
+file again): ``"faults": {"<index>": {...}}`` with ``gone`` (the GPU fell off the bus: no
+longer listed, "Unable to determine the device handle" on stderr), ``ecc_uncorrectable`` (n),
+``remap_pending`` (bool), ``clock_events`` (names such as ``hw_thermal_slowdown``: reported
+Active), ``pcie_gen`` / ``pcie_width`` (the link as trained now, below the slot's 5 / 16);
+``"foreign_processes": [{"gpu": i, "pid": n, "used_mib": m}]`` are listed by
+``--query-compute-apps`` beside nothing else (the twin's server holds no real GPU memory).
+
 Missing keys take these defaults (CT200's values). ``memory_used_mib`` may be
 a list (one value per GPU).  Exit codes follow the real tool: 2 for a bad
 field or format, 255 for an unknown option, 6 when no GPU matches, 9 when the
@@ -108,8 +116,18 @@ class Gpu:
         self.power_limit = int(s.get("power_limit_w") or 600)
 
 
+def fault(g, key, default=None):
+    """GPU G's switched-on fault KEY (settings "faults", by index), or DEFAULT."""
+    faults = g.s.get("faults") or {}
+    return (faults.get(str(g.index)) or {}).get(key, default)
+
+
 def gpus(settings):
-    return [Gpu(i, settings) for i in range(int(settings["count"]))]
+    every = [Gpu(i, settings) for i in range(int(settings["count"]))]
+    for g in every:
+        if fault(g, "gone"):
+            sys.stderr.write("Unable to determine the device handle for GPU%s: Unknown Error\n" % g.bus_id[4:])
+    return [g for g in every if not fault(g, "gone")]
 
 
 def select(all_gpus, ids):
@@ -161,7 +179,19 @@ FIELDS = {
     "power.draw": ("W", lambda g: ("28.50", "W")),
     "power.limit": ("W", lambda g: ("%.2f" % g.power_limit, "W")),
     "fan.speed": ("%", lambda g: ("[N/A]", None)),
+    "pcie.link.gen.current": (None, lambda g: str(fault(g, "pcie_gen", 5))),
+    "pcie.link.gen.max": (None, lambda g: str(fault(g, "pcie_gen", 5))),
+    "pcie.link.gen.gpumax": (None, lambda g: "5"),
+    "pcie.link.width.current": (None, lambda g: str(fault(g, "pcie_width", 16))),
+    "pcie.link.width.max": (None, lambda g: "16"),
+    "ecc.errors.uncorrected.volatile.total": (None, lambda g: str(fault(g, "ecc_uncorrectable", 0))),
+    "ecc.errors.corrected.volatile.total": (None, lambda g: "0"),
 }
+CLOCK_EVENTS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "hw_thermal_slowdown",
+                "sw_thermal_slowdown", "hw_power_brake_slowdown", "sync_boost")
+for _name in CLOCK_EVENTS:
+    FIELDS["clocks_event_reasons." + _name] = (None, lambda g, n=_name: "Active" if n in fault(g, "clock_events", [])
+                                               else "Not Active")
 
 ALIASES = {
     "gpu_name": "name",
@@ -206,6 +236,26 @@ def query_gpu(selected, fields, fmt):
                 cols.append(str(v))
         lines.append(", ".join(cols))
     return "\n".join(lines) + "\n"
+
+
+def side_query(settings, selected, mode, fields, fmt):
+    """--query-remapped-rows (one row per GPU) and --query-compute-apps (the foreign processes)."""
+    if mode == "query-remapped-rows":
+        rows = [{"gpu_uuid": g.uuid, "gpu_bus_id": g.bus_id, "remapped_rows.correctable": "0",
+                 "remapped_rows.uncorrectable": str(fault(g, "ecc_uncorrectable", 0)),
+                 "remapped_rows.pending": "Yes" if fault(g, "remap_pending") else "No",
+                 "remapped_rows.failure": "No"} for g in selected]
+    else:
+        by_index = {g.index: g for g in selected}
+        rows = [{"gpu_uuid": by_index[p["gpu"]].uuid, "gpu_bus_id": by_index[p["gpu"]].bus_id, "pid": str(p["pid"]),
+                 "process_name": p.get("name", "python3"), "used_memory": str(p.get("used_mib", 0))}
+                for p in settings.get("foreign_processes") or [] if p.get("gpu") in by_index]
+    for f in fields:
+        if rows and f not in rows[0]:
+            raise Exit(2, 'Field "%s" is not a valid field to query.\n\n' % f)
+    lines = [] if "noheader" in fmt else [", ".join(fields)]
+    lines += [", ".join(r[f] for f in fields) for r in rows]
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def parse_format(value):
@@ -395,6 +445,10 @@ def run(argv, settings=None):
             value, i = _take_value(argv, i, opt)
             query_fields = [f.strip() for f in value.split(",") if f.strip()]
             mode = "query-gpu"
+        elif opt in ("--query-remapped-rows", "--query-compute-apps"):
+            value, i = _take_value(argv, i, opt)
+            query_fields = [f.strip() for f in value.split(",") if f.strip()]
+            mode = opt[2:]
         elif opt == "--format":
             value, i = _take_value(argv, i, opt)
             fmt = parse_format(value)
@@ -419,6 +473,8 @@ def run(argv, settings=None):
         return 0, list_text(selected)
     if mode == "query":
         return 0, query_text(settings, selected)
+    if mode in ("query-remapped-rows", "query-compute-apps"):
+        return 0, side_query(settings, selected, mode, query_fields, fmt if fmt is not None else {"csv"})
     if mode == "query-gpu":
         if not query_fields:
             raise Exit(2, "No query fields were given.\n")

@@ -7,7 +7,8 @@ steps that use them."""
 # Programs that are copied to the GPU host and run there with its own python3: each starts with
 # the line HOST_PROGRAM_MARK and imports only the standard library (tests/test_host_programs.py).
 HOST_PROGRAMS = ("gate/client.py", "preflight/nccl_probe.py", "weights/check.py", "weights/fetch.py",
-                 "host/uvpip.py", "sglang/launch_parser.py", "watch/decide.py")
+                 "host/uvpip.py", "sglang/launch_parser.py", "watch/decide.py",
+                 "watch/agent.py", "watch/act.py")
 HOST_PROGRAM_MARK = "# dsv4deploy host program: runs on the GPU host with its own python3; standard library only."
 
 # How the deploy starts python on the host (as root, the service user or the gate's user):

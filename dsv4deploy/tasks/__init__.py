@@ -17,9 +17,10 @@ from dsv4deploy.tasks.rollback import manual_rollback
 from dsv4deploy.tasks.release import (begin_release, deploy_lock, needs_release, read_locked, release_store,
                                       settle_interrupted, verify_and_record)
 from dsv4deploy.tasks.plan import show_plan
+from dsv4deploy.tasks.watch import arm as arm_watch
 
 
 __all__ = ["manual_rollback", "preflight", "driver", "nccl_probe", "host_packages", "service_user", "sglang_venv",
            "launch_check", "weights", "config_files", "files_differ", "secrets", "switch",
            "begin_release", "deploy_lock", "needs_release", "settle_interrupted", "verify_and_record",
-           "show_plan", "read_locked", "release_store", "gateway_venv", "switch_set", "cannot_roll", "gateway_restart"]
+           "show_plan", "read_locked", "release_store", "gateway_venv", "switch_set", "cannot_roll", "gateway_restart", "arm_watch"]
