@@ -25,7 +25,7 @@ from dsv4deploy import tasks  # noqa: E402
 from dsv4deploy.release.changes import Changes  # noqa: E402
 from dsv4deploy.release.rollout import rollout_for  # noqa: E402
 
-rollout = rollout_for(host.data)                      # validate the profile, render its files
+rollout = rollout_for(host.data, host.name)           # validate the profile (with the host's calibration), render
 store = tasks.release_store(rollout)                  # the host's releases and deploy lock, as this run holds them
 state = tasks.read_locked(rollout, store, f"deploy {rollout.profile.name}")  # the host's state, one command,
                                                       # under the deploy lock it takes: one deploy at a time

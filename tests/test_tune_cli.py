@@ -4,6 +4,7 @@ naming the key, exit 1 with no backend; and the whole run against a stand-in bac
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def snapshot(*folders: Path) -> dict:
     the deploys of make test's other pytest processes write reports/<host>/ meanwhile."""
     def ours(p: Path) -> bool:
         rel = p.relative_to(REPO / "reports").parts if p.is_relative_to(REPO / "reports") else ()
-        return not rel or rel[0].startswith("tune")
+        return not rel or (rel[0].startswith("tune-") and not re.fullmatch(r"tune-[0-9]+", rel[0]))
     return {str(p): p.stat().st_mtime_ns for f in folders if f.exists() for p in f.rglob("*") if ours(p)}
 
 
@@ -49,17 +50,20 @@ def test_plan_lists_candidates_and_refusals_with_reasons_and_writes_nothing(prof
     out = run("fp8-ctx1m-baseline", "--plan", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "tune fp8-ctx1m-baseline: 10 candidates, 7 to try, 3 refused (never measured)"
+    assert lines[0] == "tune fp8-ctx1m-baseline: 13 candidates, 9 to try, 4 refused (never measured)"
     rows = [line.split(None, 2) for line in lines if line[:4] in ("base", "c01 ", "c03 ")]
     assert rows[0] == ["base", "try", "(the base profile as it is)"]
     assert rows[1] == ["c01", "try", "server.context_length=8192"]
     assert rows[2][:2] == ["c03", "refused"] and "server.mem_fraction_static=0.85" in rows[2][2]
-    assert sum("reason: server.mem_fraction_static: CUDA-graph capture would run out" in x for x in lines) == 3
+    assert sum("reason: server.mem_fraction_static: CUDA-graph capture would run out" in x for x in lines) == 4
+    assert any(line.split(None, 2)[1:] == ["try", "replicas.count=2, server.context_length=8192"]
+               for line in lines if line.startswith("c"))       # the layout is searched
     assert snapshot(*watched) == before
 
 
 def test_plan_json_is_machine_readable(profile_dir):
-    out = run("fp8-ctx1m-baseline", "--plan", "--json", "--set", "server.context_length=8192")
+    out = run("fp8-ctx1m-baseline", "--plan", "--json", "--set", "server.context_length=8192",
+              "--set", "replicas.count=1")
     doc = json.loads(out.stdout)
     assert doc["concurrency"] == 64 and doc["tuned_profile"] == "fp8-ctx1m-baseline-tuned"
     assert [c["status"] for c in doc["candidates"]] == ["try", "try", "try", "refused"]
@@ -106,7 +110,7 @@ def test_make_tune_plan(profile_dir):
                           "BIN=" + str(Path(sys.executable).parent)],
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "3 refused (never measured)" in out.stdout
+    assert "4 refused (never measured)" in out.stdout
 
 
 # --- the whole run, with a stand-in for the host ------------------------------------------------

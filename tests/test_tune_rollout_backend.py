@@ -98,3 +98,75 @@ def test_a_candidate_that_never_reached_its_gate_is_an_error_not_an_exception(ba
     finally:
         backend.close()
     assert m.error and m.error.startswith("no gate ran (exit 1): preflight refused the host:") and "tp_size 4 needs 4 GPUs" in m.error
+
+
+# --- a replica set is scored where users reach it: through its gateway ------------------------
+
+def _gate(folder: Path, tok_s: float, split: list[int] | None = None) -> None:
+    """A gate report at FOLDER: the recorded pass at C=64 with TOK_S output tok/s, and through a
+    gateway the requests each replica served (SPLIT)."""
+    doc = json.loads((FIX / "gate-pass-c64.json").read_text())
+    for level in doc["result"]["levels"]:
+        if level["concurrency"] == 64:
+            level["output_throughput"] = tok_s
+    doc["result"]["replicas"] = [{"index": i, "url": f"http://127.0.0.1:{30001 + i}", "requests": n}
+                                 for i, n in enumerate(split or [])]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "gate.json").write_text(json.dumps(doc))
+
+
+def _set_runners(settings: Settings, rolled: bool):
+    """pyinfra stand-in: a rolled set gates each replica alone (529.6, 529.8 tok/s), a set started
+    together is gated through its gateway (760 tok/s); `dsv4deploy bench` stand-in: the gateway."""
+    calls = []
+
+    def deploy(inventory, profile, profiles, extra):
+        calls.append(("deploy", profile))
+        host = settings.reports / "h"
+        if rolled:
+            lines = []
+            for i, tok in enumerate((529.6, 529.8)):
+                _gate(host / f"0009-{profile}-replica-{i}", tok)
+                lines.append(f"[h] gate report: {settings.shown(host / f'0009-{profile}-replica-{i}')}")
+            return 0, "\n".join(lines + [f"[h] release 0009 deployed: {profile} serves from 2 replicas"]) + "\n"
+        _gate(host / f"0009-{profile}", 760.0, [64, 64])
+        return 0, f"[h] gate report: {settings.shown(host / f'0009-{profile}')}\n[h] release 0009 deployed\n"
+
+    def bench(inventory, profile, profiles, extra):
+        calls.append(("bench", profile))
+        _gate(settings.reports / "h" / f"adhoc-{profile}", 758.0, [64, 64])
+        return 0, f"[h] gate report: {settings.shown(settings.reports / 'h' / f'adhoc-{profile}')}\n"
+    return deploy, bench, calls
+
+
+@pytest.mark.parametrize("rolled", [True, False])
+def test_a_two_replica_candidate_scores_its_sets_throughput_through_the_gateway(base, tmp_path, rolled):
+    settings = _settings(tmp_path)
+    deploy, bench, calls = _set_runners(settings, rolled)
+    backend = rb.RolloutBackend("inventory/sim.py", base, None, settings, runner=deploy, bench=bench)
+    try:
+        m = backend.measure(_cand(base, {"replicas.count": 2, "server.context_length": 8192}), LEVEL)
+    finally:
+        backend.close()
+    assert m.scope == "through the gateway (2 replicas)" and m.requests_per_replica == [64, 64]
+    assert m.release == 9 and m.error is None and m.gate_passed
+    if rolled:      # the release's own figure would be the weakest replica's 529.6
+        assert m.output_throughput == 758.0 and [k for k, _ in calls] == ["deploy", "bench"]
+        assert m.per_replica == [{"replica": 0, "output_throughput": 529.6, "passed": True},
+                                 {"replica": 1, "output_throughput": 529.8, "passed": True}]
+    else:           # gated through the gateway by the deploy itself: nothing more to run
+        assert m.output_throughput == 760.0 and [k for k, _ in calls] == ["deploy"] and m.per_replica == []
+
+
+def test_an_out_of_memory_start_is_flagged_for_the_budget(base, tmp_path):
+    settings = _settings(tmp_path)
+
+    def deploy(inventory, profile, profiles, extra):
+        return 1, ("[h] release 0004: SGLang at start: out of memory at start: tried to allocate 2.20 GiB\n"
+                   "[h] release 0004 (x) failed: the server did not become healthy\n")
+    backend = rb.RolloutBackend("inventory/sim.py", base, None, settings, runner=deploy)
+    try:
+        m = backend.measure(_cand(base, {"server.context_length": 8192}), LEVEL)
+    finally:
+        backend.close()
+    assert m.error and m.out_of_memory

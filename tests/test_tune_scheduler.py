@@ -26,11 +26,11 @@ CTX, MEM = "server.context_length", "server.mem_fraction_static"
 TABLE = {
     key(): (29.7, 900.0, 2100.0, 0),                         # the campaign's baseline: under the floor
     key(**{CTX: 8192}): (531.7, 300.0, 118.0, 0),            # the campaign's fix
-    key(**{CTX: 8192, MEM: 0.8}): (600.0, 300.0, 160.0, 0),  # fastest, but over the TPOT ceiling
+    key(**{CTX: 8192, MEM: 0.75}): (600.0, 300.0, 160.0, 0),  # fastest, but over the TPOT ceiling
     key(**{CTX: 32768}): (450.0, 400.0, 140.0, 0),
-    key(**{CTX: 32768, MEM: 0.8}): (700.0, 400.0, 100.0, 2),  # fastest of all, but failed requests
+    key(**{CTX: 32768, MEM: 0.75}): (700.0, 400.0, 100.0, 2),  # fastest of all, but failed requests
     key(**{CTX: 131072}): (200.0, 500.0, 300.0, 0),
-    key(**{CTX: 131072, MEM: 0.8}): (210.0, 500.0, 300.0, 0),
+    key(**{CTX: 131072, MEM: 0.75}): (210.0, 500.0, 300.0, 0),
 }
 
 
@@ -43,7 +43,7 @@ def prep(profile_dir):
             - {concurrency: 64, num_prompts: 128, input_len: 256, output_len: 256,
                min_output_throughput: 400, max_p99_tpot_ms: 150}
     """)
-    return prepare("slo", [f"{CTX}=8192,32768,131072", f"{MEM}=0.70,0.80,0.85"], directory=profiles_dir())
+    return prepare("slo", [f"{CTX}=8192,32768,131072", f"{MEM}=0.70,0.75,0.85", "replicas.count=1"], directory=profiles_dir())
 
 
 def run(prep, table=TABLE, *, budget_s=10_000, state=None, cost_s=60.0, interrupt_after=None):
@@ -77,7 +77,7 @@ def test_the_base_is_measured_first_as_the_reference(prep):
 def test_faster_candidates_that_break_an_slo_or_fail_requests_are_out_at_once(prep):
     result, measure = run(prep)
     ids = {frozenset(c.overrides.items()): c.id for c in prep.candidates}
-    over_tpot, failing = ids[key(**{CTX: 8192, MEM: 0.8})], ids[key(**{CTX: 32768, MEM: 0.8})]
+    over_tpot, failing = ids[key(**{CTX: 8192, MEM: 0.75})], ids[key(**{CTX: 32768, MEM: 0.75})]
     assert "p99 TPOT 160.0 ms > ceiling 150 ms" in result.eliminated[over_tpot]
     assert "2 failed request(s)" in result.eliminated[failing]
     assert (over_tpot, 1) not in measure.calls and (failing, 1) not in measure.calls
@@ -162,7 +162,7 @@ def test_a_state_measured_another_way_is_set_aside_not_mixed_in(prep, tmp_path):
     path = tmp_path / "slo.json"
     with TuneState.open(path, "slo", prep.method) as state:
         run(prep, state=state)
-    other = prepare("slo", [f"{CTX}=8192,32768,131072", f"{MEM}=0.70,0.80,0.85"], concurrency=16, directory=profiles_dir())
+    other = prepare("slo", [f"{CTX}=8192,32768,131072", f"{MEM}=0.70,0.75,0.85", "replicas.count=1"], concurrency=16, directory=profiles_dir())
     with TuneState.open(path, "slo", other.method) as state:
         assert "measured another way" in state.note and not state.trials
     assert (tmp_path / "slo.json.old").exists()

@@ -23,9 +23,9 @@ def _no_shipped_tuned_profile(request):
 
 @pytest.fixture
 def chosen(profile_dir):
-    prep = prepare("fp8-ctx1m-baseline", ["server.context_length=8192", "server.mem_fraction_static=0.7,0.8"], directory=profiles_dir())
+    prep = prepare("fp8-ctx1m-baseline", ["server.context_length=8192", "server.mem_fraction_static=0.7,0.75"], directory=profiles_dir())
     return next(c for c in prep.candidates if c.overrides == {"server.context_length": 8192,
-                                                              "server.mem_fraction_static": 0.8})
+                                                              "server.mem_fraction_static": 0.75})
 
 
 def write(profile_dir, cand):
@@ -41,7 +41,7 @@ def test_the_tuned_profile_extends_the_base_holds_only_the_chosen_values_and_val
     assert MARKER in text.splitlines()[1]
     doc = yaml.safe_load(text)
     assert doc == {"extends": "fp8-ctx1m-baseline", "description": "fp8 tuned: test",
-                   "server": {"context_length": 8192, "mem_fraction_static": 0.8}}
+                   "server": {"context_length": 8192, "mem_fraction_static": 0.75}}
     loaded = load_profile("fp8-ctx1m-baseline-tuned")
     assert validate(loaded).ok
     assert loaded.data["server"] == chosen.profile.data["server"]
@@ -76,7 +76,7 @@ def test_a_file_that_reads_back_as_something_else_is_not_kept(profile_dir, chose
 def test_a_tuned_profile_that_does_not_validate_is_not_kept(profile_dir, chosen, monkeypatch):
     real = tuned.tuned_text
     monkeypatch.setattr(tuned, "tuned_text",
-                        lambda *a, **kw: real(*a, **kw).replace("mem_fraction_static: 0.8", "mem_fraction_static: 0.85"))
+                        lambda *a, **kw: real(*a, **kw).replace("mem_fraction_static: 0.75", "mem_fraction_static: 0.85"))
     with pytest.raises(ProfileError) as exc:
         write(profile_dir, chosen)
     assert "CUDA-graph capture would run out" in str(exc.value)

@@ -18,7 +18,7 @@ from dsv4deploy.render.layout import Layout
 from dsv4deploy.profile.load import Profile, load_profile
 from dsv4deploy.render.unit import SGLANG_MODULE, Rendered, render
 from dsv4deploy.profile.replicas import ReplicaPlan
-from dsv4deploy.profile import replicas
+from dsv4deploy.profile import calibration, replicas
 from dsv4deploy.profile.validate import Report, ssh_user_problem, validate
 
 
@@ -140,9 +140,22 @@ class Rollout:
         return Target(data=self.profile.data, layout=self.layout)
 
 
-def rollout_for(host_data) -> Rollout:
+def host_calibration(settings: Settings, host_name: str | None) -> dict | None:
+    """HOST_NAME's memory calibration on the control node (reports/<host>/calibration.json, made
+    from SGLang's startup logs there; None: none yet, or no host named); DeployError if unreadable."""
+    if not host_name:
+        return None
+    try:
+        return calibration.read(calibration.path_for(settings.reports, host_name))
+    except calibration.CalibrationError as exc:
+        raise DeployError(f"{exc}: fix or remove it (the next start there makes it anew)") from None
+
+
+def rollout_for(host_data, host_name: str | None = None) -> Rollout:
     """Build the Rollout from the host data: `profile` (set by the inventory, or `--data profile=`),
     the run's `settings` (set by the inventory: where the profiles are) and the inventory's stand-ins.
+    HOST_NAME: the host deployed to, whose calibration (profile/calibration.py) the memory budget
+    uses, so a fraction that host's own starts refuse is refused with the release that showed it.
 
     A bad profile raises DeployError here, in pyinfra's prepare stage: nothing is changed. (This
     project's inventories refuse it earlier, before connecting: dsv4deploy/cli/inventories.py.)"""
@@ -151,9 +164,10 @@ def rollout_for(host_data) -> Rollout:
         raise DeployError("no profile given: set it in the inventory's host data (inventory/ct200.py reads "
                           "CT200_PROFILE), or use --data profile=NAME (make deploy PROFILE=NAME)")
     settings = settings_of(host_data)
+    measured = host_calibration(settings, host_name)
     try:
         profile = load_profile(str(name), settings.profiles)
-        report = validate(profile)
+        report = validate(profile, measured)
     except ProfileError as exc:
         raise DeployError(f"invalid profile {name}:\n{exc}") from None
     if report.errors:

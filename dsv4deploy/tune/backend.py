@@ -21,6 +21,9 @@ table-driven stand-in with the same shape):
   (None, None) when the search is cut off (Ctrl-C, an exception). Returns one line saying which
   release serves now.
 - `close()`: release whatever the backend holds (connections).
+- `calibration()`: the host's memory calibration as it is now (reports/<host>/calibration.json,
+  which every candidate's deploy rewrites; None before the host's first start): the search checks
+  each candidate with it again just before that candidate's deploy (tune/budget.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,24 @@ class Backend:
     measure: Measure
     settle: Callable[[Candidate | None, str | None], str]
     close: Callable[[], None] = lambda: None
+    calibration: Callable[[], "dict | None"] = lambda: None
+    where: str = ""          # the host measured on, and whether it is the twin: the tuned profile says so
+
+
+def calibration_reader(path) -> Callable[[], "dict | None"]:
+    """Read the host's calibration at PATH now; one that became unreadable mid-search counts as
+    the last one read (the deploy that rewrites it warns about it)."""
+    from dsv4deploy.profile import calibration
+
+    last: list = [calibration.read(path)]       # CalibrationError here: the tune does not start
+
+    def read():
+        try:
+            last[0] = calibration.read(path)
+        except calibration.CalibrationError:
+            pass
+        return last[0]
+    return read
 
 
 def open_backend(inventory: str, base: Profile, method: Method, settings: Settings) -> Backend:
@@ -52,6 +73,7 @@ def open_backend(inventory: str, base: Profile, method: Method, settings: Settin
     fruitless search puts back."""
     from dsv4deploy.host.connect import RemoteError, connected, on
     from dsv4deploy.host.release_store import ReleaseStore
+    from dsv4deploy.profile import calibration
     from dsv4deploy.tune.rollout_backend import RolloutBackend
 
     try:
@@ -60,7 +82,15 @@ def open_backend(inventory: str, base: Profile, method: Method, settings: Settin
                 raise NoBackend(f"{inventory} has {len(hosts)} hosts: tune measures on one host at a time")
             with on(hosts[0]):
                 live = ReleaseStore(hosts[0]).current()
+            name = hosts[0].name
+            twin = bool(hosts[0].data.get("stand_ins"))
     except RemoteError as exc:
         raise NoBackend(f"cannot reach the host of {inventory}: {exc}") from None
+    try:
+        read = calibration_reader(calibration.path_for(settings.reports, name))
+    except calibration.CalibrationError as exc:
+        raise NoBackend(f"{exc}: fix or remove it (the next deploy there makes it anew)") from None
     rollout = RolloutBackend(inventory, base, method, settings, start_release=live["release"] if live else None)
-    return Backend(measure=rollout.measure, settle=rollout.settle, close=rollout.close)
+    where = (f"{name}, a CT200 twin (its GPUs and SGLang server are stand-ins: figures are the twin's, not CT200's)"
+             if twin else f"{name}") + f", inventory {inventory}"
+    return Backend(measure=rollout.measure, settle=rollout.settle, close=rollout.close, calibration=read, where=where)

@@ -18,10 +18,11 @@ from dsv4deploy.profile.errors import ProfileError
 from dsv4deploy.profile.load import Profile, load_profile
 from dsv4deploy.profile.validate import validate
 from dsv4deploy.tune.backend import Backend
+from dsv4deploy.tune.budget import Screen, calibrate_candidates
 from dsv4deploy.tune.candidates import Candidate, build_candidates
 from dsv4deploy.tune.objective import Method, method_for
 from dsv4deploy.tune.report import TuneReport, report_dir, write_report
-from dsv4deploy.tune.scheduler import TuneResult, successive_halving
+from dsv4deploy.tune.scheduler import Scheduler, TuneResult
 from dsv4deploy.tune.space import Space, build_space
 from dsv4deploy.tune.state import TuneState
 from dsv4deploy.tune.tuned import check_target, tuned_name, write_tuned
@@ -129,11 +130,14 @@ def run_tune(p: Prepared, backend: Backend, folders: TuneFolders, *, fresh: bool
     started = time.time()
     with TuneState.open(folders.state / f"{p.base.name}.json", p.base.name, p.method, fresh=fresh) as state:
         notes = [state.note] if state.note else []
+        refused = calibrate_candidates(p.candidates, backend.calibration())
+        if refused:
+            notes.append(f"refused by the host's calibrated memory budget before the search: {', '.join(refused)}")
         for n in notes:
             log(n)
         try:
-            result = successive_halving(p.candidates, p.method, backend.measure, state, budget_s=p.space.budget_s,
-                                        clock=clock, log=log)
+            result = Scheduler(p.method, backend.measure, state, budget_s=p.space.budget_s, clock=clock, log=log,
+                               screen=Screen(backend.calibration)).run(p.candidates)
         except BaseException:  # cut off (Ctrl-C, a broken backend): the starting release serves again
             backend.settle(None, None)
             raise
@@ -145,7 +149,8 @@ def run_tune(p: Prepared, backend: Backend, folders: TuneFolders, *, fresh: bool
             p.base.name, result.chosen, directory=p.tuned_path.parent,
             description=(f"{p.base.name} tuned for C={p.method.concurrency}: {result.chosen.label} "
                          f"({t.measurement.output_throughput:.1f} tok/s measured)"),
-            notes=[f"Report: {_shown_path(folder)}", f"Verdict: {result.verdict}"])
+            notes=[f"Report: {_shown_path(folder)}", f"Verdict: {result.verdict}"]
+            + ([f"Measured on: {backend.where}"] if backend.where else []))
     serving = ""
     try:
         serving = backend.settle(result.chosen, p.tuned_name if tuned else None)

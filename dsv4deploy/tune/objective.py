@@ -13,7 +13,7 @@ level at that concurrency, so the winner was measured exactly as the gate will m
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from dsv4deploy.gate.spec import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, GateSpec
 from dsv4deploy.profile.load import Profile
@@ -110,6 +110,12 @@ class Measurement:
     error: str | None = None                 # the candidate did not serve (start failed, OOM, no health)
     wall_s: float = 0.0                      # set by the scheduler: the time this measurement took
     release: int | None = None               # the host release that served it (make history)
+    scope: str = ""                          # where it was measured: the server, or a set's gateway
+    # a rolled replica set: each replica's own gate, alone on its port ({replica, output_throughput,
+    # passed}), kept beside the set's score; empty when the set started together or for one server
+    per_replica: list = field(default_factory=list)
+    requests_per_replica: list = field(default_factory=list)   # through a gateway: who served the score
+    out_of_memory: bool = False              # it did not start because the GPUs ran out of memory
 
     def to_dict(self) -> dict:
         return asdict(self)

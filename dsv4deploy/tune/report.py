@@ -38,6 +38,8 @@ class TuneReport:
             return "refused", "; ".join(c.reasons)
         if r.chosen is not None and c.id == r.chosen.id:
             return "chosen", "the best that passed, and better than the base"
+        if c.id in r.refused:
+            return "refused", "the host's calibrated budget: " + "; ".join(r.refused[c.id])
         if c.id in r.eliminated:
             return "out", r.eliminated[c.id]
         if c.id in r.skipped:

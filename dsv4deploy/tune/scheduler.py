@@ -8,7 +8,8 @@ is the reference, and the search picks a candidate only if it beats it (or the b
 SLOs). Otherwise nothing is chosen and the host keeps the release it started with.
 
 `measure(candidate, level) -> Measurement` is injected (the host backend, or a table in tests),
-and so is the clock. Before each measurement the scheduler checks the budget: it starts none
+and so is the clock; so is the memory screen (tune/budget.py): asked before each deploy, it
+refuses a candidate the host's calibrated budget refuses now, which is then never started. Before each measurement the scheduler checks the budget: it starts none
 when the time spent plus the mean time of this rung's measurements so far would pass it.
 Finished measurements come from the state when there, at no cost and without calling measure.
 """
@@ -25,6 +26,16 @@ from dsv4deploy.tune.objective import Level, Measurement, Method, infeasible
 from dsv4deploy.tune.state import TuneState
 
 Measure = Callable[[Candidate, Level], Measurement]
+
+
+class NoScreen:
+    """No memory screen: every candidate that passed pruning may be deployed."""
+
+    def refuse(self, cand: Candidate) -> list[str]:
+        return []
+
+    def observe(self, cand: Candidate, m: Measurement) -> None:
+        pass
 
 
 @dataclass
@@ -51,6 +62,7 @@ class TuneResult:
     spent_s: float = 0.0
     skipped: list[str] = field(default_factory=list)   # candidate ids the budget left unmeasured
     eliminated: dict[str, str] = field(default_factory=dict)  # id -> why it went no further
+    refused: dict[str, list[str]] = field(default_factory=dict)  # id -> why the calibrated budget stopped its deploy
 
     def last_trial(self, cand_id: str) -> Trial | None:
         mine = [t for t in self.trials if t.candidate.id == cand_id]
@@ -68,8 +80,10 @@ def restart_order(cands: list[Candidate]) -> list[Candidate]:
 
 class Scheduler:
     def __init__(self, method: Method, measure: Measure, state: TuneState, *, budget_s: float,
-                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = lambda s: None):
+                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = lambda s: None,
+                 screen=None):
         self.method, self.measure, self.state = method, measure, state
+        self.screen = screen or NoScreen()
         self.budget_s, self.clock, self.log = budget_s, clock, log
         self.result = TuneResult()
         self._start = clock()
@@ -98,6 +112,7 @@ class Scheduler:
             except Exception as exc:  # the backend broke on this candidate: it is out, the search goes on
                 m = Measurement(0.0, error=f"{type(exc).__name__}: {exc}")
             m = replace(m, wall_s=self.clock() - t0)
+            self.screen.observe(cand, m)
             self._walls.setdefault(level.index, []).append(m.wall_s)
             self.state.record(cand.key, level.index, m, cand.overrides, self.spent())
             trial = Trial(cand, level, m, infeasible(m, self.method.slo))
@@ -121,6 +136,11 @@ class Scheduler:
                     for c in queue[i:]:
                         r.eliminated[c.id] = f"level {level.index - 1}: not in the best {want} of {measured}"
                     break
+                if self.state.get(cand.key, level.index) is None and (why := self.screen.refuse(cand)):
+                    r.refused[cand.id] = why           # never deployed: the budget refuses it on this host now
+                    r.eliminated[cand.id] = f"level {level.index}: refused before its deploy: " + "; ".join(why)
+                    self.log(f"{cand.id} level {level.index}: REFUSED before its deploy: " + "; ".join(why))
+                    continue
                 trial = self._trial(cand, level)
                 if trial is None:
                     r.budget_exhausted = True
@@ -142,7 +162,7 @@ class Scheduler:
             queue = [t.candidate for t in ranked]
         r.spent_s = self.spent()
         last = [r.last_trial(c.id) for c in ready]
-        ok = [t for t in last if t is not None and t.feasible]
+        ok = [t for t in last if t is not None and t.feasible and t.candidate.id not in r.refused]
         best = max(ok, key=lambda t: (t.level.index, t.measurement.output_throughput, -t.candidate.index),
                    default=None)
         self._choose(best)
@@ -176,5 +196,5 @@ class Scheduler:
 def successive_halving(candidates: list[Candidate], method: Method, measure: Measure, state: TuneState, *,
                        budget_s: float, clock: Callable[[], float] = time.monotonic,
                        log: Callable[[str], None] = lambda s: None) -> TuneResult:
-    """Run the search; see the module docstring."""
+    """Run the search without a memory screen (Scheduler takes one); see the module docstring."""
     return Scheduler(method, measure, state, budget_s=budget_s, clock=clock, log=log).run(candidates)
