@@ -345,6 +345,7 @@ SEMANTIC_CASES = {
     "name-hf-home": ("service:\n  name: hf-home\n", "service.name", "collides"),      # root's HF_HOME
     "name-secrets": ("service:\n  name: secrets\n", "service.name", "collides"),      # the secrets' folder
     "user-gate": ("service:\n  user: dsv4deploy-gate\n", "service.user", "the gate's own user"),
+    "user-fetch": ("service:\n  user: dsv4deploy-fetch\n", "service.user", "owns the checkpoints"),
     "name-dot-service": ("service:\n  name: sglang.service\n", "service.name", "not valid here"),
     "args-single-dash-h": ("server:\n  extra_args: [-h]\n", "server.extra_args[0]", "single-dash"),
     "args-single-dash-x": ("server:\n  extra_args: [-x]\n", "server.extra_args[0]", "single-dash"),

@@ -15,7 +15,7 @@ from typing import Any
 from pyinfra.facts.server import Command
 
 from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
-from dsv4deploy.render.layout import ETC, GATE_USER, MODELS, OPT, STATE
+from dsv4deploy.render.layout import ETC, FETCH_USER, GATE_USER, MODELS, OPT, STATE
 from dsv4deploy.release.rollout import Rollout
 from dsv4deploy.host import installer, snapshot
 from dsv4deploy.host.replicas import instances_command, stale_query
@@ -55,7 +55,9 @@ def accounts_wanted(r: Rollout) -> list[tuple[str, str, str, str]]:
              "name an account of its own in service.user that does not exist yet (e.g. sglang): the deploy "
              "makes it as a system account"),
             (GATE_USER, GATE_HOME, "runs the gate's load client",
-             f"its name is fixed: remove or rename the host's {GATE_USER} account")]
+             f"its name is fixed: remove or rename the host's {GATE_USER} account"),
+            (FETCH_USER, GATE_HOME, "downloads and verifies the checkpoints, owns their folders",
+             f"its name is fixed: remove or rename the host's {FETCH_USER} account")]
 
 
 def patch_files(r: Rollout) -> list[tuple[str, int]]:
@@ -103,7 +105,7 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
         "packages": (DebPackages, {"names": HOST_PACKAGES + driver_packages_read(r.data)}),
         "boot_id": (Command, {"command": BOOT_ID}),         # tasks/driver.py: a reboot pending or done
         "reboot": (JsonFile, {"path": REBOOT_FLAG}),
-        "accounts": (Accounts, {"users": [user, GATE_USER], "groups": [user, GATE_USER]}),
+        "accounts": (Accounts, {"users": [user, GATE_USER, FETCH_USER], "groups": [user, GATE_USER, FETCH_USER]}),
         "venv": (JsonFile, {"path": f"{L.venv}/{VENV_MARKER}"}),
         "disk": (DiskRoom, {"paths": [MODELS, OPT], "present": L.model_dir}),
     }

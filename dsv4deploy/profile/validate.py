@@ -17,7 +17,7 @@ from dsv4deploy.profile.memory import Budget, BudgetInputError, Measured, budget
 from dsv4deploy.sglang.patches import (MASK_SECRETS_PATCH, PR25820_PATCH, PR25820_SINCE, PR25820_UPSTREAM,
                                        profile_entry)
 from dsv4deploy.sglang.flags import HOME_ENV, MANAGED_ENV, MANAGED_FLAGS, UNREAD_FLAGS, flag_owner
-from dsv4deploy.render.layout import GATE_USER
+from dsv4deploy.render.layout import FETCH_USER, GATE_USER
 from dsv4deploy.render.nccl import NO_CONF_FILE, nccl_environment, nccl_integer
 from dsv4deploy.profile.load import Profile
 from dsv4deploy.sglang.versions import facts, known_versions
@@ -421,6 +421,9 @@ def _service(profile, service, add) -> None:
     elif user == GATE_USER:
         add(profile.problem(("service", "user"), f"{user!r} is the gate's own user (it runs the load client "
                             "against the server): the server needs a user of its own, e.g. sglang"))
+    elif user == FETCH_USER:
+        add(profile.problem(("service", "user"), f"{user!r} owns the checkpoints (it downloads and verifies them): "
+                            "the server must not be able to change them; it needs a user of its own, e.g. sglang"))
     if name in SYSTEM_UNITS or name.startswith(SYSTEM_UNIT_PREFIXES):
         add(profile.problem(("service", "name"), f"{name!r} collides with a system unit or a dsv4deploy folder: "
                             "pick a name of its own, e.g. sglang or sglang-ctx8k"))

@@ -17,6 +17,9 @@ MODELS = "/srv/dsv4deploy/models"
 RELEASES = f"{STATE}/releases"   # the release store: one per host, whatever the profile
 HOMES = f"{STATE}/homes"         # the server's home and caches: HOMES/<service>/<venv folder name>
 GATE_USER = "dsv4deploy-gate"   # the gate's load client runs as this user: no files, no login, no groups
+# The checkpoint folders' owner: the download and the verification run as this user (host/sandbox.py),
+# so that the server's account reads the checkpoints and can never change them
+FETCH_USER = "dsv4deploy-fetch"
 
 
 def patchset_id(patches: list[dict]) -> str:

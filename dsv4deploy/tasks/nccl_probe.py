@@ -14,32 +14,21 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from dsv4deploy.host import ops
+from dsv4deploy.host import ops, sandbox
 from dsv4deploy.preflight.cli import PROBE_SCRIPT, probe_argv
 from dsv4deploy.release.rollout import Rollout
-from dsv4deploy.render.unitcheck import unit_directives
 from dsv4deploy.sglang.flags import home_environment
 
-# What the server's unit says about starting, stopping and feeding its own process, not about its
-# sandbox: everything else in its [Service] (User=, the Protect*/Restrict* settings, the device
-# and IP rules, the limits) is the probe's too, read from the rendered unit (sandbox_properties).
-LAUNCH_ONLY = frozenset({"Type", "ExecStart", "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec",
-                         "KillMode", "KillSignal", "Environment", "EnvironmentFile", "LoadCredential",
-                         "WorkingDirectory", "StateDirectory", "StateDirectoryMode"})
-# The probe's HOME: its own private /tmp (PrivateTmp=yes below), empty at start and removed by
-# systemd when the probe ends; never the account's home nor a release's (Layout.home).
-PROBE_HOME = "/tmp"
+# The probe's HOME: its own private /tmp (PrivateTmp=yes in its sandbox), empty at start and
+# removed by systemd when the probe ends; never the account's home nor a release's (Layout.home).
+PROBE_HOME = sandbox.HOME
+LAUNCH_ONLY = sandbox.LAUNCH_ONLY     # what the probe does not take from the unit (host/sandbox.py)
 
 
 def sandbox_properties(unit: str) -> list[str]:
-    """The rendered unit's sandbox as `systemd-run --property=` values, in the unit's order, plus
-    PrivateTmp=yes (the probe's fresh HOME, whatever the hardening). ValueError for a setting
-    holding a specifier (%i, %d): a transient unit would not resolve it as the unit does."""
-    found = [f"{d.key}={d.value}" for d in unit_directives(unit) if d.section == "Service" and d.key not in LAUNCH_ONLY]
-    unresolved = [p for p in found if "%" in p]
-    if unresolved:
-        raise ValueError(f"the unit's {unresolved[0]} holds a specifier: not a sandbox setting systemd-run can take")
-    return found if "PrivateTmp=yes" in found else [*found, "PrivateTmp=yes"]
+    """The rendered unit's sandbox as `systemd-run --property=` values, plus PrivateTmp=yes (the
+    probe's fresh HOME): host/sandbox.py's "nccl probe" use."""
+    return sandbox.properties(unit, "nccl probe")
 
 
 def probe_command(argv: list[str], *, script: str, sha256: str, unit: str) -> str:

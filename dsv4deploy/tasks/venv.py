@@ -22,7 +22,7 @@ from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files, server
 
-from dsv4deploy.host import ISOLATED, installer, ops, uvpip
+from dsv4deploy.host import ISOLATED, installer, ops, sandbox, uvpip
 from dsv4deploy.release import records as releases
 from dsv4deploy.host.state import PIP_FREEZE, STAND_IN_PTH, VENV_MARKER, HostState
 from dsv4deploy.render.unit import SGLANG_CONFIG_CREDENTIAL
@@ -173,32 +173,54 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
     return changed
 
 
+def check_unit(r: Rollout) -> str:
+    """The launch check's transient unit (host/sandbox.py): its credentials are under
+    /run/credentials/<it>.service/ while it runs."""
+    return f"{r.layout.service}-launch-check"
+
+
 def launch_argv(r: Rollout) -> list[str]:
-    """The argv the check parses: the unit's (replica 0's), the API key's credential read from its
-    source file (the credential exists only while the unit runs)."""
+    """The argv the check parses: the unit's (replica 0's), the API key's credential where the
+    check's own unit gets it (check_unit: the server's exists only while the server runs)."""
     credentials = {r.layout.credential_path(SGLANG_CONFIG_CREDENTIAL),
                    r.layout.instance_credential_path(0, SGLANG_CONFIG_CREDENTIAL)}   # replica 0's argv
-    return [r.layout.sglang_config_secret if a in credentials else a for a in r.rendered.argv[3:]]
+    own = f"/run/credentials/{check_unit(r)}.service/{SGLANG_CONFIG_CREDENTIAL}"
+    return [own if a in credentials else a for a in r.rendered.argv[3:]]
 
 
-def launch_parser(r: Rollout) -> tuple[str, str]:
-    """(the command that parses, what it is): SGLang's own parser in the venv, or on a twin that
+def parser_argv(r: Rollout) -> tuple[list[str], str]:
+    """(the argv that parses, what it is): SGLang's own parser in the venv, or on a twin that
     keeps it (DSV4_SIM_LAUNCH_CHECK=twin), the twin's."""
     version = r.data["sglang"]["version"]
     if twin_keeps_own_parser(r):
         module = r.stand_ins["launch_check_module"]        # required with a stand-in (rollout_for)
-        return (f"{r.layout.python} {ISOLATED} -m {module}",
+        return ([r.layout.python, ISOLATED, "-m", module],
                 f"the twin's parser (stand-in: SGLang {version}'s flags and their arity, no value checks)")
-    q = shlex.quote
     table = f"{r.layout.venv}/{PARSER_TABLE}"
     known = facts(version)
     if known and known.prepare_without_gpu:
         # and SGLang's own start checks that need no GPU (launch_parser.prepare): an argv that
         # parses but that ServerArgs refuses never stops the old server
-        return (f"{r.layout.python} {ISOLATED} -c {q(LAUNCH_PARSER)} check --prepare {q(table)} {parser_key(r)}",
+        return ([r.layout.python, ISOLATED, "-c", LAUNCH_PARSER, "check", "--prepare", table, parser_key(r)],
                 f"SGLang {version}'s own parser with its ServerArgs checks")
-    return (f"{r.layout.python} {ISOLATED} -c {q(LAUNCH_PARSER)} check {q(table)} {parser_key(r)}",
+    return ([r.layout.python, ISOLATED, "-c", LAUNCH_PARSER, "check", table, parser_key(r)],
             f"SGLang {version}'s own parser")
+
+
+def launch_parser(r: Rollout) -> tuple[str, str]:
+    """(the command that parses, as a shell line: what the launch check's key holds, what it is)."""
+    argv, what = parser_argv(r)
+    return " ".join(shlex.quote(a) for a in argv), what
+
+
+def launch_check_command(r: Rollout) -> str:
+    """The check as the server's account in the server's sandbox with no network and an empty HOME
+    (host/sandbox.py "launch check"): root never imports the venv's packages. SGLang's --config
+    (the API key) reaches it as the server's does, a credential from the root-only file."""
+    credentials = ({SGLANG_CONFIG_CREDENTIAL: r.layout.sglang_config_secret}
+                   if r.data["server"].get("api_key") else {})
+    return sandbox.command([*parser_argv(r)[0], *launch_argv(r)], r.rendered.unit, "launch check",
+                           credentials=credentials, name=check_unit(r))
 
 
 def parser_key(r: Rollout) -> str:
@@ -249,6 +271,6 @@ def launch_check(r: Rollout, state: HostState, reasons: list[str]) -> None:
     if not run:
         logger.info(f"{host.print_prefix}{said}")
         return
-    parse, what = launch_parser(r)
-    args = " ".join(shlex.quote(a) for a in launch_argv(r))
-    server.shell(name=f"{what} parses the rendered argv", commands=[f"{parse} {args}"])
+    what = launch_parser(r)[1]
+    server.shell(name=f"{what} parses the rendered argv (as {r.data['service']['user']}, in the unit's sandbox)",
+                 commands=[launch_check_command(r)])

@@ -4,13 +4,18 @@ Complete means every shard named in `model.safetensors.index.json` is present wi
 expected size (from the source's listing). A marker with those sizes is written after the
 check; a later run re-checks sizes against the marker and downloads nothing.
 Sources: `hf` (weights_fetch.py, resuming a cut file, and `hf download` for the files the hub
-offers through Xet, with the token from the host's 0600 token file; every file checked by size and
-sha256 against the hub's metadata), `local` (a folder already on the host), `rsync` (a folder on
+offers through Xet, with the token from the host's 0600 token file as a systemd credential; every
+file checked by size and sha256 against the hub's metadata), `local` (a folder already on the host), `rsync` (a folder on
 the control node, pushed over SSH).
 
 Hashing is a step of its own ("verify", one marker record per file as it goes), never part of
 the host read, which checks sizes and the marker only: a re-run after a cut hashes only the files
 not yet proven, in this step, with a progress line per file.
+
+The download and the verify run as FETCH_USER in the server unit's sandbox (host/sandbox.py: the
+download with network to the hub, the verify with none), each writing the checkpoint's folder and
+nothing else; root only makes that folder FETCH_USER's. The server reads the files (0644) and can
+never change them.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import StateStage
 from pyinfra.operations import files, server
 
-from dsv4deploy.host import HOST_PYTHON, ops
-from dsv4deploy.host.facts import Checkpoint, checker_command
+from dsv4deploy.host import HOST_PYTHON, ops, sandbox
+from dsv4deploy.host.facts import CHECKER, Checkpoint
 from dsv4deploy.host.state import HostState
-from dsv4deploy.render.layout import STATE
+from dsv4deploy.render.layout import FETCH_USER
 from dsv4deploy.release.rollout import Rollout
 from dsv4deploy.weights import fetch as weights_fetch
 from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
@@ -65,21 +70,23 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
         changed = [] if only_unverified else [hf_checkpoint(
             name=f"{repo}@{rev[:12]} from the hub (resumes a cut file)", path=dest, repo=repo, revision=rev,
             expected=expected, hf=f"{r.layout.venv}/bin/hf", token_file=r.layout.hf_token_file,
-            endpoint=src.get("endpoint") or r.settings.hf_endpoint)]
+            unit=r.rendered.unit, endpoint=src.get("endpoint") or r.settings.hf_endpoint)]
         return changed + [verified_checkpoint(name="verify every file by size and sha256 (progress per file)",
-                                              path=dest, expected=expected, source=f"the hub's {repo}@{rev[:12]}")]
+                                              path=dest, expected=expected, source=f"the hub's {repo}@{rev[:12]}",
+                                              unit=r.rendered.unit)]
     changed: list[OperationMeta] = []
     expected = ""
-    ops.directory(name="model dir", path=dest, state=state.file(dest))
     if src["type"] == "rsync":
+        ops.directory(name="model dir", path=dest, state=state.file(dest), user=FETCH_USER, group=FETCH_USER)
         folder = rsync_folder(src, r.settings.checkout)
         expected = json.dumps(local_expectation(folder, r.settings.cache))
         if not only_unverified:
             # files.sync uploads every file whose sha1 differs: a truncated or corrupted copy is replaced
             changed.append(files.sync(name=f"push {folder} (rsync source)", src=str(folder), dest=dest))
         changed.append(verified_checkpoint(name="verify every file by size and sha256 against the source",
-                                           path=dest, expected=expected, source=str(folder)))
+                                           path=dest, expected=expected, source=str(folder), unit=r.rendered.unit))
         return changed
+    ops.directory(name="model dir", path=dest, state=state.file(dest))
     changed.append(_copy_local(src["path"], dest))   # local
     checkpoint_marker(name="verify every shard is present with its size", path=dest, expected=expected)
     return changed
@@ -90,13 +97,25 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
 # kept under .cache/rsync-digests/ by size, mtime and inode, so a re-deploy hashes nothing) is what
 # the host's copy must match, checked by weights_check.py on the host exactly as for the hub.
 
+def fetch_owns(path: str) -> str:
+    """Root's part: PATH made, and it and everything in it FETCH_USER's (a folder an earlier release
+    filled as root, or files pushed by root: rsync), 0755, so that the download and the verify,
+    which run as FETCH_USER, may write it. No FETCH_USER process runs meanwhile (each is a transient
+    unit that ended), and neither find nor chown -h follows a link."""
+    q, u = shlex.quote, FETCH_USER
+    return f"mkdir -p {q(path)} && find {q(path)} ! -user {u} -exec chown -h {u}:{u} {{}} + && chmod 755 {q(path)}"
+
+
 @operation()
-def verified_checkpoint(path: str, expected: str, source: str):
+def verified_checkpoint(path: str, expected: str, source: str, unit: str):
     """Prove every file not yet proven by size and sha256, one progress line and one marker record
     per file (a cut here keeps what it proved); otherwise remove the bad files and fail naming them
-    (only added when the host's state says the checkpoint is not complete)."""
+    (only added when the host's state says the checkpoint is not complete). Runs as FETCH_USER with
+    no network, writing only PATH (host/sandbox.py "verify")."""
     q = shlex.quote
-    yield (f"{checker_command(path, expected, '--write-marker', '--progress', '--remove-bad')} >&2 || "
+    yield fetch_owns(path)
+    check = [*HOST_PYTHON.split(), "-c", CHECKER, path, "-", "--write-marker", "--progress", "--remove-bad"]
+    yield (f"printf '%s' {q(expected)} | {sandbox.command(check, unit, 'verify', writable=(path,))} >&2 || "
            f"{{ echo {q(f'{path} does not match {source} (size or sha256): the files named above were removed; deploy again to fetch them')} >&2; exit 1; }}")
 
 
@@ -108,27 +127,31 @@ def verified_checkpoint(path: str, expected: str, source: str):
 
 # The hub's default route: Xet where the hub offers it (hf download with hf-xet), HTTP with Range
 # resume across runs otherwise (docs/hub.md says why and what each resumes).
-HF_ENV = f"HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HOME={STATE}/hf-home"
+# hf download's home (its Xet cache) is the download's private /tmp: gone when it ends.
+HF_ENV = {"HF_HUB_DISABLE_UPDATE_CHECK": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+          "HF_HOME": f"{sandbox.HOME}/hf-home"}
+TOKEN_CREDENTIAL = "hf-token"     # weights/fetch.py reads it from $CREDENTIALS_DIRECTORY
 FETCHER = Path(weights_fetch.__file__).read_text()
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 @operation()
-def hf_checkpoint(path: str, repo: str, revision: str, expected: str, hf: str, token_file: str,
+def hf_checkpoint(path: str, repo: str, revision: str, expected: str, hf: str, token_file: str, unit: str,
                   endpoint: str | None = None):
     """Fetch what is missing or of the wrong size (weights_fetch.py: a file cut by an earlier run
     resumes from its kept .part; the files the hub offers through Xet go to hf download). Its bytes
-    are proven by the verify step next. (Only added when the host's state says files are missing.)"""
+    are proven by the verify step next. (Only added when the host's state says files are missing.)
+    Runs as FETCH_USER, writing only PATH, with network to the hub (host/sandbox.py "download")."""
     q = shlex.quote
-    # hf download's own partial files are per process (*.<uuid>.incomplete) and never reused by a
-    # later run (huggingface_hub 1.33): a killed run's are dead weight on the disk
-    yield (f"mkdir -p {q(path)} && find {q(path)}/.cache/huggingface/download -name '*.incomplete' -delete "
-           "2>/dev/null; true")
-    env = HF_ENV + f" HF_ENDPOINT={q(endpoint or DEFAULT_ENDPOINT)}"
-    # the token is read from the file HF_TOKEN_PATH names: never in argv or environment
-    yield (f"if [ -s {q(token_file)} ]; then export HF_TOKEN_PATH={q(token_file)}; fi; printf '%s' {q(expected)} | "
-           f"env {env} {HOST_PYTHON} -c {q(FETCHER)} {q(path)} {q(endpoint or DEFAULT_ENDPOINT)} {q(repo)} "
-           f"{q(revision)} --hf {q(hf)}")
+    yield fetch_owns(path)
+    endpoint = endpoint or DEFAULT_ENDPOINT
+    fetch = [*HOST_PYTHON.split(), "-c", FETCHER, path, endpoint, repo, revision, "--hf", hf]
+    env = {**HF_ENV, "HF_ENDPOINT": endpoint}
+    # the token reaches it as a systemd credential from the root-only file: never in argv or environment
+    with_token = sandbox.command(fetch, unit, "download", writable=(path,), env=env,
+                                 credentials={TOKEN_CREDENTIAL: token_file})
+    yield (f"printf '%s' {q(expected)} | if [ -s {q(token_file)} ]; then {with_token}; "
+           f"else {sandbox.command(fetch, unit, 'download', writable=(path,), env=env)}; fi")
 
 
 def _copy_local(path: str, dest: str) -> OperationMeta:

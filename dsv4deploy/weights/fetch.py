@@ -15,7 +15,9 @@ Route per file (the hub's own answer decides): the HEAD of ``/{repo}/resolve/{co
 fastest route; every other file is fetched here over HTTP from the 302's Location (the CDN: the
 token is sent to the hub's own host only). Files already present with the expected size are
 left alone (their bytes are checked by weights_check.py, the deploy's next step). The token is
-read from the file ``HF_TOKEN_PATH`` names, never argv. Prints one progress line per file on
+read from the file ``HF_TOKEN_PATH`` names, else from the systemd credential ``hf-token`` (the
+deploy runs this as an unprivileged transient unit: host/sandbox.py), never argv; ``hf download``
+gets the same file as its HF_TOKEN_PATH. Prints one progress line per file on
 stderr, ``{"fetched", "resumed", "xet", "failed"}`` on stdout; exits 0 when nothing failed.
 """
 
@@ -32,6 +34,8 @@ import urllib.request
 from pathlib import Path
 
 PARTIAL = ".cache/dsv4deploy/partial"
+HF_PARTIAL = ".cache/huggingface/download"     # hf download's own *.<uuid>.incomplete files
+TOKEN_CREDENTIAL = "hf-token"
 CHUNK = 1 << 20
 TRIES = 5
 
@@ -57,6 +61,22 @@ def _request(url: str, method: str, headers: dict, proxy: str | None = None, tim
         conn = cls(u.hostname, u.port, timeout=timeout)
     conn.request(method, target, headers=headers)
     return conn, conn.getresponse()
+
+
+def token_path(environ) -> str | None:
+    """The token's file: HF_TOKEN_PATH, else the credential systemd handed this unit, else None."""
+    if environ.get("HF_TOKEN_PATH"):
+        return environ["HF_TOKEN_PATH"]
+    credential = Path(environ.get("CREDENTIALS_DIRECTORY") or "/nonexistent") / TOKEN_CREDENTIAL
+    return str(credential) if environ.get("CREDENTIALS_DIRECTORY") and credential.is_file() else None
+
+
+def drop_dead_partials(folder: Path) -> None:
+    """hf download's partial files are per process and never reused by a later run (huggingface_hub
+    1.33): a killed run's are dead weight on the disk."""
+    for dead in (folder / HF_PARTIAL).rglob("*.incomplete"):
+        if dead.is_file() and not dead.is_symlink():
+            dead.unlink()
 
 
 def _token(path: str | None) -> str | None:
@@ -210,8 +230,11 @@ def main(argv: list[str]) -> int:
         expected = json.loads(sys.stdin.read())
         folder = Path(args.local_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        fetcher = Fetcher(folder, args.endpoint, args.repo, args.commit, _token(os.environ.get("HF_TOKEN_PATH")),
-                          urllib.request.getproxies())
+        drop_dead_partials(folder)
+        tokens = token_path(os.environ)
+        if tokens:
+            os.environ["HF_TOKEN_PATH"] = tokens        # hf download's, for the Xet files
+        fetcher = Fetcher(folder, args.endpoint, args.repo, args.commit, _token(tokens), urllib.request.getproxies())
         result = run(fetcher, expected, args.hf)
     except (ValueError, AttributeError, KeyError, TypeError) as exc:
         print(f"weights_fetch: expected JSON on stdin: {exc}", file=sys.stderr)
