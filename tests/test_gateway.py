@@ -238,7 +238,8 @@ def test_launch_flags_bind_metrics_to_loopback_and_carry_no_key():
                                                                                "http://127.0.0.1:30002"]
     assert not any("key" in f for f in flags)
     argv = gateway.launcher_argv("/v/bin/python", "/v/launch.py", flags, keyed=True)
-    assert argv[:5] == ["/v/bin/python", "/v/launch.py", "--key-credential", gateway.KEY_CREDENTIAL, "--"]
+    assert argv[:7] == ["/v/bin/python", "/v/launch.py", "--key-credential", gateway.KEY_CREDENTIAL,
+                        "--control-credential", gateway.CONTROL_CREDENTIAL, "--"]
 
 
 def test_the_shipped_lock_pins_the_default_release():

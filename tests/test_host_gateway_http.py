@@ -1,5 +1,6 @@
-"""The gateway's HTTP callable that runs on the host: the key is swapped in on the host, from its
-0600 file, and is in no argv; answers and transport failures come back as gateway.py expects."""
+"""The gateway's HTTP callable that runs on the host: each key is swapped in on the host, from its
+0600 file, and is in no argv; the control-plane key authenticates /workers and the inference key
+rides in the body of an add; answers and transport failures come back as gateway.py expects."""
 
 from __future__ import annotations
 
@@ -11,18 +12,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dsv4deploy.gateway import model as gateway
-from dsv4deploy.host.gateway_http import KEY, parse_answer, request_command
+from dsv4deploy.host.gateway_http import CONTROL_KEY, KEY, key_files, parse_answer, request_command
 
 SECRET = "k3y-Abc_123"
+CONTROL_SECRET = "c0ntrol-Xyz_789"
 
 
 class _Handler(BaseHTTPRequestHandler):
     seen: list = []
+    accepts = SECRET       # the key /workers takes (smg with control-plane keys: only those)
 
     def _answer(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.seen.append((self.command, self.path, self.headers.get("Authorization"), body))
-        if self.headers.get("Authorization") != f"Bearer {SECRET}":
+        if self.headers.get("Authorization") != f"Bearer {self.accepts}":
             self.send_response(401)
             self.end_headers()
             self.wfile.write(b'{"error": {"code": "invalid_api_key", "message": "Invalid API key"}}')
@@ -44,7 +47,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def server():
-    _Handler.seen = []
+    _Handler.seen, _Handler.accepts = [], SECRET
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
@@ -52,11 +55,13 @@ def server():
 
 
 def local_http(key_file):
-    """The callable as host_http builds it, with the shell run here instead of over SSH."""
+    """The callable as host_http builds it, with the shell run here instead of over SSH; KEY_FILE:
+    the inference key's file, or request_command's placeholder -> files."""
+    files = key_file if isinstance(key_file, dict) else {KEY: [key_file]} if key_file else {}
 
     def http(method, url, headers, body, timeout):
-        cmd = request_command(method, url, headers, body, timeout, key_file)
-        assert SECRET not in cmd
+        cmd = request_command(method, url, headers, body, timeout, files)
+        assert SECRET not in cmd and CONTROL_SECRET not in cmd
         out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60).stdout
         return parse_answer(out)
     return http
@@ -100,3 +105,30 @@ def test_a_module_in_the_working_directory_never_sees_the_key(server, tmp_path, 
     monkeypatch.setenv("PYTHONPATH", str(planted))
     workers = gateway.list_workers(local_http(str(key_file)), server, KEY)
     assert [w.id for w in workers] == ["w1"] and not (tmp_path / "stolen").exists()
+
+
+def _two_keys(tmp_path) -> dict:
+    (tmp_path / "api-key").write_text(SECRET + "\n")
+    (tmp_path / "control-key").write_text(CONTROL_SECRET + "\n")
+    return key_files(str(tmp_path / "api-key"), str(tmp_path / "control-key"))
+
+
+def test_the_control_key_opens_workers_and_the_inference_key_rides_in_the_body(server, tmp_path):
+    _Handler.accepts = CONTROL_SECRET
+    http = local_http(_two_keys(tmp_path))
+    keys = gateway.Keys(control=CONTROL_KEY, worker=KEY)
+    assert [w.id for w in gateway.list_workers(http, server, keys)] == ["w1"]
+    assert gateway.add_worker(http, server, keys, "http://127.0.0.1:30002") == "w2"
+    method, path, auth, body = _Handler.seen[-1]
+    assert (method, path, auth) == ("POST", "/workers", f"Bearer {CONTROL_SECRET}")
+    assert json.loads(body) == {"url": "http://127.0.0.1:30002", "api_key": SECRET}
+    assert all(a != f"Bearer {SECRET}" for _, _, a, _ in _Handler.seen)   # the inference key never opened /workers
+
+
+def test_a_gateway_started_before_the_control_key_gets_the_inference_key_after_a_401(server, tmp_path):
+    """A set deployed with one key: its running gateway takes the inference key on /workers until
+    the deploy restarts it with the two credentials."""
+    _Handler.accepts = SECRET
+    http = local_http(_two_keys(tmp_path))
+    assert [w.id for w in gateway.list_workers(http, server, gateway.Keys(CONTROL_KEY, KEY))] == ["w1"]
+    assert [a for _, _, a, _ in _Handler.seen] == [f"Bearer {CONTROL_SECRET}", f"Bearer {SECRET}"]

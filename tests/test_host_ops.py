@@ -262,3 +262,45 @@ def test_api_key_only_prints_yes_no_and_is_made_once(fake):
     only_config = _cmds(ops.api_key, key_file="/k", config_file="/c", state={"key": True, "config": False},
                         legacy_env="/e")
     assert len(only_config) == 1 and only_config[0].startswith("umask 077;")
+
+
+def _fact(tmp_path, **kw) -> dict:
+    """ApiKeyState as the host reads it, its command run here with sh -c."""
+    from dsv4deploy.host.facts import ApiKeyState
+
+    out = subprocess.run(["sh", "-c", ApiKeyState().command(**kw)], capture_output=True, text=True).stdout
+    return ApiKeyState().process(out.splitlines())
+
+
+def test_three_keys_are_three_files_and_rotating_one_keeps_the_others(fake, tmp_path):
+    """The inference key, SGLang's admin key and the gateway's control-plane key are generated
+    apart; SGLang's config holds the first two; removing one key file and deploying again makes a
+    new key for it alone (and the config follows when it holds that key)."""
+    k, c, a, g = (str(tmp_path / n) for n in ("api-key", "sglang-config.yaml", "admin-key", "control-key"))
+    query = dict(key_file=k, config_file=c, admin_file=a, others=[a, g])
+
+    def deploy():
+        state = _fact(tmp_path, **query)
+        present = set(state["present"])
+        _run(_cmds(ops.generated_key, key_file=a, present=a in present), {})
+        _run(_cmds(ops.api_key, key_file=k, config_file=c, state=state, legacy_env=str(tmp_path / "e"),
+                   admin_file=a), {})
+        _run(_cmds(ops.generated_key, key_file=g, present=g in present), {})
+        return {n: open(n).read() for n in (k, a, g)}
+
+    first = deploy()
+    assert len({v.strip() for v in first.values()}) == 3 and all(len(v.strip()) == 48 for v in first.values())
+    assert all(oct((tmp_path / n).stat().st_mode)[-3:] == "600" for n in ("api-key", "admin-key", "control-key",
+                                                                          "sglang-config.yaml"))
+    import yaml
+    assert yaml.safe_load(open(c)) == {"api-key": first[k].strip(), "admin-api-key": first[a].strip()}
+    assert _fact(tmp_path, **query) == {"key": True, "config": True, "present": sorted([a, g])}
+    assert deploy() == first                                   # nothing to do the second time
+
+    for rotated in (a, g):
+        (tmp_path / rotated).unlink()
+        after = deploy()
+        assert after[rotated] != first[rotated]
+        assert {n: v for n, v in after.items() if n != rotated} == {n: v for n, v in first.items() if n != rotated}
+        first = after
+    assert yaml.safe_load(open(c)) == {"api-key": first[k].strip(), "admin-api-key": first[a].strip()}

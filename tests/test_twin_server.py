@@ -300,3 +300,22 @@ def test_without_the_mask_patch_the_key_shows_as_sglang_0523_shows_it(tmp_path):
         out = t.output()
     assert si["api_key"] == KEY and f"--api-key {KEY}" in si["launch_command"]
     assert f"api_key='{KEY}'" in out
+
+
+def test_an_admin_key_takes_the_admin_endpoints_from_the_api_key(tmp_path):
+    """SGLang 0.5.23 with --admin-api-key: its management endpoints take only that key, the API
+    key no more; the API takes only the API key (srt/utils/auth.py). The twin does the same."""
+    admin = "sk-admin-" + "b" * 20
+    t = LocalTwin(argv=[], faults=FAST, env=patched_sglang_tree(tmp_path / "site"))
+    cfg = t.tmp / "sglang.yaml"
+    cfg.write_text(f'api-key: "{KEY}"\nadmin-api-key: "{admin}"\n')
+    t.argv = nvfp4_ctx8k_argv(str(t.model_dir), t.port) + ["--config", str(cfg)]
+    with t:
+        t.wait_ready()
+        bearer = lambda k: {"Authorization": f"Bearer {k}"}   # noqa: E731
+        assert post(t, "/flush_cache", {}, headers=bearer(KEY)).status_code == 401
+        assert post(t, "/flush_cache", {}, headers=bearer(admin)).status_code == 200
+        assert get(t, "/v1/models", headers=bearer(admin)).status_code == 401
+        assert get(t, "/v1/models", headers=bearer(KEY)).status_code == 200
+        si = get(t, "/server_info").json()
+    assert admin not in json.dumps(si) and si["admin_api_key"] == "<redacted>"

@@ -24,6 +24,9 @@ from ct200twin.server.perf import Req
 from ct200twin.server.resolved import Resolved
 
 HEALTH_PREFIXES = ("/health", "/ready", "/metrics")
+# SGLang 0.5.23's ADMIN_OPTIONAL endpoints that the twin serves: with --admin-api-key they take
+# only that key (the API key is refused), without it the API key (srt/utils/auth.py)
+ADMIN_PATHS = ("/flush_cache",)
 
 
 class HTTPError(Exception):
@@ -50,6 +53,7 @@ class TwinServer:
         self.startup_time = 0.0
         self.crashing = False
         self.api_key = res.args.api_key
+        self.admin_api_key = res.args.admin_api_key
         self.ready_endpoint = targs.has_ready_endpoint(res.args.version)
 
     # ------------------------------------------------------------------ app
@@ -79,10 +83,12 @@ class TwinServer:
 
     @web.middleware
     async def _auth_mw(self, request: web.Request, handler):
-        if self.api_key and not request.path.startswith(HEALTH_PREFIXES):
+        admin = request.path in ADMIN_PATHS and self.admin_api_key
+        key = self.admin_api_key if admin else self.api_key
+        if key and not request.path.startswith(HEALTH_PREFIXES):
             auth = request.headers.get("Authorization", "")
             scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
                 return web.json_response({"error": "Unauthorized"}, status=401)
         try:
             return await handler(request)

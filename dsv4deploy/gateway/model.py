@@ -2,7 +2,8 @@
 command line, and its worker API as plain functions of an HTTP callable.
 
 Measured on smg 1.13.0 (docs/replicas.md, "smg, as measured"): the data plane and the control
-plane (`/workers`) share one listener and one key (`--api-key`, which smg also sends to the
+plane (`/workers`) share one listener; with control-plane keys set (`control_plane_api_keys`)
+`/workers` takes only those and the data plane only `--api-key` (which smg also sends to the
 workers); `/health`, `/v1/models` and the Prometheus listener need none. `DELETE /workers/{id}`
 answers 202, marks the worker `draining` (no new requests) for a fixed settle time (5 s), then
 drops it; it never waits for the worker's in-flight requests, which keep streaming from the
@@ -31,7 +32,8 @@ from dsv4deploy.gate.prometheus import summed
 Http = Callable[[str, str, dict, "bytes | None", float], "tuple[int, bytes]"]
 
 SMG_DATA = PACKAGE_DATA / "smg"
-KEY_CREDENTIAL = "gateway-api-key"       # LoadCredential= name; the launcher reads it
+KEY_CREDENTIAL = "gateway-api-key"       # LoadCredential= names; the launcher reads them
+CONTROL_CREDENTIAL = "gateway-control-key"
 LAUNCHER_FILE = "dsv4deploy-gateway-launch.py"
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "least_load", "prefix_hash", "random")
 # Policies that route by the load smg reads from each worker's metrics every 10 s: a worker
@@ -119,9 +121,28 @@ def launch_flags(worker_urls: list[str], host: str, port: int, policy: str, metr
 
 
 def launcher_argv(python: str, launcher: str, flags: list[str], keyed: bool) -> list[str]:
-    """`python launcher [--key-credential NAME] -- flags`: the key never reaches argv."""
-    head = ["--key-credential", KEY_CREDENTIAL] if keyed else []
+    """`python launcher [--key-credential NAME --control-credential NAME] -- flags`: no key
+    reaches argv."""
+    head = ["--key-credential", KEY_CREDENTIAL, "--control-credential", CONTROL_CREDENTIAL] if keyed else []
     return [python, launcher, *head, "--", *flags]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The two keys a call to the worker API may carry: CONTROL authenticates it to /workers, and
+    WORKER is the inference key a worker it adds is called with. Where a plain string is given
+    instead, it is both (a gateway with one key for everything)."""
+
+    control: str | None
+    worker: str | None
+
+
+def _control(key: "str | Keys | None") -> str | None:
+    return key.control if isinstance(key, Keys) else key
+
+
+def _worker_key(key: "str | Keys | None") -> str | None:
+    return key.worker if isinstance(key, Keys) else key
 
 
 # --- the worker API ----------------------------------------------------------------------------
@@ -141,10 +162,10 @@ class Worker:
         return self.status == "ready" and self.healthy
 
 
-def _headers(key: str | None, body: bool = False) -> dict:
+def _headers(key: "str | Keys | None", body: bool = False) -> dict:
     h = {"Accept": "application/json"}
-    if key:
-        h["Authorization"] = f"Bearer {key}"
+    if _control(key):
+        h["Authorization"] = f"Bearer {_control(key)}"
     if body:
         h["Content-Type"] = "application/json"
     return h
@@ -216,7 +237,7 @@ def _fail(method: str, url: str, status: int, body: bytes) -> GatewayError:
     return GatewayError(f"{method} {url}: HTTP {status}: {message}", status=status, code=code)
 
 
-def list_workers(http: Http, gateway: str, key: str | None, timeout: float = 10) -> list[Worker]:
+def list_workers(http: Http, gateway: str, key: "str | Keys | None", timeout: float = 10) -> list[Worker]:
     url = f"{gateway}/workers"
     status, body = _call(http, "GET", url, _headers(key), None, timeout)
     if status != 200:
@@ -235,12 +256,13 @@ def strays(workers: list[Worker], urls: list[str]) -> list[Worker]:
     return [w for w in workers if w.url not in wanted]
 
 
-def add_worker(http: Http, gateway: str, key: str | None, worker_url: str,
+def add_worker(http: Http, gateway: str, key: "str | Keys | None", worker_url: str,
                drain_settle_s: int | None = None, timeout: float = 10) -> str:
-    """POST /workers; returns the worker id. The key travels in the body as smg requires."""
+    """POST /workers; returns the worker id. The worker's (inference) key travels in the body
+    as smg requires; the control-plane key in the header."""
     spec: dict = {"url": worker_url}
-    if key:
-        spec["api_key"] = key
+    if _worker_key(key):
+        spec["api_key"] = _worker_key(key)
     if drain_settle_s is not None:
         spec["health"] = {"drain_settle_secs": int(drain_settle_s)}
     url = f"{gateway}/workers"
@@ -250,7 +272,7 @@ def add_worker(http: Http, gateway: str, key: str | None, worker_url: str,
     return parse_accepted(body, "POST /workers")
 
 
-def remove_worker(http: Http, gateway: str, key: str | None, worker_id: str, timeout: float = 10) -> None:
+def remove_worker(http: Http, gateway: str, key: "str | Keys | None", worker_id: str, timeout: float = 10) -> None:
     """DELETE /workers/{id}: accepted (202); smg drains in the background."""
     if not _WORKER_ID.fullmatch(worker_id):
         raise GatewayError(f"{worker_id!r} is not a worker id")
@@ -317,7 +339,7 @@ def wait_for(check: Callable[[], object], timeout_s: float, poll_s: float = 0.5,
         sleep(poll_s)
 
 
-def drain(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s: float,
+def drain(http: Http, gateway: str, key: "str | Keys | None", replica_url: str, timeout_s: float,
           poll_s: float = 0.5, clock: Clock = Clock()) -> Drained:
     """Take a replica out of the gateway and wait (bounded) for its in-flight requests: remove
     it, wait until smg lists it no more, then until the replica's own /metrics show nothing
@@ -357,7 +379,7 @@ def drain(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s
                    unanswered=None if done else unanswered[0])
 
 
-def readmit(http: Http, gateway: str, key: str | None, replica_url: str, timeout_s: float,
+def readmit(http: Http, gateway: str, key: "str | Keys | None", replica_url: str, timeout_s: float,
             poll_s: float = 0.5, clock: Clock = Clock()) -> Worker:
     """Add a replica back (its health and gate already passed) and wait until smg routes to it.
     A replica still draining from an earlier removal is waited out first (adding it then is a

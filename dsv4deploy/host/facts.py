@@ -95,11 +95,14 @@ class GatewayWorkers(FactBase):
     None when it does not answer. The API key goes to curl on stdin, read from its file by the
     shell's own printf: never an argument."""
 
-    def command(self, url: str, key_file: str | None = None):
+    def command(self, url: str, key_file: str | None = None, fallback_key_file: str | None = None):
+        """KEY_FILE: the control-plane key's; FALLBACK_KEY_FILE: the key to use while KEY_FILE is
+        absent (a gateway started before the control-plane key existed takes the inference key)."""
         q = shlex.quote
         if not key_file:
             return f"curl -s -m 5 {q(url + '/workers')} || true"
-        return (f"{{ [ -s {q(key_file)} ] && printf 'Authorization: Bearer %s\\n' \"$(cat {q(key_file)})\"; }} | "
+        pick = f"f={q(key_file)}; " + (f"[ -s \"$f\" ] || f={q(fallback_key_file)}; " if fallback_key_file else "")
+        return (f"{pick}{{ [ -s \"$f\" ] && printf 'Authorization: Bearer %s\\n' \"$(cat \"$f\")\"; }} | "
                 f"curl -s -m 5 -H @- {q(url + '/workers')} || true")
 
     def process(self, output):
@@ -360,21 +363,26 @@ class Accounts(FactBase):
 
 
 class ApiKeyState(FactBase):
-    """Whether the API key file exists, and whether SGLang's --config credential holds it.
-    Prints only yes/no: the key itself never leaves the host."""
+    """Whether the inference key file exists, whether SGLang's --config credential holds it (and
+    the admin key of ADMIN_FILE, when given), and which of the OTHER key files exist. Prints only
+    yes/no: no key leaves the host."""
 
     default = dict
 
-    def command(self, key_file: str, config_file: str):
+    def command(self, key_file: str, config_file: str, admin_file: str | None = None, others=()):
+        from dsv4deploy.host.ops import sglang_config_command
+
         k, c = shlex.quote(key_file), shlex.quote(config_file)
+        present = "".join(f"[ -s {shlex.quote(f)} ] && echo {shlex.quote('file:' + f)}=yes; " for f in others)
         return (f"k=$(cat {k} 2>/dev/null); "
                 f"[ -n \"$k\" ] && echo key=yes || echo key=no; "
-                f"[ -n \"$k\" ] && [ \"$(cat {c} 2>/dev/null)\" = \"api-key: \\\"$k\\\"\" ] "
-                f"&& echo config=yes || echo config=no")
+                f"[ -n \"$k\" ] && [ \"$(cat {c} 2>/dev/null)\" = \"$({sglang_config_command(key_file, admin_file)})\" ] "
+                f"&& echo config=yes || echo config=no; {present}true")
 
     def process(self, output):
         found = dict(line.split("=", 1) for line in output if "=" in line)
-        return {"key": found.get("key") == "yes", "config": found.get("config") == "yes"}
+        return {"key": found.get("key") == "yes", "config": found.get("config") == "yes",
+                "present": sorted(k[5:] for k, v in found.items() if k.startswith("file:") and v == "yes")}
 
 
 class PatchesApplied(FactBase):

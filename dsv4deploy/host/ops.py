@@ -208,10 +208,11 @@ def patch_applied(directory: str, patch_file: str, applied: bool, strip: int = 1
 
 
 @operation()
-def api_key(key_file: str, config_file: str, state: dict, legacy_env: str):
-    """Generate the API key on the host once (it never leaves it: not in argv, the unit, the
-    environment or any log) and write SGLang's --config YAML for it, both 0600 root; the unit
-    hands the YAML to the server as a systemd credential. A key from an older layout is kept."""
+def api_key(key_file: str, config_file: str, state: dict, legacy_env: str, admin_file: str | None = None):
+    """Generate the inference key on the host once (it never leaves it: not in argv, the unit, the
+    environment or any log) and write SGLang's --config YAML for it and for the admin key in
+    ADMIN_FILE (generated_key makes it first; None: this SGLang has none), both 0600 root; the
+    unit hands the YAML to the server as a systemd credential. A key from an older layout is kept."""
     if state.get("key") and state.get("config"):
         host.noop("API key present")
         return
@@ -221,7 +222,29 @@ def api_key(key_file: str, config_file: str, state: dict, legacy_env: str):
             f"umask 077; k=$(sed -n 's/^SGLANG_API_KEY=//p' {old} 2>/dev/null | tail -n1); "
             f"[ -n \"$k\" ] || k=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \\n'); "
             f"printf '%s\\n' \"$k\" > {k}.tmp && mv {k}.tmp {k}")
-    yield StringCommand(f"umask 077; printf 'api-key: \"%s\"\\n' \"$(cat {k})\" > {c}.tmp && mv {c}.tmp {c}")
+    yield StringCommand(f"umask 077; {sglang_config_command(key_file, admin_file)} > {c}.tmp && mv {c}.tmp {c}")
+
+
+def sglang_config_command(key_file: str, admin_file: str | None) -> str:
+    """A printf of SGLang's --config YAML with the keys read from their files by the shell (the
+    fact ApiKeyState compares the file with the same output)."""
+    if admin_file is None:
+        return f"printf 'api-key: \"%s\"\\n' \"$(cat {q(key_file)})\""
+    return (f"printf 'api-key: \"%s\"\\nadmin-api-key: \"%s\"\\n' \"$(cat {q(key_file)})\" "
+            f"\"$(cat {q(admin_file)})\"")
+
+
+@operation()
+def generated_key(key_file: str, present: bool):
+    """A key of its own (24 random bytes, hex, one line, 0600 root), generated on the host once:
+    SGLang's admin key, the gateway's control-plane key. Rotating one (removing its file, then a
+    deploy) leaves every other key as it is."""
+    if present:
+        host.noop(f"{key_file} present")
+        return
+    k = q(key_file)
+    yield StringCommand(f"umask 077; od -An -N24 -tx1 /dev/urandom | tr -d ' \\n' > {k}.tmp && "
+                        f"echo >> {k}.tmp && mv {k}.tmp {k}")
 
 
 @operation()

@@ -19,7 +19,7 @@ from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.release.rollout import Target
 from dsv4deploy.host.checks import confirm, journal_tail
 from dsv4deploy.host.facts import GatewayStale, pid_and_files_command
-from dsv4deploy.host.gateway_http import KEY, host_http
+from dsv4deploy.host.gateway_http import CONTROL_KEY, KEY, host_http, key_files
 from dsv4deploy.host.io import sh
 
 GATEWAY_READY_S = 60.0      # smg registers a listed worker within a second (docs/replicas.md)
@@ -57,9 +57,12 @@ class Step:
 
 
 def api(h, t: Target):
-    """(http, endpoint, key) for gateway.py's worker API against the set's gateway on the host."""
-    keyed = bool(t.data["server"].get("api_key"))
-    return host_http(h, t.layout.api_key_file if keyed else None), t.base_url, KEY if keyed else None
+    """(http, endpoint, keys) for gateway.py's worker API against the set's gateway on the host:
+    its control-plane key for /workers, the inference key for the workers it adds."""
+    if not t.data["server"].get("api_key"):
+        return host_http(h, None), t.base_url, None
+    files = key_files(t.layout.api_key_file, t.layout.gateway_control_key_file)
+    return host_http(h, files), t.base_url, gateway.Keys(control=CONTROL_KEY, worker=KEY)
 
 
 def unit_active(h, unit: str) -> bool:
@@ -114,8 +117,10 @@ STARTED_DIR = "/run/dsv4deploy"     # tmpfs: empty after a boot, when systemd st
 
 
 def gateway_files(t: Target) -> list[str]:
-    """The files the running gateway was started from: its unit and its launcher."""
-    return [t.layout.gateway_unit, f"{t.gateway_venv}/{gateway.LAUNCHER_FILE}"]
+    """The files the running gateway was started from: its unit, its launcher and (keyed) its two
+    keys, so that a rotated key restarts it (GatewayStale)."""
+    keys = [t.layout.api_key_file, t.layout.gateway_control_key_file] if t.data["server"].get("api_key") else []
+    return [t.layout.gateway_unit, f"{t.gateway_venv}/{gateway.LAUNCHER_FILE}", *keys]
 
 
 def started_marker(t: Target) -> str:

@@ -16,6 +16,7 @@ from pyinfra.facts.server import Command
 
 from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
 from dsv4deploy.render.layout import ETC, FETCH_USER, GATE_USER, MODELS, OPT, STATE
+from dsv4deploy.render.keys import has_admin_key
 from dsv4deploy.release.rollout import Rollout
 from dsv4deploy.host import installer, snapshot
 from dsv4deploy.host.replicas import instances_command, stale_query
@@ -112,12 +113,16 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
     q |= {f"unit:{name}": (UnitInfo, {"service": name}) for name in unit_names(r)}
     if r.target.is_set:
         q["gateway_venv"] = (JsonFile, {"path": f"{r.rendered.gateway.venv}/{VENV_MARKER}"})
+        keyed = bool(r.data["server"].get("api_key"))
         q["gateway_workers"] = (GatewayWorkers, {"url": r.target.base_url,
-                                                 "key_file": L.api_key_file if r.data["server"].get("api_key") else None})
+                                                 "key_file": L.gateway_control_key_file if keyed else None,
+                                                 "fallback_key_file": L.api_key_file if keyed else None})
         q["gateway_stale"] = (GatewayStale, stale_query(r.target))
         q["instances"] = (Command, {"command": instances_command(r.target)})   # tasks/replicas.py drift
     if r.data["server"].get("api_key"):
-        q["api_key"] = (ApiKeyState, {"key_file": L.api_key_file, "config_file": L.sglang_config_secret})
+        q["api_key"] = (ApiKeyState, {"key_file": L.api_key_file, "config_file": L.sglang_config_secret,
+                                      "admin_file": L.admin_key_file if has_admin_key(r.data) else None,
+                                      "others": [L.admin_key_file, L.gateway_control_key_file]})
     if patch_files(r):
         q["patches"] = (PatchesApplied, {"venv": L.venv, "patches": patch_files(r)})
     if hub_expected is not None:

@@ -99,8 +99,21 @@ class Layout:
         return f"{self.secrets_dir}/{self.service}-api-key"
 
     @property
+    def admin_key_file(self) -> str:
+        """SGLang's admin key (0600, root), generated on the host: its management endpoints
+        (weights, memory, profiling, aborts) take this key and refuse the inference key."""
+        return f"{self.secrets_dir}/{self.service}-admin-api-key"
+
+    @property
+    def gateway_control_key_file(self) -> str:
+        """The gateway's control-plane key (0600, root), generated on the host: smg's /workers
+        takes only this key; the deploy's calls to it read it there."""
+        return f"{self.secrets_dir}/{self.service}-gateway-control-key"
+
+    @property
     def sglang_config_secret(self) -> str:
-        """SGLang's --config YAML holding the key (0600, root), loaded as a systemd credential."""
+        """SGLang's --config YAML holding the inference and admin keys (0600, root), loaded as a
+        systemd credential."""
         return f"{self.secrets_dir}/{self.service}-sglang-config.yaml"
 
     @property

@@ -18,7 +18,7 @@ from dsv4deploy.profile import network, replicas
 from dsv4deploy.profile.boundary import RENDERED_LINE_MAX
 from dsv4deploy.profile.errors import ProfileError
 from dsv4deploy.profile.load import Profile
-from dsv4deploy.render import unitcheck
+from dsv4deploy.render import keys, unitcheck
 from dsv4deploy.render.argv import SGLANG_CONFIG_CREDENTIAL, launch_argv
 from dsv4deploy.render.layout import Layout
 from dsv4deploy.render.nccl import nccl_environment, render_env_file
@@ -76,7 +76,9 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
     found: list[tuple[tuple, tuple, str]] = [(loc, template_argv, f"{layout.template_unit}: {msg}") for loc, msg in
                                              unitcheck.check_ip_access(unit, network.replica_allow(data))
                                              + unitcheck.check_home(unit, layout.home, HOME_ENV,
-                                                                    instance_specifiers(layout.service, 0))]
+                                                                    instance_specifiers(layout.service, 0))
+                                             + keys.check(unit, layout, keys.has_admin_key(data),
+                                                          keys.SERVER_HOLDS if keyed else frozenset())]
     for r in plan.replicas:
         instance = layout.instance(r.index)
         argv = launch_argv(profile, module, port=str(r.port),
@@ -99,7 +101,8 @@ def render_replicas(profile: Profile, module: str) -> Rendered:
     gw = _gateway(profile, layout, plan, keyed)
     found += [(loc, gw.argv, f"{gw.service}.service: {msg}") for loc, msg in
               unitcheck.check_unit(gw.unit, gw.argv, GATEWAY_ENV, unit_specifiers(gw.service), RENDERED_LINE_MAX,
-                                   quote=systemd_word) + unitcheck.check_ip_access(gw.unit, network.gateway_allow(data))]
+                                   quote=systemd_word) + unitcheck.check_ip_access(gw.unit, network.gateway_allow(data))
+              + keys.check(gw.unit, layout, keys.has_admin_key(data), keys.GATEWAY_HOLDS if keyed else frozenset())]
     if found:
         raise ProfileError([profile.problem(_where(profile, argv, loc), f"refused at render: {msg}")
                             for loc, argv, msg in found])
@@ -135,7 +138,8 @@ def _gateway(profile: Profile, layout: Layout, plan, keyed: bool) -> RenderedGat
         smg_version=spec.version,
         instances=first if first == last else f"{first}..{plan.replicas[-1].index}", manifest=layout.manifest,
         environment=[systemd_env(k, v) for k, v in GATEWAY_ENV.items()],
-        credentials=[(gateway.KEY_CREDENTIAL, layout.api_key_file)] if keyed else [],
+        credentials=[(gateway.KEY_CREDENTIAL, layout.api_key_file),
+                     (gateway.CONTROL_CREDENTIAL, layout.gateway_control_key_file)] if keyed else [],
         exec_start=systemd_exec(argv), timeout_stop_s=gateway.SHUTDOWN_GRACE_S + 30,
         ip_allow=network.gateway_allow(profile.data),
     )

@@ -14,7 +14,7 @@ from dsv4deploy.profile.boundary import RENDERED_LINE_MAX
 from dsv4deploy.profile import network
 from dsv4deploy.profile.errors import ProfileError
 from dsv4deploy.profile.load import Profile
-from dsv4deploy.render import unitcheck
+from dsv4deploy.render import keys, unitcheck
 from dsv4deploy.render.argv import SGLANG_CONFIG_CREDENTIAL, SGLANG_MODULE, launch_argv
 from dsv4deploy.render.layout import Layout
 from dsv4deploy.render.nccl import nccl_environment, render_env_file
@@ -65,12 +65,15 @@ def check_round_trip(profile: Profile, unit: str, nccl_env: str, argv: list[str]
                      nccl_vars: dict[str, str], ip_allow: list[str] | None) -> None:
     """Read the unit and the NCCL env file back as systemd does; raise ProfileError (naming the
     profile key each difference comes from) unless they give exactly `argv`, `env`, `nccl_vars`,
-    the peers `ip_allow` (None: no IP rules) and the venv's own home (unitcheck.check_home)."""
+    the peers `ip_allow` (None: no IP rules), the venv's own home (unitcheck.check_home) and
+    the server's keys only (keys.check)."""
     service = profile.data["service"]["name"]
     found = unitcheck.check_unit(unit, argv, env, unit_specifiers(service), RENDERED_LINE_MAX, quote=systemd_word)
     found += [(("nccl",) + loc[1:], msg) for loc, msg in unitcheck.check_env_file(nccl_env, nccl_vars)]
     found += unitcheck.check_ip_access(unit, ip_allow)
     found += unitcheck.check_home(unit, Layout.of(profile.data).home, HOME_ENV, unit_specifiers(service))
+    found += keys.check(unit, Layout.of(profile.data), keys.has_admin_key(profile.data),
+                        keys.SERVER_HOLDS if profile.data["server"].get("api_key") else frozenset())
     if found:
         raise ProfileError([profile.problem(blame(profile, argv, loc), f"refused at render: {msg}")
                             for loc, msg in found])

@@ -19,6 +19,7 @@ from dsv4deploy.weights.hftoken import HfTokenError, hf_token_from_env
 from dsv4deploy.host import ops
 from dsv4deploy.host.io import sh
 from dsv4deploy.host.state import HostState
+from dsv4deploy.render.keys import has_admin_key
 from dsv4deploy.render.layout import ETC
 from dsv4deploy.tasks.release import Pending
 from dsv4deploy.release.rollout import Rollout
@@ -36,8 +37,9 @@ def hf_token_from_control_node(env) -> str | None:
 
 @deploy("Secrets")
 def secrets(r: Rollout, state: HostState) -> list[OperationMeta]:
-    """The HF token from the control node (before the weights step) and the service's API key
-    with SGLang's --config credential, in the root-only secrets directory (service_user makes it).
+    """The HF token from the control node (before the weights step) and the service's keys (the
+    inference key and SGLang's admin key in SGLang's --config credential; a replica set's gateway
+    control-plane key), each its own file in the root-only secrets directory (service_user makes it).
     A secret file is never shown as a diff (make plan runs --diff): only its hash is compared."""
     layout = r.layout
     token = hf_token_from_control_node(r.settings.environ)
@@ -46,9 +48,22 @@ def secrets(r: Rollout, state: HostState) -> list[OperationMeta]:
                  content=token.encode(), state=state.file(layout.hf_token_file), mode="600", secret=True)
     if not r.data["server"].get("api_key"):
         return []
-    return [ops.api_key(name="API key (generated on the host, 0600) and its SGLang credential",
-                        key_file=layout.api_key_file, config_file=layout.sglang_config_secret,
-                        state=state["api_key"] or {}, legacy_env=LEGACY_SECRETS_ENV)]
+    keys = state["api_key"] or {}
+    present = set(keys.get("present") or ())
+    admin = has_admin_key(r.data)
+    server = []
+    if admin:
+        server.append(ops.generated_key(name="SGLang admin key (generated on the host, 0600)",
+                                        key_file=layout.admin_key_file, present=layout.admin_key_file in present))
+    server.append(ops.api_key(name="inference key (generated on the host, 0600) and the server's SGLang credential",
+                              key_file=layout.api_key_file, config_file=layout.sglang_config_secret,
+                              admin_file=layout.admin_key_file if admin else None, state=keys,
+                              legacy_env=LEGACY_SECRETS_ENV))
+    if r.target.is_set:     # not a reason to restart the replicas: the gateway restarts for it (GatewayStale)
+        ops.generated_key(name="gateway control-plane key (generated on the host, 0600)",
+                          key_file=layout.gateway_control_key_file,
+                          present=layout.gateway_control_key_file in present)
+    return server
 
 
 def unit_files(r: Rollout) -> list[tuple[str, str, bytes]]:
