@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -102,9 +104,10 @@ async def _visit(port: int, url: str, width: int) -> Visit:
 
 def visit(path: Path, width: int = 1200) -> Visit:
     """Open PATH (file://) in a fresh headless Chromium; what it did."""
-    with tempfile.TemporaryDirectory(prefix="dsv4-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="dsv4-chromium-", ignore_cleanup_errors=True) as profile:
+        # its own process group: the browser and the helpers it starts end together
         proc = subprocess.Popen([chromium(), *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             port_file = Path(profile) / "DevToolsActivePort"
             deadline = time.monotonic() + 30
@@ -115,9 +118,23 @@ def visit(path: Path, width: int = 1200) -> Visit:
             port = int(port_file.read_text().split()[0])
             return asyncio.run(_visit(port, path.resolve().as_uri(), width))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _end(proc)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End the browser's process group (started by visit, named by its id), then reap it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(10)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:      # its helpers leave after the browser itself
+                os.killpg(proc.pid, 0)
+                time.sleep(0.05)
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue

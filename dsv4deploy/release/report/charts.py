@@ -16,10 +16,11 @@ MARKERS = ("circle", "square", "diamond", "triangle")   # told apart without col
 
 @dataclass(frozen=True)
 class Series:
-    """NAME's value at each release label; LIMIT: a floor or ceiling (drawn dashed, no markers)."""
+    """NAME's value at each release label (None: that release's gate judged the level failed
+    without a figure, drawn as a cross on the axis); LIMIT: a floor or ceiling (dashed)."""
 
     name: str
-    points: list[tuple[str, float]]
+    points: list[tuple[str, float | None]]
     limit: bool = False
 
 
@@ -48,7 +49,7 @@ def _marker(kind: str, x: float, y: float, colour: str, attrs: str, tip: str) ->
 
 def line_chart(chart_id: str, title: str, unit: str, x_labels: list[str], series: list[Series]) -> str:
     """An SVG line chart of SERIES over X_LABELS (release numbers, oldest first)."""
-    values = [v for s in series for _, v in s.points]
+    values = [v for s in series for _, v in s.points if v is not None]
     top = max(values, default=0.0) * 1.12 or 1.0
     ticks = _ticks(top)
     top = max(top, ticks[-1])
@@ -78,8 +79,9 @@ def line_chart(chart_id: str, title: str, unit: str, x_labels: list[str], series
     colour = COLOURS[0]
     for s in series:     # a limit follows its series and takes its colour (and a dashed line)
         colour = colour if s.limit else COLOURS[measured % len(COLOURS)]
-        pts = [(xs[label], y_of(v), label, v) for label, v in s.points if label in xs]
-        if not pts:
+        missing = [(xs[label], label) for label, v in s.points if label in xs and v is None]
+        pts = [(xs[label], y_of(v), label, v) for label, v in s.points if label in xs and v is not None]
+        if not pts and not missing:
             continue
         name = escape(s.name)
         if s.limit:   # a step: the limit holds from one release to the next
@@ -95,8 +97,15 @@ def line_chart(chart_id: str, title: str, unit: str, x_labels: list[str], series
         else:
             marker = MARKERS[measured % len(MARKERS)]
             measured += 1
-            out.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y, _, _ in pts)}" fill="none" '
-                       f'stroke="{colour}" class="line"/>')
+            if pts:
+                out.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y, _, _ in pts)}" fill="none" '
+                           f'stroke="{colour}" class="line"/>')
+            for x, label in missing:
+                y = TOP + plot_h
+                out.append(f'<path d="M{x - 5:.1f} {y - 5:.1f} L{x + 5:.1f} {y + 5:.1f} M{x - 5:.1f} {y + 5:.1f} '
+                           f'L{x + 5:.1f} {y - 5:.1f}" stroke="{colour}" stroke-width="2.5" class="point failed" '
+                           f'data-series="{name}" data-release="{escape(label)}" data-value="-"><title>{name}, release '
+                           f'{escape(label)}: gate failed, not measured</title></path>')
             for x, y, label, v in pts:
                 out.append(_marker(marker, x, y, colour, f'data-series="{name}" data-release="{escape(label)}" '
                                    f'data-value="{fmt(v)}"', f"{s.name}, release {label}: {fmt(v)} {unit}"))

@@ -52,6 +52,7 @@ class LevelFigures:
     p99_tpot_ms: float | None
     ttft_ceiling: float | None = None
     tpot_ceiling: float | None = None
+    reason: str = ""                # why it failed or was not run, as the verdict says
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,8 @@ def level_figures(doc: dict) -> list[LevelFigures]:
                                 concurrency=int(lv.get("concurrency") or 0), passed=lv.get("passed"),
                                 throughput=observed("output throughput"), floor=threshold("output throughput"),
                                 p99_ttft_ms=observed("p99 TTFT"), p99_tpot_ms=observed("p99 TPOT"),
-                                ttft_ceiling=threshold("p99 TTFT"), tpot_ceiling=threshold("p99 TPOT")))
+                                ttft_ceiling=threshold("p99 TTFT"), tpot_ceiling=threshold("p99 TPOT"),
+                                reason=str(lv.get("reason") or "")))
     return sorted(out, key=lambda f: f.concurrency)
 
 

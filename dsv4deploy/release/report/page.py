@@ -39,8 +39,8 @@ def charts(h: HostView) -> list[Markup]:
         series = []
         for _, level in levels:
             figs = [(r.label, lv) for r in rels for lv in r.gate.levels if lv.label == level]
-            series.append(Series(level, [(x, getattr(lv, value_key)) for x, lv in figs
-                                         if getattr(lv, value_key) is not None]))
+            series.append(Series(level, [(x, getattr(lv, value_key)) for x, lv in figs   # a failed level: a cross
+                                         if getattr(lv, value_key) is not None or lv.passed is False]))
             limits = [(x, getattr(lv, limit_key)) for x, lv in figs if getattr(lv, limit_key) is not None]
             if limits:
                 series.append(Series(f"{level} {'floor' if limit_key == 'floor' else 'ceiling'}", limits, limit=True))
