@@ -142,3 +142,20 @@ def test_the_page_fetches_nothing(tmp_path):
         assert "default-src 'none'" in text
         assert [w for w in text.split('"') if w.startswith(("http:", "https:", "//"))] == ["http://www.w3.org/2000/svg"] * \
             text.count("<svg ")
+
+
+def test_the_watch_results_show_when_the_watch_left_them(tmp_path):
+    """The hook (release/report/watch.py): reports/<host>/watch.json, as `dsv4deploy status --json`
+    gives one host, shows on the card and the host page; without it the card says so."""
+    reports = reports_tree(tmp_path)
+    write_site([host_input(reports)], reports, "inventory/sim.py")
+    assert "no watch results on this control node" in (reports / "index.html").read_text()
+    (reports / "twin-1" / "watch.json").write_text(json.dumps({
+        "health": "degraded", "trend": {"sglang": "PPF"}, "drift": ["/etc/systemd/system/sglang.service"],
+        "last": {"sglang": {"verdict": "failed", "t": 1796500000, "why": "TPOT 40% over the gate's"}}}))
+    from dsv4deploy.cli.report import gather_local
+    write_site([gather_local(host_input(reports), reports)], reports, "inventory/sim.py")
+    index, page = (reports / "index.html").read_text(), (reports / "host-twin-1.html").read_text()
+    assert "degraded; last interval failed at 2026-12-05 19:46:40" in index and "sglang PPF" in index
+    assert "/etc/systemd/system/sglang.service" in index
+    assert "sglang: TPOT 40% over the gate&#39;s" in page

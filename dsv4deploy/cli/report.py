@@ -7,6 +7,7 @@ that copy, with the time it was read."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -88,14 +89,17 @@ def gather(inventory: str, reports: Path) -> list[HostInput]:
     the inventory itself does not load."""
     from dsv4deploy.host.connect import reachable
 
-    found = []
     with reachable(inventory) as (hosts, errors):
-        for h in hosts:
-            base = cached_host(h.name, reports, errors[h.name]) if h.name in errors else read_host(h, reports)
-            safe = HOST_FILE.check(h.name) is None
-            found.append(HostInput(**{**base.__dict__, "gates": local_gates(reports, h.name) if safe else {},
-                                      "watch": watch_view(_json(reports / h.name / WATCH_FILE)) if safe else None}))
-    return found
+        return [gather_local(cached_host(h.name, reports, errors[h.name]) if h.name in errors
+                             else read_host(h, reports), reports) for h in hosts]
+
+
+def gather_local(host: HostInput, reports: Path) -> HostInput:
+    """HOST with what the control node holds of it: its gate reports and the watch's state."""
+    if HOST_FILE.check(host.name) is not None:
+        return host
+    return dataclasses.replace(host, gates=local_gates(reports, host.name),
+                               watch=watch_view(_json(reports / host.name / WATCH_FILE)))
 
 
 def write_site(host_inputs: list[HostInput], reports: Path, inventory: str) -> list[Path]:
