@@ -355,3 +355,21 @@ def test_the_gate_user_writes_its_caches_in_a_folder_of_its_own_removed_after_th
         assert sorted(p.name for p in work.iterdir()) == ["python"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_on_the_host_bench_serving_reaches_the_server_alone():
+    """bench_serving holds the inference key in its environment and runs the model repository's
+    tokenizer code: on the host it runs in a scope whose IP traffic may reach only the server's
+    address, and the key is in no property of that scope (systemctl show shows them to anyone)."""
+    lv = LevelSpec(16, 48, 256, 256)
+    server = GateServer("http://127.0.0.1:30000", "/m", "/v/bin/python", "/etc/dsv4deploy/secrets/sglang-api-key")
+    cmd = bs.build_command(lv, server, warmup_requests=2, limit_s=300, run_as="dsv4deploy-gate", confined=True)
+    assert ("timeout -k 10 300 systemd-run --quiet --scope --collect --property=IPAddressDeny=any "
+            "--property=IPAddressAllow=127.0.0.1 -- setpriv --reuid=dsv4deploy-gate") in cmd
+    assert cmd.count("OPENAI_API_KEY") == 2 and "--setenv" not in cmd   # the key: root's shell, inherited
+    assert bs.no_egress("http://[::1]:30000")[-2:] == ["--property=IPAddressAllow=::1", "--"]
+    assert bs.no_egress("http://localhost:30000")[-2] == "--property=IPAddressAllow=localhost"
+    # the deploy's gate host confines it; the tests' local hosts (no systemd) do not
+    from dsv4deploy.host.gate import gate_host
+    assert gate_host(object()).confined is True
+    assert "systemd-run" not in bs.build_command(lv, server, warmup_requests=2, limit_s=300, run_as="dsv4deploy-gate")

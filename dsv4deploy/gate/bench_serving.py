@@ -8,13 +8,16 @@ One remote shell command per level::
 
     [ -s KEYFILE ] && OPENAI_API_KEY=$(cat KEYFILE) && export OPENAI_API_KEY
     d=$(mktemp -d); export HOME=$d/out/home XDG_CACHE_HOME=... HF_HOME=... HF_HUB_OFFLINE=1 ...
-    timeout -k 10 LIMIT setpriv --reuid=GATE_USER ... -- <venv>/bin/python -m MODULE --backend sglang --host H --port P
+    timeout -k 10 LIMIT systemd-run --scope --property=IPAddressDeny=any --property=IPAddressAllow=H --
+        setpriv --reuid=GATE_USER ... -- <venv>/bin/python -m MODULE --backend sglang --host H --port P
         --model <model path> --tokenizer <model path> --dataset-name random-ids --tokenize-prompt
         --random-input-len N --random-output-len M --random-range-ratio 1.0 --num-prompts N
         --max-concurrency C --warmup-requests W --output-file <fresh file> --disable-tqdm
 
 The API key comes from the host's 0600 key file inside the remote shell (api_key_environment, the
-one place that hands it over); it is never in the controller's argv nor in the command text. The
+one place that hands it over); it is never in the controller's argv nor in the command text. It
+is in bench_serving's environment, where the tokenizer code can read it, so bench_serving runs
+where that code reaches only the server (no_egress). The
 client runs as the unprivileged gate user, whose account has no home (/nonexistent): its home and
 every cache it writes (Hugging Face's, transformers' module copies of trust_remote_code files,
 SGLang's) are a fresh folder that user owns, removed with the run (cache_environment); the
@@ -32,6 +35,7 @@ loading the tokenizer, the ready check and warm-up) cannot reach its floor; ``ti
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shlex
 import time
@@ -86,6 +90,24 @@ def drop_privileges(user: str | None) -> list[str]:
     return ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--no-new-privs", "--"]
 
 
+def no_egress(base_url: str) -> list[str]:
+    """argv prefix that runs a command in a systemd scope whose IP traffic may reach only the
+    server's address (IPAddressDeny=any, IPAddressAllow=that address; `localhost` for a name).
+
+    bench_serving takes the inference key only from its environment (OPENAI_API_KEY, API_KEY) or
+    `--header` (argv), and it imports the model repository's tokenizer code in that same process:
+    no route keeps the key from that code, so the code is kept from the network instead. A scope
+    (not a service) keeps the caller's environment, stdio and files, and puts nothing of the
+    environment into the unit's properties (which `systemctl show` shows anyone)."""
+    host, _ = host_port(base_url)
+    try:
+        allow = str(ipaddress.ip_address(host))
+    except ValueError:
+        allow = "localhost"
+    return ["systemd-run", "--quiet", "--scope", "--collect", "--property=IPAddressDeny=any",
+            f"--property=IPAddressAllow={allow}", "--"]
+
+
 def api_key_environment(api_key_file: str | None) -> str:
     """Shell that hands the server's API key to bench_serving (OPENAI_API_KEY, read from the
     host's 0600 KEYFILE by root's shell: never in argv nor in the command text); the one place
@@ -112,7 +134,7 @@ def cache_environment(home: str, user: str | None = None) -> str:
 
 
 def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int, limit_s: float,
-                  run_as: str | None = None, module: str = MODULE) -> str:
+                  run_as: str | None = None, module: str = MODULE, confined: bool = False) -> str:
     """The remote shell command (POSIX sh) for one level against SERVER; prints marked sections
     on stdout.
 
@@ -120,10 +142,11 @@ def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int,
     it may write only in a folder of its own ($d/out, its home and caches in $d/out/home) inside
     root's private $d: stdout and stderr are files root's shell opens in $d, where RUN_AS can
     neither create nor replace a name, and the JSONL is read back as RUN_AS, so a link planted
-    there reads nothing RUN_AS could not."""
+    there reads nothing RUN_AS could not. CONFINED: it runs under no_egress, so the key in its
+    environment cannot leave the host."""
     q = shlex.quote
     as_user = drop_privileges(run_as)
-    argv = as_user + bench_argv(level, venv_python=server.venv_python, base_url=server.base_url,
+    argv = (no_egress(server.base_url) if confined else []) + as_user + bench_argv(level, venv_python=server.venv_python, base_url=server.base_url,
                                 model_path=server.model_path, warmup_requests=warmup_requests,
                                 output_file="@OUT@", module=module)
     cmd = " ".join('"$d/out/bench.jsonl"' if a == "@OUT@" else q(a) for a in argv)
@@ -317,7 +340,7 @@ def run(spec: GateSpec, host: GateHost, server: GateServer, options: GateOptions
         fl = floor_limit_s(lv)
         kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
         cmd = build_command(lv, server, warmup_requests=spec.warmup_requests, limit_s=limit, run_as=host.run_as,
-                            module=module)
+                            module=module, confined=host.confined)
         if log:
             log(f"bench_serving ({module}) {lv.label}: {lv.num_prompts} prompts {lv.input_len}/{lv.output_len}, "
                 f"limit {limit:.0f} s ({kind})")

@@ -24,6 +24,7 @@ class GateHost:
     run_as: str | None = None
     host_python: str = "python3"
     client_dir: str = DEFAULT_CLIENT_DIR
+    confined: bool = False      # bench_serving may reach only the server (bench_serving.no_egress): needs systemd
 
 
 @dataclass(frozen=True)

@@ -98,8 +98,10 @@ def prepare_release_gate(h, target) -> Prepared:
 
 
 def gate_host(h) -> GateHost:
-    """The gate's commands on H, over the pyinfra connection, its client run as the gate's user."""
-    return GateHost(host_execute(h), upload=lambda src, dst: put(h, src, dst), run_as=GATE_USER)
+    """The gate's commands on H, over the pyinfra connection, its client run as the gate's user;
+    bench_serving (which runs the model repository's code with the key in its environment) in a
+    scope that reaches the server alone."""
+    return GateHost(host_execute(h), upload=lambda src, dst: put(h, src, dst), run_as=GATE_USER, confined=True)
 
 
 def run_release_gate(h, target, release: int | None, previous_doc: dict | None, profile_name: str,
