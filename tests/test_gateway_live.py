@@ -23,6 +23,8 @@ SMG_PYTHON = os.environ.get("DSV4_SMG_PYTHON")
 # Not marked slow: that marker starts the twin/parser prebuilds (tests/conftest.py), which this needs neither of.
 pytestmark = pytest.mark.skipif(not SMG_PYTHON, reason="DSV4_SMG_PYTHON (a python with smg installed) not set")
 KEY = "sk-live-test-5d1c0e7a"
+CONTROL = "sk-live-control-9b2f4c61"
+KEYS = gateway.Keys(control=CONTROL, worker=KEY)     # /workers: the control-plane key; workers: the inference key
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}
 LAUNCHER = Path(gateway.__file__).with_name("launcher.py")
 
@@ -32,6 +34,7 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smg")
     (tmp / "creds").mkdir()
     (tmp / "creds" / gateway.KEY_CREDENTIAL).write_text(KEY + "\n")
+    (tmp / "creds" / gateway.CONTROL_CREDENTIAL).write_text(CONTROL + "\n")
     twins = []
     for _ in range(2):
         t = LocalTwin(argv=[], faults=FAST)
@@ -57,7 +60,7 @@ def stack(tmp_path_factory):
 
 def _listed(url) -> int:
     try:
-        return len(gateway.list_workers(urllib_http, url, KEY))
+        return len(gateway.list_workers(urllib_http, url, KEYS))
     except gateway.GatewayError:
         return 0
 
@@ -80,17 +83,17 @@ def test_drain_waits_for_the_stream_in_flight_then_readmit_routes_to_it_again(st
     time.sleep(1.0)
     victim = twins[0].url
     started = time.monotonic()
-    drained = gateway.drain(urllib_http, url, KEY, victim, timeout_s=60, poll_s=0.25)
+    drained = gateway.drain(urllib_http, url, KEYS, victim, timeout_s=60, poll_s=0.25)
     for th in threads:
         th.join()
     assert drained.idle_s is not None and drained.in_flight == 0
     assert drained.removed_s >= 4.5          # smg's 5 s settle time, not the stream's length
     assert drained.idle_s > drained.removed_s  # the stream outlived the removal: the drain waited on it
     assert done["last"] == b"data: [DONE]" and done["chunks"] == 200
-    assert gateway.find(gateway.list_workers(urllib_http, url, KEY), victim) is None
+    assert gateway.find(gateway.list_workers(urllib_http, url, KEYS), victim) is None
     assert started + drained.idle_s <= time.monotonic()
 
-    w = gateway.readmit(urllib_http, url, KEY, victim, timeout_s=30, poll_s=0.25)
+    w = gateway.readmit(urllib_http, url, KEYS, victim, timeout_s=30, poll_s=0.25)
     assert w.routable
     served = []
     for _ in range(4):
@@ -99,3 +102,15 @@ def test_drain_waits_for_the_stream_in_flight_then_readmit_routes_to_it_again(st
         served.append(r.status_code)
     assert served == [200] * 4
     assert gateway.replica_in_flight(requests.get(victim + "/metrics", timeout=5).text) == 0
+
+
+def test_each_key_opens_its_own_plane_only(stack):
+    """smg with the launcher's two keys: /workers refuses the inference key, the API refuses the
+    control-plane key (one key per power: a client key cannot add a worker URL)."""
+    url, _ = stack
+    with pytest.raises(gateway.GatewayError, match="401"):
+        gateway.list_workers(urllib_http, url, KEY)
+    assert len(gateway.list_workers(urllib_http, url, CONTROL)) == 2
+    ask = lambda key: requests.post(url + "/generate", headers={"Authorization": f"Bearer {key}"}, timeout=30,  # noqa: E731
+                                    json={"text": "z", "sampling_params": {"max_new_tokens": 2}}).status_code
+    assert (ask(CONTROL), ask(KEY)) == (401, 200)

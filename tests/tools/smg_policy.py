@@ -15,6 +15,7 @@ from dsv4deploy.gateway import model as gateway
 from smg_measure import start_twin, counts, urllib_http
 key = "sk-policy-test-1234"; H = {"Authorization": f"Bearer {key}"}
 tmp = Path(tempfile.mkdtemp()); (tmp/"c").mkdir(); (tmp/"c"/gateway.KEY_CREDENTIAL).write_text(key)
+control = "sk-policy-control-5678"; (tmp/"c"/gateway.CONTROL_CREDENTIAL).write_text(control)   # /workers only
 twins = {p: start_twin(p, tmp, key) for p in (31001, 31002)}
 import atexit; atexit.register(lambda: [t.stop() for t in twins.values()])
 for t in twins.values(): t.wait_ready()
@@ -24,7 +25,7 @@ for policy in sys.argv[2:]:
                             stdout=open(tmp/"smg.log","w"), stderr=subprocess.STDOUT, env={**os.environ, "CREDENTIALS_DIRECTORY": str(tmp/"c")})
     def listed():
         try:
-            return len(gateway.list_workers(urllib_http, "http://127.0.0.1:31000", key)) == 2
+            return len(gateway.list_workers(urllib_http, "http://127.0.0.1:31000", control)) == 2
         except gateway.GatewayError:
             return False
     assert gateway.wait_for(listed, 30, 0.2)
