@@ -144,3 +144,50 @@ def test_a_download_cut_mid_shard_fails_clearly_and_the_rerun_resumes_it(twin, h
     last = releases(twin)[-1]
     assert (last["profile"], last["status"]) == (FROM_HUB, "deployed") and last["gate"]["passed"]
     assert serving(twin).release["release"] == last["release"] and main_pid(twin) != pid
+
+
+# Root's processes while a deploy downloads, verifies and runs the launch check (issue 37 item 3):
+# sampled on the twin every 50 ms; the journal says which sandboxed units ran meanwhile.
+SAMPLER = ("setsid sh -c 'while :; do ps -eo user:24,args --no-headers; echo ---; sleep 0.05; done' "
+           ">/run/dsv4-ps.log 2>&1 </dev/null & echo $!")
+VENV_PROGRAM = "/opt/dsv4deploy/venvs/"
+
+
+def root_venv_processes(samples: str) -> list[str]:
+    """Lines of `ps -eo user,args` whose program is a venv's (python, hf) and whose user is root."""
+    out = []
+    for line in samples.splitlines():
+        user, _, args = line.partition(" ")
+        program = args.strip().split(" ", 1)[0]
+        if user == "root" and program.startswith(VENV_PROGRAM):
+            out.append(line)
+    return out
+
+
+def test_no_root_process_runs_a_venv_while_the_deploy_downloads_verifies_and_checks(twin, hub, profiles):
+    """A new argv (the launch check runs) and no checkpoint (the download and the verify run): no
+    process of root's runs a program from a venv; the three ran as transient units, each as its
+    unprivileged account, and what the download wrote is the fetch account's, readable by all."""
+    text = (profiles / f"{FROM_HUB}.yaml").read_text()
+    assert "context_length: 12288" in text
+    (profiles / "dlroot.yaml").write_text(text.replace("context_length: 12288", "context_length: 11264"))
+    folder = model_dir(profiles)
+    twin.run(f"rm -rf {folder}")
+    since = twin.run("date +%s").stdout.strip()
+    pid = twin.run(SAMPLER).stdout.strip()
+    try:
+        out = deploy("dlroot", profiles, hub)
+    finally:
+        twin.run(f"kill {int(pid)}", check=False)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    samples = twin.run("cat /run/dsv4-ps.log; rm -f /run/dsv4-ps.log").stdout
+    assert samples.count("---") > 20, samples[-2000:]                # the sampler ran through the deploy
+    assert root_venv_processes(samples) == []
+    assert root_venv_processes(f"root {VENV_PROGRAM}x/bin/python -m m\nsglang {VENV_PROGRAM}x/bin/python") == \
+        [f"root {VENV_PROGRAM}x/bin/python -m m"]                    # what it looks for, it finds
+    started = twin.run(f"journalctl --no-pager -o cat _PID=1 --since @{since} | grep '^Started '").stdout
+    assert "bin/python -I -m ct200twin.server.args" in started, started[-2000:]   # the launch check
+    # the download and the verify ran as the fetch account: every file they wrote is its own
+    owners = twin.run(f"find {folder} -maxdepth 1 -type f -printf '%u %m %f\\n'").stdout.split("\n")
+    assert owners and all(o.startswith("dsv4deploy-fetch 644 ") for o in owners if o), owners
+    assert ".dsv4deploy-verified.json" in " ".join(owners)

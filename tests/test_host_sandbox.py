@@ -108,19 +108,19 @@ def test_the_launch_check_runs_as_the_server_account_in_its_sandbox_without_netw
     assert argv[0] == r.layout.python and VENV_PROGRAM.match(argv[0])
     assert "User=sglang" in props and "PrivateNetwork=yes" in props and "PrivateTmp=yes" in props
     assert "ProtectSystem=strict" in props and "IPAddressDeny=any" in props    # the venv read-only, as the server's
-    assert "--setenv=HOME=/tmp" in shlex.split(cmd) and "--unit=sglang-launch-check" in shlex.split(cmd)
+    assert "--setenv=HOME=/tmp" in shlex.split(cmd)
     assert venv_programs_root_runs(cmd) == []
     if r.data["server"].get("api_key"):
         # SGLang's key config: a credential of the check's unit, read where that unit gets it
         assert f"LoadCredential=sglang-config:{r.layout.sglang_config_secret}" in props
-        assert "/run/credentials/sglang-launch-check.service/sglang-config" in argv
+        assert "${CREDENTIALS_DIRECTORY}/sglang-config" in argv                  # systemd's, at exec time
         assert r.layout.sglang_config_secret not in argv
 
 
 def test_a_dollar_reaches_the_program_as_written():
     """systemd expands $NAME and ${NAME} in a transient unit's command line at exec time."""
-    (_props, argv), = runs(sandbox.command(["/bin/echo", "a$HOME", "${X}"], UNIT, "verify"))
-    assert argv == ["/bin/echo", "a$$HOME", "$${X}"]
+    (_props, argv), = runs(sandbox.command(["/bin/echo", "a$HOME", "${X}", "${CREDENTIALS_DIRECTORY}/k"], UNIT, "verify"))
+    assert argv == ["/bin/echo", "a$$HOME", "$${X}", "${CREDENTIALS_DIRECTORY}/k"]
 
 
 def test_the_check_for_root_run_venv_programs_can_fail():
@@ -128,3 +128,12 @@ def test_the_check_for_root_run_venv_programs_can_fail():
     assert venv_programs_root_runs(f"cd /x && {OPT}/venvs/v/bin/python -I -m m") == [f"{OPT}/venvs/v/bin/python"]
     as_root = sandbox.command([f"{OPT}/venvs/v/bin/hf"], UNIT.replace("User=sglang", "User=root"), "launch check")
     assert venv_programs_root_runs(as_root) == [f"{OPT}/venvs/v/bin/hf"]
+
+
+def test_the_gates_module_probe_runs_the_venvs_python_as_the_gate_account():
+    """The venv's python runs its site-packages' .pth files at start: the probe drops root first."""
+    from dsv4deploy.gate.runner import probe_command
+    from dsv4deploy.render.layout import GATE_USER
+    words = shlex.split(probe_command(f"{OPT}/venvs/v/bin/python", GATE_USER))
+    assert words[:2] == ["setpriv", f"--reuid={GATE_USER}"] and "--no-new-privs" in words
+    assert words[words.index("--") + 1] == f"{OPT}/venvs/v/bin/python"

@@ -75,15 +75,18 @@ PROBE_CODE = (
     "print(n + (' missing ' + ' '.join(d) if d else '')); sys.exit(0 if n and not d else 3)")
 
 
-def probe_command(venv_python: str) -> str:
-    """One command that prints which bench_serving module `venv_python` can run (see PROBE_CODE)."""
-    return f"{shlex.quote(venv_python)} -I -c {shlex.quote(PROBE_CODE)} 2>/dev/null"   # -I: host/__init__.py
+def probe_command(venv_python: str, run_as: str | None = None) -> str:
+    """One command that prints which bench_serving module `venv_python` can run (see PROBE_CODE),
+    as RUN_AS (the gate's account) when given: the venv's python runs its site-packages' .pth
+    files at start, and root never runs what it installed (issue 37)."""
+    argv = [*bs.drop_privileges(run_as), venv_python, "-I", "-c", PROBE_CODE]       # -I: host/__init__.py
+    return " ".join(shlex.quote(a) for a in argv) + " 2>/dev/null"
 
 
-def probe_module(execute: Execute, venv_python: str) -> tuple[str | None, bool, str]:
+def probe_module(execute: Execute, venv_python: str, run_as: str | None = None) -> tuple[str | None, bool, str]:
     """(the module the venv has or None, whether its imports are there too, what the probe found)."""
     try:
-        rc, out, _ = execute(probe_command(venv_python), PROBE_TIMEOUT_S)
+        rc, out, _ = execute(probe_command(venv_python, run_as), PROBE_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001 - any failure to probe means: no module known
         return None, False, f"probing {venv_python} failed ({type(e).__name__}: {e})"
     lines = [ln.split() for ln in (out or "").splitlines() if ln.strip()]
@@ -98,13 +101,14 @@ def probe_module(execute: Execute, venv_python: str) -> tuple[str | None, bool, 
     return module, False, f"{venv_python} has {module}{old} but not what it imports ({missing})"
 
 
-def choose_runner(requested: str, execute: Execute, venv_python: str) -> tuple[str, str, str | None]:
+def choose_runner(requested: str, execute: Execute, venv_python: str,
+                  run_as: str | None = None) -> tuple[str, str, str | None]:
     """(runner, why, bench_serving module or None).  ``auto``: bench_serving if the server venv
     has it and what it imports, else builtin.  ``bench_serving`` probes only to pick the module
     (the new one when the probe finds neither: the level then fails with its import error)."""
     if requested == "builtin":
         return "builtin", "runner builtin (profile)", None
-    module, runnable, found = probe_module(execute, venv_python)
+    module, runnable, found = probe_module(execute, venv_python, run_as)
     if requested == "bench_serving":
         if module is None:
             return "bench_serving", f"runner bench_serving (profile); {found}: trying {bs.MODULE}", bs.MODULE
@@ -214,7 +218,7 @@ def prepare_gate(spec: GateSpec, host: GateHost, venv_python: str, runner: str |
     """Choose the runner (one probe of VENV_PYTHON; RUNNER None: the spec's) and put the built-in
     client in place (its 0700 directory, uploaded only when its sha256 differs). Neither needs
     the server."""
-    chosen, why, module = choose_runner(runner or spec.runner, host.execute, venv_python)
+    chosen, why, module = choose_runner(runner or spec.runner, host.execute, venv_python, host.run_as)
     if chosen != "builtin":
         return Prepared(chosen, why, module)
     if host.upload is None:

@@ -35,6 +35,10 @@ HOME = "/tmp"
 # The host's proxy settings, as the login that runs the deploy has them (systemd-run --setenv=NAME
 # copies NAME from its own environment): the download's route to the hub, as before.
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+# Where a use's credentials are, in its argv: systemd puts its own $CREDENTIALS_DIRECTORY there
+# at exec time, whatever the transient unit is called (a fixed --unit= name can stay loaded after
+# its run where systemd cannot empty its cgroup, and the next run then cannot start).
+CREDENTIALS = "${CREDENTIALS_DIRECTORY}"
 
 
 @dataclass(frozen=True)
@@ -100,16 +104,20 @@ def properties(unit: str, use: str, writable: tuple[str, ...] = (), credentials:
     return props
 
 
+def _literal(arg: str) -> str:
+    """ARG as systemd passes it on: it expands `$` in a transient unit's command line at exec time
+    (systemd 252, Debian 12) and reads `$$` as one `$`; only CREDENTIALS is left to it."""
+    return arg.replace("$", "$$").replace("$" + CREDENTIALS, CREDENTIALS)
+
+
 def command(argv: list[str], unit: str, use: str, *, writable: tuple[str, ...] = (), env: dict[str, str] | None = None,
-            credentials: dict[str, str] | None = None, name: str | None = None) -> str:
+            credentials: dict[str, str] | None = None) -> str:
     """The shell command that runs ARGV as USE (see USES) and waits for it; its stdin, stdout,
-    stderr and exit status are the caller's. NAME: the transient unit's name (its credentials are
-    then under /run/credentials/NAME.service/). systemd expands `$` in a transient unit's command
-    line at exec time (systemd 252, Debian 12), so every `$` is passed as `$$`, which it reads as one."""
+    stderr and exit status are the caller's. A credential NAME is CREDENTIALS/NAME in ARGV."""
     q = shlex.quote
-    run = ["systemd-run", "--quiet", "--wait", "--pipe", "--collect", *([f"--unit={name}"] if name else []),
+    run = ["systemd-run", "--quiet", "--wait", "--pipe", "--collect",
            *(f"--property={p}" for p in properties(unit, use, writable, credentials)),
            *(f"--setenv={k}={v}" for k, v in {"HOME": HOME, **(env or {})}.items()),
            *(f"--setenv={k}" for k in (PROXY_VARIABLES if USES[use].proxies else ())),
-           "--", *(a.replace("$", "$$") for a in argv)]
+           "--", *(_literal(a) for a in argv)]
     return " ".join(q(a) for a in run)

@@ -173,18 +173,12 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
     return changed
 
 
-def check_unit(r: Rollout) -> str:
-    """The launch check's transient unit (host/sandbox.py): its credentials are under
-    /run/credentials/<it>.service/ while it runs."""
-    return f"{r.layout.service}-launch-check"
-
-
 def launch_argv(r: Rollout) -> list[str]:
     """The argv the check parses: the unit's (replica 0's), the API key's credential where the
-    check's own unit gets it (check_unit: the server's exists only while the server runs)."""
+    check's own transient unit gets it (the server's exists only while the server runs)."""
     credentials = {r.layout.credential_path(SGLANG_CONFIG_CREDENTIAL),
                    r.layout.instance_credential_path(0, SGLANG_CONFIG_CREDENTIAL)}   # replica 0's argv
-    own = f"/run/credentials/{check_unit(r)}.service/{SGLANG_CONFIG_CREDENTIAL}"
+    own = f"{sandbox.CREDENTIALS}/{SGLANG_CONFIG_CREDENTIAL}"
     return [own if a in credentials else a for a in r.rendered.argv[3:]]
 
 
@@ -220,7 +214,7 @@ def launch_check_command(r: Rollout) -> str:
     credentials = ({SGLANG_CONFIG_CREDENTIAL: r.layout.sglang_config_secret}
                    if r.data["server"].get("api_key") else {})
     return sandbox.command([*parser_argv(r)[0], *launch_argv(r)], r.rendered.unit, "launch check",
-                           credentials=credentials, name=check_unit(r))
+                           credentials=credentials)
 
 
 def parser_key(r: Rollout) -> str:
