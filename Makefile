@@ -53,7 +53,7 @@ $(error PROFILE=NAME is required with INVENTORY=$(INVENTORY) (profiles: $(sort $
 endif
 endif
 
-.PHONY: help bootstrap debs twin-debs browser-debs venv lock test test-fast validate render pin plan deploy rollback history \
+.PHONY: help bootstrap debs twin-debs browser-debs venv lock test test-fast validate render pin plan deploy rollback history status \
         report bench tune \
         fleet fleet-up fleet-down fleet-status sim-up sim-down sim-status clean
 
@@ -62,6 +62,7 @@ help:
 	@echo "make plan PROFILE=...        show what a deploy would change, change nothing"
 	@echo "make rollback [TO=NNNN]      back to the previous (or the named) release that passed"
 	@echo "make history                 the host's releases: profile, status, gate, reason"
+	@echo "make status [ARGS=--json]    each host: release, units, the watch's results, GPUs, drift (exit 0/1/2)"
 	@echo "make report                  reports/index.html: releases, gates, rollbacks and tune runs of every host (docs/report.md)"
 	@echo "make bench PROFILE=...       the smoke gate alone against the live server"
 	@echo "make tune PROFILE=... [PLAN=1] [TUNE_ARGS=\"--set server.context_length=8192,32768\"]   search the profile's tune: space"
@@ -197,6 +198,10 @@ rollback: $(TWIN) venv
 
 history: venv
 	$(BIN)/dsv4deploy history --inventory $(INVENTORY) $(ARGS)
+
+# Each host: release, units, the watch's results and trend, GPUs, drift; exit 0/1/2 (docs/watch.md)
+status: venv
+	$(BIN)/dsv4deploy status --inventory $(INVENTORY) $(ARGS)
 
 # The page of every host of the inventory, from its release records and the gate and tune reports
 # here; a host that cannot be reached is shown from its last read. Opens from file:// (docs/report.md).

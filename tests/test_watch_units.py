@@ -49,7 +49,7 @@ def test_the_agent_runs_unprivileged_in_a_sandbox_and_the_timer_has_the_interval
     agent = files["/etc/systemd/system/dsv4-watch.service"]
     assert "User=dsv4-watch" in agent and "ProtectSystem=strict" in agent and "CapabilityBoundingSet=\n" in agent
     assert "LoadCredential=api_key:" in agent        # the probe's key, never in argv or the settings
-    assert "OnUnitInactiveSec=60" in files["/etc/systemd/system/dsv4-watch.timer"]
+    assert "OnUnitActiveSec=60" in files["/etc/systemd/system/dsv4-watch.timer"]
     assert "DirectoryNotEmpty=/var/lib/dsv4-watch/requests" in files["/etc/systemd/system/dsv4-watch-act.path"]
 
 
@@ -83,3 +83,17 @@ def test_the_plan_line_and_the_gpus_the_deploy_records():
     assert task.settings_line(p.data).startswith("watch: every 60 s, acts after 3 failed intervals")
     assert task.parse_gpus("0, GPU-a, 5, 16\n1, GPU-b, 5, 8\n7, GPU-h, 5, 16\n", {0, 1}) == [
         {"index": 0, "uuid": "GPU-a", "pcie": [5, 16]}, {"index": 1, "uuid": "GPU-b", "pcie": [5, 8]}]
+
+
+def test_a_fatal_xid_stays_with_its_gpu_after_the_interval_that_logged_it():
+    agent = units.HERE / "agent.py"
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("watch_agent", agent)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    state = {}
+    first = [{"index": 1, "xid": [79, 13]}]
+    mod.remember_fatal(state, first, frozenset({79}))
+    later = [{"index": 1, "xid": []}]
+    mod.remember_fatal(state, later, frozenset({79}))
+    assert first[0]["xid"] == [13, 79] and later[0]["xid"] == [79] and later[0]["xid_new"] == 0

@@ -46,6 +46,7 @@ class Engine:
         self.ttft: list[float] = []
         self.e2e: list[float] = []
         self.task: asyncio.Task | None = None
+        self.sick = None            # sickness.Sickness: a slowdown switched on while it runs
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -70,7 +71,7 @@ class Engine:
             now = loop.time()
             if base is None or now - base > 0.25:  # idle gap, or the loop was blocked: restart
                 base = now
-            deadline = base + batch.cost_s
+            deadline = base + batch.cost_s * (self.sick.slowdown() if self.sick else 1.0)
             delay = deadline - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -22,6 +22,7 @@ from ct200twin.server.vocab import count_text_tokens
 from ct200twin.server.logs import _SG, SECRET_FIELDS, Log, _traceback, secrets_masked
 from ct200twin.server.perf import Req
 from ct200twin.server.resolved import Resolved
+from ct200twin.server.sickness import Sickness
 
 HEALTH_PREFIXES = ("/health", "/ready", "/metrics")
 # SGLang 0.5.23's ADMIN_OPTIONAL endpoints that the twin serves: with --admin-api-key they take
@@ -47,6 +48,8 @@ class TwinServer:
         self.status = "Starting"  # Starting | Up | UnHealthy
         self.engine = Engine(res.perf_config(), log, res.args.decode_log_interval or 40,
                              res.mem.cuda_graph_max_bs if (res.mem and res.graphs_enabled) else 0)
+        self.sick = Sickness()      # switched on and off while it runs (sickness.py)
+        self.engine.sick = self.sick
         self.user_requests = 0      # user generations received (error_rate index)
         self.completed_user = 0     # user generations completed (crash_after_requests)
         self.started_at = time.time()
@@ -114,11 +117,16 @@ class TwinServer:
         n = self.user_requests
         self.user_requests += 1
         fail_at = None
-        if self.res.faults.fails(n):
+        if self.res.faults.fails(n) or self.sick.errors():
             fail_at = max(1, max_new // 2)
         req = Req(rid=uuid.uuid4().hex, input_len=input_len, max_new_tokens=max_new, fail_at=fail_at)
         group.add(req, seed)
         return req
+
+    async def _unless_hung(self) -> None:
+        """While the twin is sick with `hang` (sickness.py), a user generation waits."""
+        while self.sick.hangs():
+            await asyncio.sleep(0.2)
 
     def _submit_group(self, group: ReqGroup) -> None:
         for r in group.reqs:
@@ -396,6 +404,7 @@ class TwinServer:
         if not group.reqs[0].max_new_tokens:
             return web.json_response(self._gen_output(group, 0) if not batched else
                                      [self._gen_output(group, i) for i in range(len(group.reqs))])
+        await self._unless_hung()
         self._submit_group(group)
         if not stream:
             await self._finish_group(group)
@@ -500,6 +509,7 @@ class TwinServer:
         model = body.get("model") or self.res.served_model_name
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
+        await self._unless_hung()
         self._submit_group(group)
         stream = bool(body.get("stream"))
         if not stream:

@@ -239,6 +239,18 @@ def cmd_history(args) -> int:
     return 0
 
 
+def cmd_status(args) -> int:
+    from dsv4deploy.cli.status import host_statuses, print_status
+    from dsv4deploy.host.connect import RemoteError
+
+    try:
+        hosts = host_statuses(args.inventory)
+    except RemoteError as exc:
+        _err(str(exc))
+        return 2
+    return print_status(hosts, args.json)
+
+
 def cmd_bench(args) -> int:
     """The smoke gate alone, against the server a host runs now (no restart, no record)."""
     from dsv4deploy.host.connect import RemoteError, connected, on
@@ -331,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", default="inventory/sim.py")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("status", help="each host: release, units, the watch's results and trend, GPUs, drift "
+                                      "(exit 0 healthy, 1 degraded, 2 down)")
+    p.add_argument("--inventory", default="inventory/sim.py")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("bench", help="run a profile's smoke gate against the live server of each host")
     p.add_argument("profile")

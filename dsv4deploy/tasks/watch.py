@@ -57,15 +57,20 @@ _MARK = "@@dsv4-watch@@"
 def arm(store: ReleaseStore, data: dict | None = None, *, label: str = "watch") -> None:
     """After the run's last release step: the watch for what serves now (store.current()). DATA:
     the profile this run deploys, whose watch settings the plan shows."""
+    watch_block = None
     if data is not None:
         print(f"[{host.name}] {settings_line(data)}")
+        watch_block = data.get("watch") or {}
 
     def run(state, host):  # noqa: pyinfra passes (state, host) by these names
         rec = store.current()
         if rec is None:
             return True
         kept = store.target(rec)
-        data, layout = kept.data, kept.layout
+        # the watch's settings are this run's profile's (they are not part of a release, so the
+        # live release's kept profile may hold older ones); a rollback's are the restored one's
+        data = dict(kept.data, watch=(watch_block if watch_block is not None else kept.data.get("watch")))
+        layout = kept.layout
         paths = list(desired(data, layout, rec["profile"], rec["release"], [], None))
         folder = store.folder(rec.get("restores") or rec["release"])     # a rollback's gate is its original's
         read = (f"cat {folder}/gate/gate.json 2>/dev/null || cat {folder}/gate-replica-0/gate.json 2>/dev/null; "

@@ -156,7 +156,8 @@ def main(argv):
             except (OSError, subprocess.SubprocessError, ValueError) as exc:
                 done = "failed: %s" % exc
             doc = {"at": now_iso(), "action": req["action"], "target": req["target"], "reason": req["reason"],
-                   "done": done, "evidence": req.get("evidence", []), "release": cfg["release"]}
+                   "done": done, "evidence": req.get("evidence", []), "release": cfg["release"],
+                   "decided_at": req.get("t")}
             record(cfg, doc)
             print("watch act: %s: %s (%s)" % (what, done, req["reason"]))
         finally:

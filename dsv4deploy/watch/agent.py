@@ -194,11 +194,17 @@ def read_gpus(expected, own_units, since):
         now = seen.get(g["uuid"])
         doc = {"index": g["index"], "uuid": g["uuid"], "present": now is not None, "pcie_recorded": g.get("pcie")}
         if now:
-            bus = now["bus_id"].lower()[-7:]
             doc.update(now, remap_pending=g["uuid"] in pending, foreign_mib=foreign.get(g["uuid"], 0),
-                       xid=[x for b, x in xids if b.lower()[-7:] == bus])
+                       xid=[x for b, x in xids if _slot(b) == _slot(now["bus_id"])])
         gpus.append(doc)
     return gpus
+
+
+def _slot(bus_id):
+    """(bus, device) of a PCI address as the kernel (0000:41:00) or nvidia-smi (00000000:41:00.0)
+    writes it."""
+    parts = bus_id.lower().split(".")[0].split(":")
+    return tuple(int(x, 16) for x in parts[-2:]) if len(parts) >= 2 else None
 
 
 def _own(pid, units):
@@ -220,7 +226,20 @@ def kernel_xids(since):
 
 # --- one interval -----------------------------------------------------------------------------
 
-def measure(cfg, state, now, key):
+def remember_fatal(state, gpus, hardware):
+    """A fatal XID is written to the kernel log once, but the GPU stays broken until it is reset:
+    keep it in the state (for this release) so that every later interval sees it too."""
+    kept = state.setdefault("fatal_xids", {})
+    for g in gpus:
+        new = g.get("xid", [])
+        g["xid_new"] = len(new)
+        fatal = sorted(set(kept.get(str(g["index"]), [])) | {x for x in new if x in hardware})
+        if fatal:
+            kept[str(g["index"])] = fatal
+        g["xid"] = sorted(set(new) | set(fatal))
+
+
+def measure(cfg, state, now, key, hardware=frozenset()):
     paused = None
     if os.path.isdir(cfg["lock"]):
         paused = "a deploy, rollback or tune holds the deploy lock"
@@ -229,6 +248,7 @@ def measure(cfg, state, now, key):
     targets = [] if paused else [read_target(t, key, cfg) for t in cfg["targets"]]
     since = state.get("t") or now - cfg["interval_s"]
     gpus = read_gpus(cfg["gpus"], [t["unit"] for t in cfg["targets"]], since - 1)
+    remember_fatal(state, gpus, hardware)
     return {"t": now, "paused": paused, "targets": targets or [dict(t, unit_active=True) for t in cfg["targets"]],
             "gpus": gpus, "baseline": cfg.get("baseline")}
 
@@ -279,7 +299,7 @@ def prom(cfg, state, reading, health):
             base, g["index"], g["uuid"], len(decide.gpu_faults(g, cfg["settings"]["foreign_mib"]))))
     lines.append("# TYPE dsv4_watch_gpu_xid_total counter")
     for g in reading["gpus"]:
-        total = state.setdefault("xid_total", {}).get(str(g["index"]), 0) + len(g.get("xid", []))
+        total = state.setdefault("xid_total", {}).get(str(g["index"]), 0) + g.get("xid_new", 0)
         state["xid_total"][str(g["index"])] = total
         lines.append('dsv4_watch_gpu_xid_total{%s,gpu="%d"} %d' % (base, g["index"], total))
     return "\n".join(lines) + "\n"
@@ -301,7 +321,7 @@ def main(argv):
     if state.get("release") != cfg["release"]:     # a new release starts a new count
         state = {"release": cfg["release"], "profile": cfg["profile"]}
     now = time.time()
-    reading = measure(cfg, state, now, api_key(os.environ.get("CREDENTIALS_DIRECTORY")))
+    reading = measure(cfg, state, now, api_key(os.environ.get("CREDENTIALS_DIRECTORY")), decide.XID_HARDWARE)
     state, actions = decide.step(state, reading, settings, now)
     health = decide.health(state)
     state.update(release=cfg["release"], profile=cfg["profile"], health=health, last_reading=reading)

@@ -77,7 +77,7 @@ def gpu_faults(gpu: dict, foreign_mib: int) -> list[str]:
         out.append(f"GPU {i} clock events: {', '.join(slow)}")
     link, want = gpu.get("pcie"), gpu.get("pcie_recorded")
     if link and want and (link[0] < want[0] or link[1] < want[1]):
-        out.append(f"GPU {i} PCIe gen{link[0]} x{link[1]}, the preflight recorded gen{want[0]} x{want[1]}")
+        out.append(f"GPU {i} PCIe gen{link[0]} x{link[1]}, recorded at deploy gen{want[0]} x{want[1]}")
     if (gpu.get("foreign_mib") or 0) > foreign_mib:
         out.append(f"GPU {i} {gpu['foreign_mib']} MiB held by a process that is not the release's")
     return out

@@ -81,6 +81,7 @@ def config(data: dict, layout, *, profile: str, release: int, gpus: list[dict], 
     cfg = decide.settings(data.get("watch"))
     doc = {"release": release, "profile": profile, "settings": cfg,
            "targets": targets(data, layout), "gateway": gateway_url(data), "gpus": gpus,
+           "gateway_unit": f"{layout.gateway_service}.service" if replicas.plan(data) else None,
            "baseline": baseline(gate_report), "lock": LOCK, "paused_file": PAUSED, "state_dir": STATE_DIR,
            "requests_dir": REQUESTS, "releases_dir": RELEASES, "textfile_dir": cfg["textfile_dir"],
            "restart_timeout_s": data["service"]["health_timeout_s"],
@@ -150,7 +151,7 @@ Description=dsv4deploy watch every {interval} s
 
 [Timer]
 OnActiveSec={interval}
-OnUnitInactiveSec={interval}
+OnUnitActiveSec={interval}
 AccuracySec=1s
 
 [Install]

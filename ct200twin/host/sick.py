@@ -1,0 +1,104 @@
+"""Make a running twin sick, and well again, for the watch (docs/watch.md lists the faults):
+
+    python -m ct200twin.host.sick --fleet watch server slowdown=1.67 | hang=1 | errors_after_s=5
+    python -m ct200twin.host.sick --fleet watch gpu 2 gone=1 | ecc_uncorrectable=2 | remap_pending=1
+                                 | clock_events=hw_thermal_slowdown | pcie_width=8 | pcie_gen=3
+    python -m ct200twin.host.sick --fleet watch foreign 2 20000     # a foreign process, MiB
+    python -m ct200twin.host.sick --fleet watch xid 2 79            # an NVRM Xid line in the kernel log
+    python -m ct200twin.host.sick --fleet watch heal
+
+Each takes effect at once under a running server: the server reads sick.json whenever it changes
+(ct200twin/server/sickness.py), the twin's nvidia-smi reads its settings at every call. The kernel
+log is a stand-in too: the container has no /dev/kmsg, so a FIFO there is what journald reads as
+the kernel's records (`journalctl -k` shows them as a real host's would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ct200twin.host.machines import SimHost
+from ct200twin.host.nvidia_smi import _BUSES
+
+SICK = "/etc/dsv4deploy-twin/sick.json"
+GPUS = "/etc/dsv4deploy-twin/gpus.json"
+KMSG_SETUP = ("[ -p /dev/kmsg ] || { rm -f /dev/kmsg && mkfifo -m 600 /dev/kmsg && "
+              "systemctl restart systemd-journald 2>/dev/null; systemctl is-active -q systemd-journald; }")
+
+
+def _gpus(twin) -> dict:
+    try:
+        return json.loads(twin.read_file(GPUS))
+    except (ValueError, Exception):  # noqa: BLE001 - a missing file starts from the defaults
+        return {}
+
+
+def server(twin, **sick) -> None:
+    """The server's sickness (slowdown, hang, errors_after_s); none: healthy."""
+    twin.write_file(SICK, json.dumps(sick) + "\n", 0o644)
+
+
+def gpu(twin, index: int, **fault) -> None:
+    """GPU INDEX's fault, merged into what nvidia-smi reports (gone, ecc_uncorrectable, ...)."""
+    doc = _gpus(twin)
+    doc.setdefault("faults", {}).setdefault(str(index), {}).update(fault)
+    twin.write_file(GPUS, json.dumps(doc, indent=1, sort_keys=True) + "\n", 0o644)
+
+
+def foreign(twin, index: int, mib: int, pid: int = 4242) -> None:
+    doc = _gpus(twin)
+    doc["foreign_processes"] = doc.get("foreign_processes", []) + [{"gpu": index, "pid": pid, "used_mib": mib}]
+    twin.write_file(GPUS, json.dumps(doc, indent=1, sort_keys=True) + "\n", 0o644)
+
+
+def xid(twin, index: int, code: int) -> None:
+    """An NVRM Xid record for GPU INDEX in the twin's kernel log, as the driver writes it."""
+    bus = "0000:%02x:00" % _BUSES[index]
+    text = f"NVRM: Xid (PCI:{bus}): {code}, pid=1234, name=python3, Ch 00000008"
+    twin.run(f"{KMSG_SETUP} && exec 3<>/dev/kmsg && "
+             f"printf '3,%s,%s,-;%s\\n' \"$(date +%s%N | cut -c1-16)\" \"$(cut -d. -f1 /proc/uptime)000000\" "
+             f"'{text}' >&3")
+
+
+def heal(twin) -> None:
+    """Every sickness off: the server, the GPUs' faults, the foreign processes."""
+    server(twin)
+    doc = _gpus(twin)
+    doc.pop("faults", None)
+    doc.pop("foreign_processes", None)
+    twin.write_file(GPUS, json.dumps(doc, indent=1, sort_keys=True) + "\n", 0o644)
+
+
+def _pairs(words: list[str]) -> dict:
+    out = {}
+    for w in words:
+        k, _, v = w.partition("=")
+        out[k] = v.split(",") if k == "clock_events" else json.loads(v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ct200twin.host.sick", description=__doc__.split("\n\n")[0])
+    p.add_argument("--fleet", default=None)
+    p.add_argument("--host", type=int, default=1)
+    p.add_argument("what", choices=("server", "gpu", "foreign", "xid", "heal"))
+    p.add_argument("args", nargs="*")
+    a = p.parse_args(argv)
+    twin = SimHost(a.host, a.fleet) if a.fleet else SimHost(a.host)
+    if a.what == "server":
+        server(twin, **_pairs(a.args))
+    elif a.what == "gpu":
+        gpu(twin, int(a.args[0]), **_pairs(a.args[1:]))
+    elif a.what == "foreign":
+        foreign(twin, int(a.args[0]), int(a.args[1]))
+    elif a.what == "xid":
+        xid(twin, int(a.args[0]), int(a.args[1]))
+    else:
+        heal(twin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
