@@ -282,3 +282,19 @@ def test_a_shrink_plans_a_roll_then_the_surplus_replica_leaves():
     roll = next(line for line in lines if line.startswith("rolling update"))
     assert ("add it back; the others serve throughout; then drain sglang@2.service from the gateway (this release "
             "does not run it), stop and disable it, its GPUs checked free; then restart sglang-gateway.service") in roll
+
+
+def test_after_a_rollback_the_plan_still_promises_the_roll_the_run_makes():
+    """A rollback's record has no replicas' parts; the set it restored serves behind its gateway
+    all the same, and the run rolls it (Switch.run): the plan said 'start at once' instead."""
+    from dsv4deploy.host.state import HostState
+    from dsv4deploy.release.rollout import rollout_for
+    from dsv4deploy.tasks.plan import plan_lines
+    from test_host_state import SIM
+
+    r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
+    values = {"files": {}, "unit": {"ActiveState": "active"}, "checkpoint": {"complete": True, "marker": True},
+              "releases": [{"release": 4, "kind": "rollback", "restores": 2, "status": "deployed",
+                            "profile": "nvfp4-ctx8k-dp2", "manifest_sha256": "old"}]}
+    lines = plan_lines(r, HostState(values=values), ["release: release 0004 renders differently"])
+    assert any(line.startswith("rolling update behind sglang-gateway.service") for line in lines), lines

@@ -74,7 +74,8 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
                              "exit non-zero")
     if t.is_set:
         # as the run decides (Switch.run): the gateway serves a set, and the change can roll
-        rolling = state.front_active and live is not None and live.get("replicas") and not downtime
+        # (a rollback's record has no replicas' parts: the gateway running says a set serves)
+        rolling = state.front_active and live is not None and not downtime
         units = ", ".join(rt.unit for rt in t.replica_targets)
         if downtime:
             switch = [f"replace the serving replica set at once (allow_downtime=true: {downtime}): restart {units} "

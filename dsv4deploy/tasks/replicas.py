@@ -75,7 +75,7 @@ def cannot_roll(r: Rollout, state: HostState, reasons: list[str]) -> str | None:
     Replacing it stops every replica at once: refused, nothing changed, unless the operator asks
     for it with --data allow_downtime=true."""
     live = releases.current(state["releases"] or [])
-    if not (r.target.is_set and reasons and live and live.get("replicas") and state.front_active):
+    if not (r.target.is_set and reasons and live and state.front_active):     # (prev.is_set: a set serves)
         return None
     try:
         prev = ReleaseStore(host, r.layout.releases_dir).target(live)
