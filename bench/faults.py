@@ -15,7 +15,9 @@ own gate; each fault then deploys its own variant (ct200twin/faultlab/variants.p
 baseline with another context length and a one-level gate; fault 6 a fresh one for each cut, so
 that every cut run takes the steps the run that listed them took, the launch check included) and
 runs the same deploy again once the fault is gone. "Recovered" is defined in docs/faults.md. Fault
-14 deploys a replica set (nvfp4-ctx8k-dp2 behind smg) and strikes its gateway and a replica.
+14 deploys a replica set (nvfp4-ctx8k-dp2 behind smg) and strikes its gateway and a replica;
+fault 15 (ct200twin/faultlab/converge.py) three TP2 replicas: a crash mid-roll, a shrink, a
+rollback across an smg change, a cut before the gateway's restart, a tampered kept profile.
 Prints figures; asserts nothing; the last line is `faults: N/M recovered`, where a row counts only
 when every strike it lists struck: a strike that did not land (its step never came) is printed as
 DID NOT STRIKE, and named on that line too.
@@ -80,8 +82,8 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"faults: --only takes fault numbers like 1,6,12, not {args.only!r}", file=sys.stderr)
         return 2
-    if only and not only <= set(range(1, 15)):
-        print(f"faults: no fault {sorted(only - set(range(1, 15)))}: the matrix has 1-14", file=sys.stderr)
+    if only and not only <= set(range(1, 16)):
+        print(f"faults: no fault {sorted(only - set(range(1, 16)))}: the matrix has 1-15", file=sys.stderr)
         return 2
     try:
         twin = SimHost(1, check_fleet(args.fleet) if args.fleet is not None else None)

@@ -224,25 +224,27 @@ def test_a_gateway_left_on_older_files_by_a_cut_off_run_is_restarted_alone_by_th
     assert again.rc == 0 and faultlab.changed_ops(again.output) == [], again.output[-3000:]
 
 
-def test_a_set_shrunk_at_once_stops_the_replica_it_no_longer_runs(rset):
-    """count 2 -> 1 cannot roll: refused without allow_downtime, nothing changed; with it the set is
-    replaced at once and sglang@1, which the release does not run, is stopped and disabled through
-    systemctl (left running it held its GPUs and port, and started at boot). Back to two: both serve."""
+def test_a_set_that_shrinks_rolls_and_stops_the_replica_it_no_longer_runs(rset):
+    """count 2 -> 1 keeps replica 0 as it was: the set rolls (no allow_downtime needed), then
+    sglang@1, which the release does not run, is drained from the gateway, stopped and disabled
+    through systemctl, its GPUs checked free (left running it held them and its port, and started
+    at boot); the gateway restarts on its one worker. Back to two adds a replica: not one at a
+    time, so it needs allow_downtime."""
     twin = rset.twin
     if faultlab.releases(twin)[-1]["profile"] != BASE:
         assert rset.deploy(BASE).rc == 0
     before = pids(twin)
-    refused = rset.deploy(ONE)
-    assert refused.rc != 0 and "cannot replace it one replica at a time" in refused.output, refused.output[-3000:]
-    assert pids(twin) == before
-    downtime = ("--data", "allow_downtime=true")
-    one = faultlab.deploy(ONE, *downtime, profiles_dir=rset.profiles, inventory=INVENTORY, env=rset.env)
-    text = one.stdout + one.stderr
-    assert one.returncode == 0, text[-4000:]
-    assert "stopped sglang@1.service: not in this release's set of 1 replicas" in text, text[-3000:]
+    one = rset.deploy(ONE)
+    assert one.rc == 0, one.output[-4000:]
+    assert "rolling update of 1 replicas" in one.output, one.output[-3000:]
+    assert "stopped sglang@1.service: not in the new release's set; GPUs 4,5,6,7 free" in one.output
     state = twin.run("systemctl is-active sglang@1.service; systemctl is-enabled sglang@1.service", check=False)
     assert state.stdout.split() == ["inactive", "disabled"]
     assert workers(twin) == [("http://127.0.0.1:31001", "ready")]
+    assert pids(twin)["sglang-gateway.service"] != before["sglang-gateway.service"]
+    refused = rset.deploy(BASE)
+    assert refused.rc != 0 and "cannot replace it one replica at a time" in refused.output, refused.output[-3000:]
+    downtime = ("--data", "allow_downtime=true")
     back = faultlab.deploy(BASE, *downtime, profiles_dir=rset.profiles, inventory=INVENTORY, env=rset.env)
     assert back.returncode == 0, (back.stdout + back.stderr)[-4000:]
     assert _routes(twin) == 2

@@ -21,11 +21,12 @@ One concern per module; importers use `faultlab.NAME` (re-exported here):
 - lab.py        the twin with a clean, good release to strike at (`Lab`, `start`)
 - variants.py   the faults' test profiles (`VARIANTS`, `variant`, `write_profiles`) and gates
 - faults.py     faults 1-14 (`ALL`, `fault_N`, `cut_at`)
+- converge.py   fault 15: a replica set converges to its release (issue 40)
 """
 
 from ct200twin.faultlab.faults import (ALL, CUT_GRACE_S, F6_CUT_CONTEXT, VERIFY_STEP, cut_at, cut_case, fault_1,
                                        fault_2, fault_3, fault_4, fault_5, fault_6, fault_7, fault_8, fault_9,
-                                       fault_10, fault_11, fault_12, fault_13, fault_14, fault_with_knobs)
+                                       fault_10, fault_11, fault_12, fault_13, fault_14, fault_15, fault_with_knobs)
 from ct200twin.faultlab.lab import FAST_START, FAULTS, Lab, start
 from ct200twin.faultlab.reading import (GATE_USER, LOCK, MANIFEST, RELEASES_DIR, checkpoint_sha, health,
                                         live_manifest_sha, live_venv, local_checkpoint_sha, main_pid, our_processes,
@@ -40,7 +41,7 @@ from ct200twin.faultlab.variants import (BUDGET_GATE, MID_GATE, QUICK_GATE, REVI
 __all__ = [
     "ALL", "CUT_GRACE_S", "F6_CUT_CONTEXT", "VERIFY_STEP", "cut_at", "cut_case", "fault_1", "fault_2", "fault_3",
     "fault_4", "fault_5", "fault_6", "fault_7", "fault_8", "fault_9", "fault_10", "fault_11", "fault_12", "fault_13",
-    "fault_14", "fault_with_knobs",
+    "fault_14", "fault_15", "fault_with_knobs",
     "FAST_START", "FAULTS", "Lab", "start",
     "GATE_USER", "LOCK", "MANIFEST", "RELEASES_DIR", "checkpoint_sha", "health", "live_manifest_sha", "live_venv",
     "local_checkpoint_sha", "main_pid", "our_processes", "release_files", "releases", "served_context",

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Callable
 
+from ct200twin.faultlab.converge import fault_15
 from ct200twin.faultlab.lab import Lab, start
 from ct200twin.faultlab.reading import (GATE_USER, RELEASES_DIR, checkpoint_sha, health, live_venv,
                                         local_checkpoint_sha, main_pid, releases)
@@ -467,4 +468,4 @@ def fault_14(lab: Lab) -> Row:
 
 
 ALL = [fault_1, fault_2, fault_3, fault_4, fault_5, fault_6, fault_7, fault_8, fault_9, fault_10, fault_11,
-       fault_12, fault_13, fault_14]
+       fault_12, fault_13, fault_14, fault_15]

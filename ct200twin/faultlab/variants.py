@@ -66,7 +66,29 @@ def fresh_variants(folder: Path, taken: set[str], prefix: str, context_length: i
                        "(bench/faults.py without --keep)")
 
 
+# fault 15: three TP2 replicas (GPUs 0-1, 2-3, 4-5), a change rolling across them, the set shrunk
+# to two, and the two behind another routing policy (an smg change)
+F15_TP2 = """extends: nvfp4-ctx8k-dp2
+server:
+  tp_size: 2
+  context_length: %d
+  mem_fraction_static: 0.88
+replicas:
+  count: %d
+  gpus: %s
+%s"""
+
+
+def f15_set(context_length: int, count: int, policy: str = "") -> str:
+    gpus = "[" + ", ".join(f"[{2 * i}, {2 * i + 1}]" for i in range(count)) + "]"
+    return F15_TP2 % (context_length, count, gpus, f"  gateway:\n    policy: {policy}\n" if policy else "") + TINY_GATE
+
+
 VARIANTS = {
+    "f15set3": f15_set(4096, 3),
+    "f15set3-b": f15_set(3840, 3),
+    "f15set2": f15_set(3840, 2),
+    "f15set2-p": f15_set(3840, 2, "random"),
     # fault 14: a replica set (two twin servers behind smg) and a change that rolls across it
     "f14set": f"extends: nvfp4-ctx8k-dp2\n{QUICK_GATE}",
     "f14set-b": f"extends: nvfp4-ctx8k-dp2\nserver:\n  context_length: 7936\n{QUICK_GATE}",
