@@ -112,8 +112,8 @@ def test_the_launch_check_runs_as_the_server_account_in_its_sandbox_without_netw
     assert venv_programs_root_runs(cmd) == []
     if r.data["server"].get("api_key"):
         # SGLang's key config: a credential of the check's unit, read where that unit gets it
-        assert f"LoadCredential=sglang-config:{r.layout.sglang_config_secret}" in props
-        assert "${CREDENTIALS_DIRECTORY}/sglang-config" in argv                  # systemd's, at exec time
+        assert f"LoadCredential=sglang-config.yaml:{r.layout.sglang_config_secret}" in props
+        assert "${CREDENTIALS_DIRECTORY}/sglang-config.yaml" in argv                  # systemd's, at exec time
         assert r.layout.sglang_config_secret not in argv
 
 

@@ -126,8 +126,8 @@ def test_api_key_never_reaches_argv_or_unit(profile_dir):
     profile_dir.write("keyed", "extends: nvfp4-ctx8k\nserver:\n  api_key: true\n")
     r = render(load_profile("keyed"))
     assert "--api-key" not in r.argv
-    assert r.argv[r.argv.index("--config") + 1] == "/run/credentials/sglang.service/sglang-config"
-    assert "\nLoadCredential=sglang-config:/etc/dsv4deploy/secrets/sglang-sglang-config.yaml\n" in r.unit
+    assert r.argv[r.argv.index("--config") + 1] == "/run/credentials/sglang.service/sglang-config.yaml"
+    assert "\nLoadCredential=sglang-config.yaml:/etc/dsv4deploy/secrets/sglang-sglang-config.yaml\n" in r.unit
     assert "secrets" not in "".join(l for l in r.unit.splitlines() if l.startswith("EnvironmentFile"))
 
 

@@ -46,7 +46,7 @@ UNIT = "[Service]\nExecStart=/bin/true\n"
 
 
 @pytest.mark.parametrize("line, held", [
-    ("LoadCredential=sglang-config:/etc/dsv4deploy/secrets/sglang-sglang-config.yaml", {keys.INFERENCE, keys.ADMIN}),
+    ("LoadCredential=sglang-config.yaml:/etc/dsv4deploy/secrets/sglang-sglang-config.yaml", {keys.INFERENCE, keys.ADMIN}),
     ("LoadCredential=x:/etc/dsv4deploy/secrets/sglang-gateway-control-key", {keys.CONTROL}),
     ("LoadCredentialEncrypted=x:/etc/dsv4deploy/secrets/sglang-admin-api-key", {keys.ADMIN}),
     ("EnvironmentFile=-/etc/dsv4deploy/secrets/sglang-api-key", {keys.INFERENCE}),

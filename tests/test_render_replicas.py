@@ -40,7 +40,7 @@ def test_each_instance_starts_with_its_own_port_and_credentials():
         argv = instance_argv(rendered, i)
         assert argv == r.argv
         assert argv[argv.index("--port") + 1] == str(30001 + i)
-        assert argv[argv.index("--config") + 1] == f"/run/credentials/sglang@{i}.service/sglang-config"
+        assert argv[argv.index("--config") + 1] == f"/run/credentials/sglang@{i}.service/sglang-config.yaml"
         assert argv[argv.index("--host") + 1] == "127.0.0.1"
 
 
@@ -104,7 +104,7 @@ def test_no_key_anywhere_but_credentials(profile_dir):
     assert not any(w.startswith(("--api-key", "--control-plane-api-keys")) for argv in argvs for w in argv)
     gw_unit = rendered.files[rendered.gateway.unit_path]
     assert "\nLoadCredential=gateway-api-key:/etc/dsv4deploy/secrets/sglang-api-key\n" in gw_unit
-    assert "\nLoadCredential=sglang-config:/etc/dsv4deploy/secrets/sglang-sglang-config.yaml\n" in rendered.unit
+    assert "\nLoadCredential=sglang-config.yaml:/etc/dsv4deploy/secrets/sglang-sglang-config.yaml\n" in rendered.unit
     for path, text in rendered.files.items():
         if path != rendered.gateway.launcher:  # (the launcher's source names the flags it refuses)
             assert "--api-key" not in text and "Bearer" not in text, path

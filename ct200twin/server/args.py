@@ -188,6 +188,8 @@ def build_parser(version: str) -> tuple[argparse.ArgumentParser, list[str]]:
 def _config_to_argv(path: str) -> list[str]:
     import yaml  # pyyaml is a dependency of the package
 
+    if Path(path).suffix.lower() not in (".yaml", ".yml"):     # as SGLang's merger (0.5.23) refuses it
+        raise TwinArgError(f"Config file must be YAML format, got: {Path(path).suffix}")
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:

@@ -13,7 +13,9 @@ from dsv4deploy.sglang.versions import facts
 
 SGLANG_MODULE = "sglang.launch_server"
 # The API key reaches SGLang as a systemd credential: a --config file under $CREDENTIALS_DIRECTORY.
-SGLANG_CONFIG_CREDENTIAL = "sglang-config"
+# Its name ends in .yaml: SGLang's --config merger refuses any other suffix ("Config file must be
+# YAML format, got: ", utils/server_args_config_parser.py in 0.5.23), at start, after argparse.
+SGLANG_CONFIG_CREDENTIAL = "sglang-config.yaml"
 
 
 def server_args(profile: Profile, port: str | None = None, config: str | None = None) -> list[str]:

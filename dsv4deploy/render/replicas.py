@@ -3,7 +3,7 @@ env file (its GPUs and port) and an NCCL env file, and the smg gateway's unit an
 
 The template is the single-server unit (same sandbox, same template file) with three words that
 differ per instance: `EnvironmentFile=.../nccl-%i.env` and `.../replica-%i.env`, `--port
-${DSV4_REPLICA_PORT}` (from the replica's env file) and `--config %d/sglang-config` (its own
+${DSV4_REPLICA_PORT}` (from the replica's env file) and `--config %d/sglang-config.yaml` (its own
 credentials folder). Every instance is read back as systemd reads it (unitcheck.check_instance:
 its specifiers, its env files, the `${NAME}` word resolved) and must give exactly that
 replica's argv and environment, or the render is refused like any other.
