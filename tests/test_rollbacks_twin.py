@@ -166,3 +166,25 @@ def test_a_login_account_as_service_user_is_refused_before_any_change(twin, prof
     assert twin.run("getent passwd alice").stdout == before                  # still /bin/bash, its own home
     assert changed_ops(text) == []
     assert [r["profile"] for r in releases(twin)].count("alice16k") == 0 and health(twin) == "200"
+
+
+def test_the_report_page_shows_every_release_its_rollbacks_and_the_gate_figures(twin):
+    """`dsv4deploy report` reads this twin's history over SSH (docs/report.md): every release in
+    its status, each failed one with the rollback that followed, and the figures of the gate
+    reports it links (tests/test_report_browser.py opens such a page in Chromium)."""
+    import re
+    from report_checks import mismatches, shown
+    out = faultlab.run([str(faultlab.REPO / ".venv/bin/dsv4deploy"), "report", "--inventory", INVENTORY],
+                       env=ROLLBACK_ENV)
+    assert out.returncode == 0, out.stdout + out.stderr
+    host = releases(twin)
+    html = (faultlab.REPO / "reports" / f"host-{ROLLBACK_ENV['DSV4_SIM_FLEET']}-1.html").read_text()
+    assert shown(html).releases == {f"{r['release']:04d}": r["status"] for r in host}
+    for before, after in zip(host, host[1:]):
+        if before["status"] == "failed" and after["kind"] == "rollback":
+            assert f"rolled back (release {after['release']:04d} restores {after['restores']:04d})" in html
+    linked = re.findall(r'href="([^"]+)/gate\.json"', html)
+    assert linked, "the gated releases link their reports"
+    docs = {folder.rsplit("/", 1)[1][:4]: json.loads((faultlab.REPO / "reports" / folder / "gate.json").read_text())
+            for folder in linked}
+    assert mismatches(html, docs) == []
