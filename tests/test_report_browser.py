@@ -1,7 +1,7 @@
 """The report page in a real browser (headless Chromium, tests/browser.py), made from the records
 and gate reports of a real twin run (tests/fixtures/report/: `make deploy PROFILE=nvfp4-ctx8k`,
-then fp8-ctx1m-baseline, which failed its gate and rolled back, on an isolated twin; see
-docs/report.md): it loads with no console error and no request that leaves file://, shows both
+then fp8-ctx1m-baseline, which failed its gate and rolled back, on an isolated twin, and a tune
+of three candidates there, one refused; see docs/report.md): it loads with no console error and no request that leaves file://, shows both
 releases, the rollback and the gate charts with the figures of the gate reports, and its links
 resolve. A screenshot is kept in the test's folder."""
 
@@ -70,12 +70,25 @@ def test_the_host_page_shows_both_releases_the_rollback_and_the_recorded_gate_fi
     assert visit.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(visit.screenshot) > 20_000
 
 
-def test_the_index_card_says_what_serves_in_words(site):
+def test_the_index_says_what_serves_and_every_tune_candidate_as_recorded(site):
     visit = browser.visit(site / "index.html")
     assert_loaded_alone(visit)
     assert_links_resolve(visit, site / "index.html")
     assert "serving release 0003 (nvfp4-ctx8k)" in visit.html
     assert f'href="host-{HOST}.html"' in visit.html
+    (tune,) = [json.loads(p.read_text()) for p in site.glob("tune-*/tune.json")]
+    assert "kept the base" in visit.html if tune["chosen"] is None else f"winner <strong>{tune['chosen']}" in visit.html
+    for c in tune["candidates"]:
+        m = c["trials"][-1]["measurement"] if c["trials"] else None
+        figure = f"{m['output_throughput']:.1f}" if m else "-"
+        assert f'<td class="num" data-metric="throughput">{figure}</td>' in _row(visit.html, c["id"]), c["id"]
+        if c["refused"]:
+            assert all(reason in visit.html for reason in c["reasons"])
+
+
+def _row(html: str, candidate: str) -> str:
+    start = html.index(f'<tr data-candidate="{candidate}">')
+    return html[start:html.index("</tr>", start)]
 
 
 def test_a_page_that_fetches_from_the_network_or_shows_a_wrong_figure_fails_the_checks(site, tmp_path):
