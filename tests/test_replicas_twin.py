@@ -65,7 +65,8 @@ def pids(twin) -> dict[str, int]:
 
 
 def workers(twin) -> list[tuple[str, str]]:
-    out = twin.run("sed 's/^/Authorization: Bearer /' /etc/dsv4deploy/secrets/sglang-api-key | "
+    # smg's /workers takes the gateway's control-plane key, not the inference key
+    out = twin.run("sed 's/^/Authorization: Bearer /' /etc/dsv4deploy/secrets/sglang-gateway-control-key | "
                    f"curl -s -H @- {GATEWAY}/workers").stdout
     return sorted((w["url"], w["status"]) for w in json.loads(out)["workers"])
 

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from ct200twin.faultlab.converge import fault_15
+from ct200twin.faultlab.converge import fault_15, workers
 from ct200twin.faultlab.lab import Lab, start
 from ct200twin.faultlab.reading import (GATE_USER, RELEASES_DIR, checkpoint_sha, health, live_venv,
                                         local_checkpoint_sha, main_pid, releases)
@@ -392,12 +392,7 @@ def _unit_pid(twin, unit: str) -> int:
 
 
 def _routes_to_both(twin) -> bool:
-    out = twin.run("sed 's/^/Authorization: Bearer /' /etc/dsv4deploy/secrets/sglang-api-key | "
-                   "curl -s --max-time 5 -H @- http://127.0.0.1:30000/workers", check=False).stdout
-    try:
-        return sum(w["status"] == "ready" for w in json.loads(out)["workers"]) == 2
-    except (ValueError, KeyError, TypeError):
-        return False
+    return len(workers(twin)) == 2
 
 
 def _wait(check: Callable[[], bool], within_s: float) -> float | None:
