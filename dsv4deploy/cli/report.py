@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -117,6 +118,9 @@ def cmd_report(args) -> int:
     from dsv4deploy.profile.errors import EXIT_FAILED
 
     reports = args.settings.reports
+    # a host that does not answer is a line on the page and below; paramiko's transport thread
+    # would also print its traceback
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:
         host_inputs = gather(args.inventory, reports)
     except RemoteError as exc:
