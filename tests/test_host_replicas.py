@@ -184,3 +184,30 @@ def test_starting_a_set_at_once_stops_the_surplus_first(fake):
     hr.start_set(object(), target(), lambda rt: None, 0.1, fake.events.append)
     assert fake.events[0] == 'sh disable --now "$u" >/dev/null 2>&1; echo "$u";; esac; done; true'
     assert "sh restart sglang@0.service sglang@1.service" in fake.events[1:]
+
+
+def test_the_instances_read_gives_each_process_argv_as_the_kernel_holds_it(tmp_path):
+    """The host's read of the set's instances (systemctl faked, a real process): the sha256 of
+    the running process's argv, which stale_instances compares with the release's argv, and the
+    instance the release does not run named with no files of its own."""
+    import os
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        fake = tmp_path / "systemctl"
+        fake.write_text("#!/bin/sh\ncase \"$*\" in\n"
+                        "  list-units*) printf '%s\\n' 'sglang@0.service loaded active running x' "
+                        "'sglang@2.service loaded inactive dead x';;\n"
+                        "  *ExecMainStartTimestamp*) echo @1700000000;;\n"
+                        f"  *MainPID*sglang@0*) echo {proc.pid};;\n  *MainPID*) echo 0;;\n"
+                        "  *ActiveState*sglang@0*) echo active;;\n  *ActiveState*) echo inactive;;\nesac\n")
+        fake.chmod(0o755)
+        out = subprocess.run(["sh", "-c", hr.instances_command(target())], capture_output=True, text=True,
+                             env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    finally:
+        proc.kill()
+    seen = hr.parse_instances(out.stdout)
+    assert seen["sglang@0.service"]["argv"] == hr.argv_sha256(["sleep", "30"]), out
+    assert seen["sglang@0.service"]["active"] and seen["sglang@0.service"]["started"] == 1700000000
+    assert seen["sglang@2.service"] == {"active": False, "started": 1700000000, "files": None, "argv": None}

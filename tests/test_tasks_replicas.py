@@ -230,36 +230,42 @@ def test_a_restore_takes_the_stopped_surplus_out_of_the_gateway_at_once_and_move
 
 def test_the_read_compares_every_instance_with_the_release_and_the_plan_says_what_converges():
     """Issue 40, item 1: an instance of the template that runs but is not one of the release's
-    replicas, and a replica whose process started before its files last changed (it runs files
-    no gate passed on it), each become a planned step with its reason; an instance that started
-    after its files, or one that is stopped, does not."""
-    from dsv4deploy.host.replicas import instances_command
+    replicas, and a replica whose process runs another argv than the release's (it started from
+    other files, which no gate passed on it), each become a planned step with its reason. A
+    replica with the release's argv is not stale even when its files changed since it started
+    (a restore's copy touches them all); one whose argv cannot be read is judged by the times."""
+    from dsv4deploy.host.replicas import argv_sha256, instances_command
     from dsv4deploy.host.state import HostState
-    from dsv4deploy.tasks.plan import plan_lines
     from dsv4deploy.release.rollout import rollout_for
+    from dsv4deploy.tasks.plan import plan_lines
     from test_host_state import SIM
 
     r = rollout_for({**SIM, "profile": "nvfp4-ctx8k-dp2"})
-    assert "--timestamp=unix" in instances_command(r.target) and "stat -c %Z" in instances_command(r.target)
+    assert "--timestamp=unix" in instances_command(r.target) and "/proc/$p/cmdline" in instances_command(r.target)
+    same = [argv_sha256(rep.argv) for rep in r.rendered.replicas]
     values = {"files": {}, "unit": {"ActiveState": "active"},
               "releases": [{"release": 3, "status": "deployed", "profile": "nvfp4-ctx8k-dp2",
                             "manifest_sha256": r.manifest_sha256, "replicas": [{"index": 0}, {"index": 1}]}],
               "checkpoint": {"complete": True, "marker": True},
               "gateway_workers": [{"url": f"http://127.0.0.1:{p}", "status": "ready", "healthy": True}
                                   for p in (30001, 30002, 30003)],
-              "instances": "sglang@0.service active 1700000100 1700000000\n"
-                           "sglang@1.service active 1700000000 1700000100\n"
-                           "sglang@2.service active 1700000000 -\nsglang@3.service inactive 0 -\n"}
+              "instances": f"sglang@0.service active 1700000000 1700000100 {same[0]}\n"
+                           f"sglang@1.service active 1700000000 1700000100 {'e' * 64}\n"
+                           "sglang@2.service active 1700000000 - -\nsglang@3.service inactive 0 - -\n"}
     state = HostState(values=values)
     assert tr.surplus_units(r, state) == ["sglang@2.service"]
     assert [rt.index for rt in tr.stale_instances(r, state)] == [1]
     assert plan_lines(r, state, []) == [
         "nothing to change in release 0003 (nvfp4-ctx8k-dp2), but sglang@2.service runs and is not one of its 2 "
         "replicas: drain it from sglang-gateway.service, stop and disable it",
-        "nothing to change in release 0003 (nvfp4-ctx8k-dp2), but replica 1 (sglang@1.service) runs older files "
-        "than those in place (its process started before they changed: no gate passed on it): out of the gateway, "
+        "nothing to change in release 0003 (nvfp4-ctx8k-dp2), but replica 1 (sglang@1.service) runs other files "
+        "than those in place (its process's argv is not the release's: no gate passed on it): out of the gateway, "
         "restart it, health, identity and a probe on its own port, back in"]
-    values["instances"] = "sglang@0.service active 1700000100 1700000000\nsglang@1.service active 1700000100 1700000100\n"
+    values["instances"] = (f"sglang@0.service active 1700000100 1700000000 {same[0]}\n"
+                           "sglang@1.service active 1700000000 1700000100 -\n")      # renamed: by the times
+    assert [rt.index for rt in tr.stale_instances(r, HostState(values=values))] == [1]
+    values["instances"] = (f"sglang@0.service active 1700000100 1700000000 {same[0]}\n"
+                           f"sglang@1.service active 1700000100 1700000100 {same[1]}\n")
     assert plan_lines(r, HostState(values=values), [])[0].startswith("nothing to change: release 0003")
 
 

@@ -9,6 +9,7 @@ port, the caller's check (the gate for a new release, a probe for a restore), an
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -164,26 +165,38 @@ def instance_files(t: Target, index: int) -> list[str]:
 
 def instances_command(t: Target) -> str:
     """Print a line per instance of T's service template systemd knows: its name, ActiveState,
-    when its process started (unix seconds, 0: none) and the newest change time of its files (-:
-    not one of T's replicas). ctime, not mtime: a restore's `cp -a` keeps the kept copies' mtime."""
+    when its process started (unix seconds, 0: none), the newest change time of its files (-:
+    not one of T's replicas; ctime, not mtime: a restore's `cp -a` keeps the kept copies' mtime)
+    and the sha256 of its process's argv as the kernel holds it (-: none, or a process that
+    renamed itself: its argv is one word)."""
     files = {rt.unit: " ".join(shlex.quote(f) for f in instance_files(t, rt.index)) for rt in t.replica_targets}
     cases = " ".join(f"{shlex.quote(u)}) f=$(stat -c %Z {fs} 2>/dev/null | sort -n | tail -1);;" for u, fs in files.items())
     return (f"for u in $(systemctl list-units --all --plain --no-legend --type=service "
-            f"{shlex.quote(t.layout.service + '@*')} | cut -d' ' -f1); do f=-; case \"$u\" in {cases} esac; "
+            f"{shlex.quote(t.layout.service + '@*')} | cut -d' ' -f1); do f=-; a=-; case \"$u\" in {cases} esac; "
             "s=$(systemctl show -p ExecMainStartTimestamp --value --timestamp=unix \"$u\" | tr -d @); "
-            "printf '%s %s %s %s\\n' \"$u\" \"$(systemctl show -p ActiveState --value \"$u\")\" \"${s:-0}\" \"${f:--}\"; "
-            "done; true")
+            "p=$(systemctl show -p MainPID --value \"$u\"); "
+            "if [ \"${p:-0}\" -gt 0 ] && [ \"$(tr -dc '\\000' < /proc/$p/cmdline 2>/dev/null | wc -c)\" -gt 1 ]; "
+            "then a=$(sha256sum < /proc/$p/cmdline | cut -c1-64); fi; "
+            "printf '%s %s %s %s %s\\n' \"$u\" \"$(systemctl show -p ActiveState --value \"$u\")\" \"${s:-0}\" "
+            "\"${f:--}\" \"$a\"; done; true")
+
+
+def argv_sha256(argv: list[str]) -> str:
+    """The sha256 of ARGV as /proc/PID/cmdline holds it (each word NUL-terminated)."""
+    return hashlib.sha256(b"".join(w.encode() + b"\0" for w in argv)).hexdigest()
 
 
 def parse_instances(text: str | None) -> dict[str, dict]:
-    """instances_command's output: {unit: {"active": bool, "started": int, "files": int | None}}."""
+    """instances_command's output: {unit: {"active": bool, "started": int, "files": int | None,
+    "argv": sha256 | None}}."""
     out = {}
     for line in (text or "").splitlines():
         parts = line.split()
-        if len(parts) == 4 and parts[0].endswith(".service"):
+        if len(parts) in (4, 5) and parts[0].endswith(".service"):
             out[parts[0]] = {"active": parts[1] == "active",
                              "started": int(parts[2]) if parts[2].isdigit() else 0,
-                             "files": int(parts[3]) if parts[3].isdigit() else None}
+                             "files": int(parts[3]) if parts[3].isdigit() else None,
+                             "argv": parts[4] if len(parts) == 5 and len(parts[4]) == 64 else None}
     return out
 
 

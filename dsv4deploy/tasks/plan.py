@@ -41,7 +41,7 @@ def _steps(r: Rollout, state: HostState, reasons: list[str], downtime: str | Non
                    f"not one of its {len(t.replica_targets)} replicas: drain it from {t.unit}, stop and disable it"
                    for u in surplus_units(r, state)]
             out += [f"nothing to change in release {live['release']:04d} ({live['profile']}), but {rt.label} runs "
-                    "older files than those in place (its process started before they changed: no gate passed on "
+                    "other files than those in place (its process's argv is not the release's: no gate passed on "
                     "it): out of the gateway, restart it, health, identity and a probe on its own port, back in"
                     for rt in stale]
             if missing:

@@ -34,7 +34,8 @@ from dsv4deploy.host.gate import (gate_record, prepare_release_gate, previous_re
 from dsv4deploy.host.io import sh
 from dsv4deploy.host.release_store import ReleaseStore, RollbackError
 from dsv4deploy.host.rollback import Rollback
-from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, parse_instances, restarted_since,
+from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, argv_sha256, parse_instances,
+                                      restarted_since,
                                       retire, roll, start_gateway, start_set, stop_surplus, unit_active,
                                       wait_load_reports)
 from dsv4deploy.host.state import VENV_MARKER, HostState
@@ -112,13 +113,26 @@ def surplus_units(r: Rollout, state: HostState) -> list[str]:
 
 
 def stale_instances(r: Rollout, state: HostState) -> list[Target]:
-    """The release's replicas whose process started before their files last changed: they run
-    files other than those in place (a cut-off roll, a restore), which no gate passed on them."""
+    """The release's replicas whose process runs other files than those in place (a cut-off roll,
+    a crash restarted from files no gate passed on it): its argv is not the release's; or, where
+    the argv cannot be read (a process that renamed itself), it started before its files last
+    changed. (A restore's copy changes every file's ctime, also those of replicas it left alone:
+    the argv decides where it can.)"""
     if not r.target.is_set:
         return []
     seen = parse_instances(state["instances"])
-    return [rt for rt in r.target.replica_targets
-            if (i := seen.get(rt.unit)) and i["active"] and i["files"] is not None and 0 < i["started"] < i["files"]]
+    argv = {rep.instance + ".service": argv_sha256(rep.argv) for rep in r.rendered.replicas}
+    out = []
+    for rt in r.target.replica_targets:
+        i = seen.get(rt.unit)
+        if not i or not i["active"]:
+            continue
+        if i["argv"] is not None:
+            if i["argv"] != argv.get(rt.unit):
+                out.append(rt)
+        elif i["files"] is not None and 0 < i["started"] < i["files"]:
+            out.append(rt)
+    return out
 
 
 def gateway_restart(r: Rollout, state: HostState, differ: list[str], venv_changed: bool) -> str | None:
@@ -194,14 +208,14 @@ def stop_surplus_units(r: Rollout, units: list[str]) -> None:
 
 
 def reroll_stale(r: Rollout, stale: list[Target]) -> None:
-    """Replicas running older files than those in place: each out of the gateway, restarted,
+    """Replicas running other files than those in place: each out of the gateway, restarted,
     probed on its own port (the release passed its gate), back in."""
 
     def run(state_, host):  # noqa: pyinfra passes (state, host) by these names
         roll(host, r.target, [rt.index for rt in stale], lambda rt: probe(host, rt),
              float(host.data.get("health_poll_s", 2.0)), lambda m: print(f"[{host.name}] {m}"))
 
-    python.call(name=f"replica set: restart {', '.join(rt.unit for rt in stale)} (runs older files than those "
+    python.call(name=f"replica set: restart {', '.join(rt.unit for rt in stale)} (runs other files than those "
                      "in place)", function=reported(run))
 
 
