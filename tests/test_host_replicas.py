@@ -123,8 +123,9 @@ def test_a_replica_ahead_that_restarted_during_the_roll_leaves_the_gateway_until
 
     monkeypatch.setattr(hr, "sh", sh)
     said = []
+    steps = [hr.Step(0, "sglang@0", pid_before=4141), hr.Step(1, "sglang@1", pid_before=4242)]
     hr.roll(fake, target(), [0, 1], lambda rt: fake.events.append(f"gate {rt.unit}"), poll_s=0, log=said.append,
-            pids_before={0: 4141, 1: 4242})
+            steps=steps)
     e = fake.events
     assert e[:2] == ["pids sglang@1.service", "remove http://127.0.0.1:30002"]
     assert e.index("remove http://127.0.0.1:30002") < e.index("remove http://127.0.0.1:30001")

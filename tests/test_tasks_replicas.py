@@ -62,7 +62,7 @@ def switch(monkeypatch):
         events.append(("prepare", t.base_url))
         return "prepared"
 
-    def roll(h, t, indices, check, poll_s, log, steps, pids_before=None):
+    def roll(h, t, indices, check, poll_s, log, steps):
         for s in steps:
             check(t.replica(s.index))
             s.status = "switched"
@@ -152,7 +152,7 @@ def test_a_replica_restarted_during_a_failed_roll_is_restored_with_the_touched_o
     would go on serving a release no gate passed. Untouched and unchanged, it is left alone."""
     restored = {}
 
-    def roll(h, t, indices, check, poll_s, log, steps, pids_before=None):
+    def roll(h, t, indices, check, poll_s, log, steps):
         raise tr.ReplicaFailed(0, "replica 0: smoke gate failed", done=[])
 
     def after_failure(rel, t, reason, indices):

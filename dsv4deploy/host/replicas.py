@@ -46,6 +46,7 @@ class Step:
     in_flight_left: int = 0
     seconds: float = 0.0
     detail: dict = field(default_factory=dict)
+    pid_before: int | None = None    # its MainPID as the host's read saw it (roll: restarted since?); not recorded
 
     def record(self) -> dict:
         doc = {"index": self.index, "instance": self.instance, "status": self.status,
@@ -170,7 +171,8 @@ def instances_command(t: Target) -> str:
     and the sha256 of its process's argv as the kernel holds it (-: none, or a process that
     renamed itself: its argv is one word)."""
     files = {rt.unit: " ".join(shlex.quote(f) for f in instance_files(t, rt.index)) for rt in t.replica_targets}
-    cases = " ".join(f"{shlex.quote(u)}) f=$(stat -c %Z {fs} 2>/dev/null | sort -n | tail -1);;" for u, fs in files.items())
+    cases = " ".join(f"{shlex.quote(u)}) f=$(stat -c %Z {fs} 2>/dev/null | sort -n | tail -1);;"
+                     for u, fs in files.items())
     return (f"for u in $(systemctl list-units --all --plain --no-legend --type=service "
             f"{shlex.quote(t.layout.service + '@*')} | cut -d' ' -f1); do f=-; a=-; case \"$u\" in {cases} esac; "
             "s=$(systemctl show -p ExecMainStartTimestamp --value --timestamp=unix \"$u\" | tr -d @); "
@@ -322,17 +324,18 @@ def take_out(h, t: Target, indices: list[int], why: str, log: Callable[[str], No
 
 
 def roll(h, t: Target, indices: list[int], check: Callable[[Target], None], poll_s: float,
-         log: Callable[[str], None], steps: list[Step] | None = None,
-         pids_before: dict[int, int | None] | None = None) -> list[Step]:
+         log: Callable[[str], None], steps: list[Step] | None = None) -> list[Step]:
     """Replace the replicas INDICES one at a time while the others serve (see the module doc).
-    Raises ReplicaFailed at the first that fails; the steps say what each went through.
-    PIDS_BEFORE (each replica's MainPID as the host's read saw it): before each step, a replica
-    the roll has not reached whose process changed (systemd restarted it from the files in place,
-    which no gate passed on it) is taken out of the gateway until its own step readmits it."""
+    Raises ReplicaFailed at the first that fails; the steps say what each went through. Where
+    the steps know each replica's MainPID as the host's read saw it (Step.pid_before): before
+    each step, a replica the roll has not reached whose process changed (systemd restarted it
+    from the files in place, which no gate passed on it) is taken out of the gateway until its
+    own step readmits it."""
     http, endpoint, key = api(h, t)
     steps = steps if steps is not None else [Step(rt.index, rt.unit.removesuffix(".service"))
                                              for rt in t.replica_targets]
     by_index = {s.index: s for s in steps}
+    pids_before = {s.index: s.pid_before for s in steps if s.pid_before is not None}
     gateway_up = unit_active(h, t.unit)
     done: list[int] = []
     out_since: set[int] = set()

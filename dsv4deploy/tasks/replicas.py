@@ -286,13 +286,13 @@ class Switch:
         prev = self._previous_target()
         rolling = (prev is not None and prev.is_set and unit_active(self.h, t.unit)
                    and replicas.roll_problem(prev.data, t.data) is None)
-        steps: list[Step] = [Step(rt.index, rt.unit.removesuffix(".service")) for rt in t.replica_targets]
+        steps: list[Step] = [Step(rt.index, rt.unit.removesuffix(".service"), pid_before=self.pids_before.get(rt.index))
+                             for rt in t.replica_targets]
         try:
             if rolling:
                 self.log(f"rolling update of {len(steps)} replicas behind {t.unit}, one at a time")
                 self.prepared = prepare_release_gate(self.h, t)      # while every replica still serves
-                roll(self.h, t, [s.index for s in steps], self.gate_replica, self.poll, self.log, steps,
-                     pids_before=self.pids_before)
+                roll(self.h, t, [s.index for s in steps], self.gate_replica, self.poll, self.log, steps)
                 # a set that shrank: the replicas it no longer runs leave once the others passed
                 retire(self.h, prev, replicas.surplus(prev.data, t.data), self.log, done=[s.index for s in steps])
                 stop_surplus(self.h, t, self.log)        # any other instance the release does not run
