@@ -143,12 +143,12 @@ def validate(profile: Profile, calibration: dict | None = None) -> Report:
 
     try:
         b = budget(server, gpu, model, data.get("calibration"))
-    except BudgetInputError as exc:
-        add(profile.problem(exc.path, str(exc)))
         found = host_calibration.measured_need(calibration, host_calibration.layout(data, b),
                                                b.graph_gib + b.activations_gib + b.nccl_gib)
         if found:
             b = budget(server, gpu, model, data.get("calibration"), measured=Measured(*found))
+    except BudgetInputError as exc:
+        add(profile.problem(exc.path, str(exc)))
         return report
     report.budget = b
     _memory(profile, b, add)
