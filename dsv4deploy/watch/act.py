@@ -46,9 +46,14 @@ def give_back(lock, owner):
     subprocess.run(["flock", lock + ".flock", "sh", "-c", check, "sh", owner], timeout=60)
 
 
-def http(method, url, body=None, timeout=10.0):
+KEY = {}    # the servers' API key and the gateway's control-plane key (read once, as root)
+
+
+def http(method, url, body=None, timeout=10.0, key="key"):
     req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method)
     req.add_header("Content-Type", "application/json")
+    if KEY.get(key):
+        req.add_header("Authorization", "Bearer " + KEY[key])
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
@@ -69,6 +74,8 @@ def healthy_within(url, budget_s):
 
 
 def restart(cfg, t):
+    # as a rollback does: a unit that hit its start limit would refuse the restart
+    subprocess.run(["systemctl", "reset-failed", t["unit"]], timeout=60)
     subprocess.run(["systemctl", "restart", t["unit"]], check=True, timeout=cfg["restart_timeout_s"])
     if not healthy_within(t["url"], cfg["restart_timeout_s"]):
         return "restarted %s; /health not 200 within %d s" % (t["unit"], cfg["restart_timeout_s"])
@@ -76,7 +83,7 @@ def restart(cfg, t):
 
 
 def workers(gateway):
-    status, body = http("GET", gateway + "/workers")
+    status, body = http("GET", gateway + "/workers", key="control")
     doc = json.loads(body) if status == 200 else {}
     return doc.get("workers", []) if isinstance(doc, dict) else []
 
@@ -85,7 +92,7 @@ def evict(cfg, t):
     """Remove T's URL from the gateway (smg: DELETE /workers/{id}), and wait until it is gone."""
     gone = [w for w in workers(cfg["gateway"]) if w.get("url", "").rstrip("/") == t["url"]]
     for w in gone:
-        http("DELETE", "%s/workers/%s" % (cfg["gateway"], w["id"]))
+        http("DELETE", "%s/workers/%s" % (cfg["gateway"], w["id"]), key="control")
     for _ in range(30):
         if not any(w.get("url", "").rstrip("/") == t["url"] for w in workers(cfg["gateway"])):
             return "removed %s from the gateway" % t["url"]
@@ -96,7 +103,7 @@ def evict(cfg, t):
 def readmit(cfg, t):
     if any(w.get("url", "").rstrip("/") == t["url"] for w in workers(cfg["gateway"])):
         return "%s is in the gateway already" % t["url"]
-    status, _ = http("POST", cfg["gateway"] + "/workers", {"url": t["url"]})
+    status, _ = http("POST", cfg["gateway"] + "/workers", {"url": t["url"]}, key="control")
     return "added %s to the gateway again (HTTP %d)" % (t["url"], status)
 
 
@@ -137,6 +144,10 @@ def record(cfg, doc):
 def main(argv):
     with open(argv[1]) as f:
         cfg = json.load(f)
+    for name, path in (("key", cfg.get("api_key_file")), ("control", cfg.get("control_key_file"))):
+        if path and os.path.isfile(path):
+            with open(path) as f:
+                KEY[name] = f.read().strip()
     folder = cfg["requests_dir"]
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)

@@ -219,7 +219,9 @@ def _own(pid, units):
 
 def kernel_xids(since):
     """(PCI bus id, XID) of each NVRM Xid line in the kernel log since SINCE (epoch seconds)."""
-    done = subprocess.run(["journalctl", "-k", "-q", "--no-pager", "-o", "cat", "--since", "@%d" % int(since)],
+    # _TRANSPORT=kernel, not -k: -k also matches this boot's id, which a unit with
+    # ProtectKernelTunables= cannot always read (in a container it cannot), and then finds nothing
+    done = subprocess.run(["journalctl", "_TRANSPORT=kernel", "-q", "--no-pager", "-o", "cat", "--since", "@%d" % int(since)],
                           capture_output=True, text=True, timeout=30)
     return [(m.group(1), int(m.group(2))) for m in XID.finditer(done.stdout)]
 

@@ -85,7 +85,9 @@ def config(data: dict, layout, *, profile: str, release: int, gpus: list[dict], 
            "baseline": baseline(gate_report), "lock": LOCK, "paused_file": PAUSED, "state_dir": STATE_DIR,
            "requests_dir": REQUESTS, "releases_dir": RELEASES, "textfile_dir": cfg["textfile_dir"],
            "restart_timeout_s": data["service"]["health_timeout_s"],
-           "api_key_file": layout.api_key_file if data["server"].get("api_key") else None}
+           "api_key_file": layout.api_key_file if data["server"].get("api_key") else None,
+           "control_key_file": (layout.gateway_control_key_file
+                                if data["server"].get("api_key") and replicas.plan(data) else None)}
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
