@@ -69,8 +69,8 @@ def test_make_deploy_serves_the_profile_passes_the_gate_and_records_it(twin):
     assert "sglang==0.5.23" in freeze and any(line.startswith("aiohttp==") for line in freeze)
     # the venv is the real host's lock (CUDA torch from PyPI), and the launch check SGLang's own in it
     assert "torch==2.14.1" in freeze and "sglang-kernel==0.4.10" in freeze
-    assert ("Launch check | SGLang 0.5.23's own parser with its ServerArgs checks parses the rendered argv"
-            in changed_ops(out.stdout + out.stderr))
+    assert any(op.startswith("Launch check | SGLang 0.5.23's own parser with its ServerArgs checks parses the rendered argv")
+               for op in changed_ops(out.stdout + out.stderr))
     assert (REPO / "reports/127.0.0.2/0001-nvfp4-ctx8k/gate.md").is_file()
     assert twin.run("stat -c '%a %U' /etc/dsv4deploy/secrets /etc/dsv4deploy/secrets/sglang-api-key").stdout.split(
         "\n")[:2] == ["700 root", "600 root"]
@@ -156,11 +156,17 @@ def test_the_slow_baseline_fails_its_gate_early_and_rolls_back(twin):
     took = time.monotonic() - start
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "release 0002 (fp8-ctx1m-baseline) failed the smoke gate: C=64 output throughput" in text, text[-3000:]
-    assert "< floor 400 tok/s" in text and "stopped early" in text
+    assert "release 0002 (fp8-ctx1m-baseline) failed the smoke gate: C=64" in text, text[-3000:]
+    if "bench_serving still running" in text:
+        # the twin's venv is the real host's, so the auto runner is SGLang's bench_serving, as on
+        # CT200: no per-request progress, it stops once the floor is out of reach in time
+        assert "stopped early" in text and "cannot reach the floor" in text
+        assert took < 300, "the full gate of this profile would take about 27 minutes"
+    else:
+        assert "C=64 output throughput" in text and "< floor 400 tok/s" in text and "stopped early" in text
+        assert took < 180, "the full gate of this profile would take about 27 minutes"
     assert "rolled back: release 0003 (restores 0001, profile nvfp4-ctx8k) is serving" in text
     assert "Traceback" not in text
-    assert took < 180, "the full gate of this profile would take about 27 minutes"
     recs = releases(twin)
     assert [(r["release"], r["profile"], r["status"]) for r in recs] == [
         (1, "nvfp4-ctx8k", "superseded"), (2, "fp8-ctx1m-baseline", "failed"), (3, "nvfp4-ctx8k", "deployed")]
