@@ -50,16 +50,20 @@ def urllib_http(method: str, url: str, headers: dict, body: bytes | None, timeou
         raise OSError(str(exc.reason)) from None
 
 
+HC: dict = {}                  # the control-plane key's header (main sets it)
+KEYS: gateway.Keys | None = None
 GW, GW_PORT, METRICS_PORT, PORTS = "http://127.0.0.1:31000", 31000, 31009, (31001, 31002)
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.2, "health_poll_seconds": 0.1}
 
 
 class Recorder:
     def __init__(self, key: str, transcript: Path, fixtures: Path | None):
-        self.key, self.t0, self.lines = key, time.monotonic(), []
+        self.key, self.t0, self.lines, self.secrets = key, time.monotonic(), [], []
         self.transcript, self.fixtures = transcript, fixtures
 
     def scrub(self, text: str) -> str:
+        for other in self.secrets:
+            text = text.replace(other, "<CONTROL-KEY>")
         return text.replace(self.key, "<KEY>")
 
     def log(self, *parts) -> None:
@@ -136,10 +140,15 @@ def main(argv=None) -> int:
     if args.fixtures:
         args.fixtures.mkdir(parents=True, exist_ok=True)
     H = {"Authorization": f"Bearer {key}"}
+    control = "sk-measure-control-" + secrets.token_hex(12)     # /workers takes only this one
+    global HC, KEYS
+    HC, KEYS = {"Authorization": f"Bearer {control}"}, gateway.Keys(control=control, worker=key)
+    rec.secrets.append(control)
     tmp = Path(tempfile.mkdtemp(prefix="smg-measure-"))
     creds = tmp / "creds"
     creds.mkdir(mode=0o700)
     (creds / gateway.KEY_CREDENTIAL).write_text(key + "\n")
+    (creds / gateway.CONTROL_CREDENTIAL).write_text(control + "\n")
     version = subprocess.run([args.smg_python, "-m", "smg", "--version"], capture_output=True, text=True).stdout.strip()
     rec.log("smg --version ->", version)
     twins = {p: start_twin(p, tmp, key) for p in PORTS}
@@ -178,12 +187,12 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
         except requests.ConnectionError:
             time.sleep(0.05)
     rec.log(f"/health -> {r.status_code} after {time.monotonic() - t_start:.2f}s; "
-            f"GET /workers total={requests.get(GW + '/workers', headers=H).json().get('total')}")
-    got = gateway.wait_for(lambda: len(gateway.list_workers(urllib_http, GW, key)) == 2, 30, 0.1)
+            f"GET /workers total={requests.get(GW + '/workers', headers=HC).json().get('total')}")
+    got = gateway.wait_for(lambda: len(gateway.list_workers(urllib_http, GW, KEYS)) == 2, 30, 0.1)
     rec.log(f"both workers listed after {time.monotonic() - t_start:.2f}s: {bool(got)}")
-    r = requests.get(GW + "/workers", headers=H)
+    r = requests.get(GW + "/workers", headers=HC)
     rec.fixture("workers_two_ready.json", r.status_code, r.content)
-    listing(rec, H)
+    listing(rec, HC)
 
     # 2. listeners and keys
     ss = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
@@ -226,21 +235,21 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
     rec.log("in flight per replica (its /metrics):", busy)
     victim = max(busy, key=busy.get)
     metrics_fixture(rec, victim, "replica_metrics_busy.txt")
-    ws = listing(rec, H)
+    ws = listing(rec, HC)
     wid = gateway.find(ws, f"http://127.0.0.1:{victim}").id
-    r = requests.delete(f"{GW}/workers/{wid}", headers=H, timeout=5)
+    r = requests.delete(f"{GW}/workers/{wid}", headers=HC, timeout=5)
     t_del = time.monotonic()
     rec.log(f"DELETE /workers/<{victim}> -> {r.status_code} {r.text}")
     rec.fixture("delete_accepted.json", r.status_code, r.content)
-    r = requests.get(GW + "/workers", headers=H)
+    r = requests.get(GW + "/workers", headers=HC)
     rec.fixture("workers_one_draining.json", r.status_code, r.content)
     new_before = {p: counts(p)[0] for p in twins}
     seen_gone, sent = None, 0
     while time.monotonic() - t_del < 12:
-        ws = listing(rec, H)
+        ws = listing(rec, HC)
         if gateway.find(ws, f"http://127.0.0.1:{victim}") is None and seen_gone is None:
             seen_gone = time.monotonic() - t_del
-            rec.fixture("workers_one_removed.json", 200, requests.get(GW + "/workers", headers=H).content)
+            rec.fixture("workers_one_removed.json", 200, requests.get(GW + "/workers", headers=HC).content)
             rec.log(f"removed from the list {seen_gone:.2f}s after DELETE; replica {victim} in flight: {counts(victim)[1]}")
             rec.log(f"{sent} new requests sent while draining, served per replica (the streams still running):",
                     {p: counts(p)[0] - new_before[p] for p in twins})
@@ -258,9 +267,9 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
     th = threading.Thread(target=stream, args=(rec, H, "cut", 300, out))
     th.start()
     time.sleep(2.0)
-    wid = gateway.find(listing(rec, H), f"http://127.0.0.1:{busy_port}").id
-    rec.log(f"DELETE /workers/<{busy_port}> -> {requests.delete(f'{GW}/workers/{wid}', headers=H).status_code}")
-    gateway.wait_for(lambda: gateway.find(gateway.list_workers(urllib_http, GW, key),
+    wid = gateway.find(listing(rec, HC), f"http://127.0.0.1:{busy_port}").id
+    rec.log(f"DELETE /workers/<{busy_port}> -> {requests.delete(f'{GW}/workers/{wid}', headers=HC).status_code}")
+    gateway.wait_for(lambda: gateway.find(gateway.list_workers(urllib_http, GW, KEYS),
                                           f"http://127.0.0.1:{busy_port}") is None, 15, 0.25)
     rec.log(f"replica {busy_port} removed, in flight {counts(busy_port)[1]}: SIGTERM to it now")
     twins[busy_port].stop()
@@ -273,29 +282,29 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
     twins[busy_port].wait_ready()
     for port in (victim, busy_port):
         url = f"http://127.0.0.1:{port}"
-        r = requests.post(GW + "/workers", headers=H, json={"url": url, "api_key": key}, timeout=5)
+        r = requests.post(GW + "/workers", headers=HC, json={"url": url, "api_key": key}, timeout=5)
         t_add = time.monotonic()
         rec.log(f"POST /workers {{url: {url}, api_key: <KEY>}} -> {r.status_code} {r.text}")
         rec.fixture("add_accepted.json", r.status_code, r.content)
         wid = gateway.parse_accepted(r.content, "POST")
-        r = requests.get(f"{GW}/workers/{wid}", headers=H)
+        r = requests.get(f"{GW}/workers/{wid}", headers=HC)
         rec.log(f"GET /workers/<id> -> {r.status_code} {r.text[:300]}")
         if port == victim:
             rec.fixture("worker_pending.json", r.status_code, r.content)
-        r = requests.post(GW + "/workers", headers=H, json={"url": url, "api_key": key}, timeout=5)
+        r = requests.post(GW + "/workers", headers=HC, json={"url": url, "api_key": key}, timeout=5)
         rec.log(f"POST /workers again -> {r.status_code} {r.text}")
         if port == victim:
             rec.fixture("add_conflict_in_progress.json", r.status_code, r.content)
-        ok = gateway.wait_for(lambda: (w := gateway.find(gateway.list_workers(urllib_http, GW, key), url))
+        ok = gateway.wait_for(lambda: (w := gateway.find(gateway.list_workers(urllib_http, GW, KEYS), url))
                               and w.routable, 30, 0.1)
         rec.log(f"{url} routable {time.monotonic() - t_add:.2f}s after POST: {bool(ok)}")
-    r = requests.post(GW + "/workers", headers=H, json={"url": f"http://127.0.0.1:{victim}", "api_key": key})
+    r = requests.post(GW + "/workers", headers=HC, json={"url": f"http://127.0.0.1:{victim}", "api_key": key})
     rec.log(f"POST /workers for a registered URL -> {r.status_code} {r.text}")
     rec.fixture("add_conflict_exists.json", r.status_code, r.content)
-    r = requests.delete(f"{GW}/workers/00000000-0000-0000-0000-000000000000", headers=H)
+    r = requests.delete(f"{GW}/workers/00000000-0000-0000-0000-000000000000", headers=HC)
     rec.log(f"DELETE /workers/<unknown uuid> -> {r.status_code} {r.text}")
     rec.fixture("delete_unknown.json", r.status_code, r.content)
-    r = requests.delete(f"{GW}/workers/not-a-uuid", headers=H)
+    r = requests.delete(f"{GW}/workers/not-a-uuid", headers=HC)
     rec.log(f"DELETE /workers/not-a-uuid -> {r.status_code} {r.text}")
     before = {p: counts(p)[0] for p in twins}
     for i in range(4):
@@ -304,27 +313,27 @@ def run(rec: Recorder, H: dict, proc, twins: dict, tmp: Path, key: str) -> None:
     metrics_fixture(rec, victim, "replica_metrics_idle.txt")
 
     # 7. an add without the key: smg accepts it, then cannot register the keyed replica
-    wid = gateway.find(listing(rec, H), f"http://127.0.0.1:{victim}").id
-    requests.delete(f"{GW}/workers/{wid}", headers=H)
-    gateway.wait_for(lambda: gateway.find(gateway.list_workers(urllib_http, GW, key),
+    wid = gateway.find(listing(rec, HC), f"http://127.0.0.1:{victim}").id
+    requests.delete(f"{GW}/workers/{wid}", headers=HC)
+    gateway.wait_for(lambda: gateway.find(gateway.list_workers(urllib_http, GW, KEYS),
                                           f"http://127.0.0.1:{victim}") is None, 15, 0.25)
-    r = requests.post(GW + "/workers", headers=H, json={"url": f"http://127.0.0.1:{victim}"})
+    r = requests.post(GW + "/workers", headers=HC, json={"url": f"http://127.0.0.1:{victim}"})
     rec.log(f"POST /workers without api_key -> {r.status_code}")
     wid = gateway.parse_accepted(r.content, "POST")
     for wait in (1, 3, 4):
         time.sleep(wait)
-        r = requests.get(f"{GW}/workers/{wid}", headers=H)
+        r = requests.get(f"{GW}/workers/{wid}", headers=HC)
         rec.log(f"GET /workers/<id> -> {r.status_code} {r.text[:400]}")
         if r.status_code == 200:
             rec.fixture("worker_pending_without_key.json", r.status_code, r.content)
-    listing(rec, H)
-    r = requests.post(GW + "/workers", headers=H, json={"url": f"http://127.0.0.1:{victim}", "api_key": key})
+    listing(rec, HC)
+    r = requests.post(GW + "/workers", headers=HC, json={"url": f"http://127.0.0.1:{victim}", "api_key": key})
     rec.log(f"POST /workers with the key now -> {r.status_code} {r.text[:300]}")
     t_add = time.monotonic()
-    ok = gateway.wait_for(lambda: (w := gateway.find(gateway.list_workers(urllib_http, GW, key),
+    ok = gateway.wait_for(lambda: (w := gateway.find(gateway.list_workers(urllib_http, GW, KEYS),
                                                      f"http://127.0.0.1:{victim}")) and w.routable, 30, 0.25)
     rec.log(f"routable {time.monotonic() - t_add:.2f}s later: {bool(ok)}")
-    listing(rec, H)
+    listing(rec, HC)
 
 
 def metrics_fixture(rec: Recorder, port: int, name: str) -> None:
