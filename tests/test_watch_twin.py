@@ -33,8 +33,9 @@ def watched(tmp_path_factory):
     profiles = tmp_path_factory.mktemp("profiles")
     subprocess.run([sys.executable, "bench/watch.py", "--profiles-dir", str(profiles)], cwd=ROOT, check=True)
     env = {**os.environ, **ENV, "DSV4_PROFILES_DIR": str(profiles)}
-    run = subprocess.run([str(BIN / "pyinfra"), "-y", "inventory/fleet-sim.py", "deploy/serve.py",
-                          "--data", "profile=nvfp4-ctx8k-watch"], cwd=ROOT, env=env, capture_output=True, text=True)
+    run = subprocess.run([str(BIN / "pyinfra"), "-y", "inventory/fleet-sim.py", "deploy/serve.py", "--data",
+                          "profile=nvfp4-ctx8k-watch", "--data", "allow_downtime=true"],   # from any shape
+                         cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "watch: every 3 s, acts after 3 failed intervals" in run.stdout
     yield twin
