@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dsv4deploy.render.layout import venv_id
 
 
@@ -24,17 +26,37 @@ def test_extras_index_urls_and_the_lock_change_the_name():
     assert venv_id({**base, "extras": ["x", "y"]}) == venv_id({**base, "extras": ["y", "x"]})
 
 
+def _lock_pins(text: str, python: str) -> dict[str, str]:
+    """name -> version of a hashed lock (`name==version ; marker \\` then `--hash=...` lines) as
+    one Python on Linux x86_64 installs it: continuation lines joined, markers evaluated."""
+    from packaging.requirements import Requirement
+
+    env = {"python_version": python, "python_full_version": python + ".0", "sys_platform": "linux",
+           "platform_machine": "x86_64", "platform_python_implementation": "CPython", "implementation_name": "cpython"}
+    pins: dict[str, str] = {}
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        req = Requirement(line.split(" --hash=", 1)[0])
+        if req.marker is None or req.marker.evaluate(env):
+            (spec,) = req.specifier
+            assert spec.operator == "==" and req.name not in pins, line
+            pins[req.name] = spec.version
+    return pins
+
+
 def test_the_0523_lock_pins_what_sglang_pins():
-    """The lock holds the venv's whole closure, each `name==version`, agreeing with the wheel's
-    own pins (torch and flashinfer for CUDA 13); it names the venv."""
+    """The lock holds the venv's whole closure, sglang itself included, one `name==version` per
+    package for each Python the hosts run, agreeing with the wheel's own pins (torch and
+    flashinfer for CUDA 13); it names the venv."""
     from checkout import load_profile
     from dsv4deploy.render.layout import Layout
     from dsv4deploy.sglang.versions import lock_file, lock_sha256
 
-    lines = [line for line in lock_file("0.5.23").read_text().splitlines() if line and not line.startswith("#")]
-    pins = dict(line.split("==", 1) for line in lines)
-    assert len(pins) == len(lines) > 100 and "sglang" not in pins
-    assert pins["torch"] == "2.14.1" and pins["flashinfer-python"] == "0.7.2" and "sglang-kernel" in pins
-    assert pins["cuda-toolkit"].startswith("13.")
+    for python in ("3.11", "3.12"):
+        pins = _lock_pins(lock_file("0.5.23").read_text(), python)
+        assert len(pins) > 100 and pins["sglang"] == "0.5.23", python
+        assert pins["torch"] == "2.14.1" and pins["flashinfer-python"] == "0.7.2" and "sglang-kernel" in pins
+        assert pins["cuda-toolkit"].startswith("13.")
     data = load_profile("nvfp4-ctx8k").data
     assert Layout.of(data).patchset == venv_id(data["sglang"], lock_sha256("0.5.23"))
