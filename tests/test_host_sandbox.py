@@ -19,6 +19,7 @@ from dsv4deploy.release.rollout import rollout_for
 from dsv4deploy.render.layout import FETCH_USER, OPT
 from dsv4deploy.render.unit import render
 from dsv4deploy.tasks.venv import launch_check_command
+from dsv4deploy.weights.source import HubCheckpoint
 
 weights = importlib.import_module("dsv4deploy.tasks.weights")
 UNIT = render(load_profile("nvfp4-ctx8k")).unit
@@ -61,9 +62,10 @@ def venv_programs_root_runs(cmd: str) -> list[str]:
 
 
 def download_command(token_file: str = "/etc/dsv4deploy/secrets/hf-token") -> str:
-    gen = weights.hf_checkpoint._inner(path="/srv/dsv4deploy/models/r/c", repo="r", revision="c" * 40,
+    gen = weights.hf_checkpoint._inner(path="/srv/dsv4deploy/models/r/c",
+                                       hub=HubCheckpoint("r", "c" * 40, "https://hub.example"),
                                        expected='{"files": {}}', hf=f"{OPT}/venvs/v/bin/hf", token_file=token_file,
-                                       unit=UNIT, endpoint="https://hub.example")
+                                       unit=UNIT)
     return " ; ".join(str(c) for c in gen)
 
 

@@ -36,7 +36,7 @@ from dsv4deploy.host.state import HostState
 from dsv4deploy.render.layout import FETCH_USER
 from dsv4deploy.release.rollout import Rollout
 from dsv4deploy.weights import fetch as weights_fetch
-from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
+from dsv4deploy.weights.source import HubCheckpoint, hub_expectation, local_expectation, rsync_folder
 
 MARKER = ".dsv4deploy-complete.json"
 
@@ -67,10 +67,10 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
     only_unverified = bool(read.get("unverified")) and not read.get("problems")
     if src["type"] == "hf":
         expected = json.dumps(hub_expectation(src, repo, rev, r.settings))
+        hub = HubCheckpoint(repo, rev, src.get("endpoint") or r.settings.hf_endpoint or DEFAULT_ENDPOINT)
         changed = [] if only_unverified else [hf_checkpoint(
-            name=f"{repo}@{rev[:12]} from the hub (resumes a cut file)", path=dest, repo=repo, revision=rev,
-            expected=expected, hf=f"{r.layout.venv}/bin/hf", token_file=r.layout.hf_token_file,
-            unit=r.rendered.unit, endpoint=src.get("endpoint") or r.settings.hf_endpoint)]
+            name=f"{repo}@{rev[:12]} from the hub (resumes a cut file)", path=dest, hub=hub, expected=expected,
+            hf=f"{r.layout.venv}/bin/hf", token_file=r.layout.hf_token_file, unit=r.rendered.unit)]
         return changed + [verified_checkpoint(name="verify every file by size and sha256 (progress per file)",
                                               path=dest, expected=expected, source=f"the hub's {repo}@{rev[:12]}",
                                               unit=r.rendered.unit)]
@@ -136,17 +136,15 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 @operation()
-def hf_checkpoint(path: str, repo: str, revision: str, expected: str, hf: str, token_file: str, unit: str,
-                  endpoint: str | None = None):
+def hf_checkpoint(path: str, hub: HubCheckpoint, expected: str, hf: str, token_file: str, unit: str):
     """Fetch what is missing or of the wrong size (weights_fetch.py: a file cut by an earlier run
     resumes from its kept .part; the files the hub offers through Xet go to hf download). Its bytes
     are proven by the verify step next. (Only added when the host's state says files are missing.)
     Runs as FETCH_USER, writing only PATH, with network to the hub (host/sandbox.py "download")."""
     q = shlex.quote
     yield fetch_owns(path)
-    endpoint = endpoint or DEFAULT_ENDPOINT
-    fetch = [*HOST_PYTHON.split(), "-c", FETCHER, path, endpoint, repo, revision, "--hf", hf]
-    env = {**HF_ENV, "HF_ENDPOINT": endpoint}
+    fetch = [*HOST_PYTHON.split(), "-c", FETCHER, path, hub.endpoint, hub.repo, hub.revision, "--hf", hf]
+    env = {**HF_ENV, "HF_ENDPOINT": hub.endpoint}
     # the token reaches it as a systemd credential from the root-only file: never in argv or environment
     with_token = sandbox.command(fetch, unit, "download", writable=(path,), env=env,
                                  credentials={TOKEN_CREDENTIAL: token_file})

@@ -8,12 +8,23 @@ files against it (weights_check.py); the deploy reads it before its one read of 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra.api import DeployError
 
 from dsv4deploy.cli.settings import Settings
 from dsv4deploy.weights import check as weights_check
+
+
+@dataclass(frozen=True)
+class HubCheckpoint:
+    """A checkpoint on a hub, as the host's download fetches it: the repo, the pinned commit and
+    the hub's address (its own endpoint or HF_ENDPOINT, else huggingface.co)."""
+
+    repo: str
+    revision: str
+    endpoint: str
 
 
 def hub_expectation(src: dict, repo: str, revision: str, settings: Settings) -> dict:
