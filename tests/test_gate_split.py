@@ -239,18 +239,19 @@ def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling,
     """A load-aware policy: the gate through the gateway waits for smg's load reports; round robin
     needs none; a rolling update runs no gate through the gateway at all (only a probe)."""
     events = []
-    sw = object.__new__(tr.Switch)
     data = load_profile("nvfp4-ctx8k-dp2").data
     data["replicas"]["gateway"]["policy"] = policy
     t = Target.of(data)
-    sw.h, sw.t, sw.reasons, sw.restart_gateway, sw.poll, sw.gates = Host(), t, ["changed"], False, 0.0, {}
-    sw.release, sw.previous = None, {"release": 1}
-    sw.r = type("R", (), {"layout": t.layout, "profile": type("P", (), {"name": "nvfp4-ctx8k-dp2"})()})()
+    store = type("Store", (), {"h": Host(), "current": lambda self: {"release": 1}})()
+    r = type("R", (), {"target": t, "layout": t.layout, "profile": type("P", (), {"name": "nvfp4-ctx8k-dp2"})()})()
+    sw = tr.Switch(store, r, ["changed"], restart_gateway=None, release=None)
     monkeypatch.setattr(tr.Switch, "_previous_target", lambda self: t if rolling else None)
     monkeypatch.setattr(tr, "unit_active", lambda h, unit: unit == t.unit)
     monkeypatch.setattr(tr, "sh", lambda h, cmd: (True, ""))
+    monkeypatch.setattr(tr, "prepare_release_gate", lambda h, t_: events.append("prepare"))
     monkeypatch.setattr(tr, "roll", lambda *a, **k: events.append("roll"))
     monkeypatch.setattr(tr, "start_set", lambda *a, **k: events.append("start"))
+    monkeypatch.setattr(tr, "stop_surplus", lambda h, t_, log: [])
     monkeypatch.setattr(tr, "wait_load_reports", lambda h, t_, log: events.append("wait") or 9.8)
     gate = type("G", (), {"passed": True})()
     monkeypatch.setattr(tr, "run_release_gate", lambda *a, **k: events.append("gate") or gate)
@@ -261,4 +262,4 @@ def test_the_gate_through_the_gateway_comes_after_the_wait(monkeypatch, rolling,
     monkeypatch.setattr(tr.Switch, "record", lambda self, steps, g: events.append("record"))
     sw.run()
     waits = ["wait"] if policy in gateway.LOAD_AWARE else []
-    assert events == (["roll", "probe", "record"] if rolling else ["start"] + waits + ["gate", "record"])
+    assert events == (["prepare", "roll", "probe", "record"] if rolling else ["start"] + waits + ["gate", "record"])
