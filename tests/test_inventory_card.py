@@ -350,7 +350,7 @@ def test_make_real_deploy_passes_args_and_installs_no_twin_packages():
     assert out.returncode == 0, out.text
     assert (".venv/bin/pyinfra -y inventory/ct200.py deploy/serve.py --data profile=nvfp4-ctx8k "
             "--data allow_reboot=true") in out.stdout
-    assert "-c requirements.lock" in out.stdout                      # the venv, from the lock
+    assert "--require-hashes -r requirements.lock" in out.stdout     # the venv, the lock's files, hash-checked
     for twin_only in ("debootstrap", "apt-get", "ct200twin up"):
         assert twin_only not in out.stdout
 
