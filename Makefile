@@ -221,12 +221,18 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 
 # The twin's Debian root and SGLang's parser venvs start building (bare python3, in the background;
 # the parser venvs and the control venv with the one uv, bootstrapped first) before the venv installs;
-# then four pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
-# it), the two groups on isolated twins (own network namespaces, so they collide with nothing: the
-# fleet of three followed by the rollbacks on a twin of their own, and the lab twin that the fault
-# matrix and the replica sets share) and all the others (they mostly compute). The twins' logs,
+# then five pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
+# it), the three groups on isolated twins (own network namespaces, so they collide with nothing: the
+# fleet of three followed by the rollbacks on a twin of their own, the lab twin that the fault
+# matrix and the replica sets share, and the tests with a twin of their own) and all the others
+# (they mostly compute). The twins' logs,
 # with each group's slowest tests, are printed when all are done.
-ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py tests/test_faults_rollback_twin.py
+ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py tests/test_faults_rollback_twin.py \
+  tests/test_memory_calibration_twin.py
+# Tests that each boot an isolated twin of their own (the download's hub, the driver's apt repository,
+# root's login without sudo, the watch's sick twin): a fourth process, one twin after the other.
+OWN_TWINS := tests/test_download_resume_twin.py tests/test_driver_apt_twin.py tests/test_root_login_twin.py \
+  tests/test_watch_twin.py
 test: twin-debs browser-debs
 	@mkdir -p .cache; python3 -c 'from ct200twin.host.machines import prebuild_root; prebuild_root()' \
 	  > .cache/rootfs-build.log 2>&1 &
@@ -234,16 +240,19 @@ test: twin-debs browser-debs
 	@python3 tests/tools/sglang_parser.py prebuild > .cache/parser-build.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
 	@$(BIN)/pytest -m twin -p no:cacheprovider --durations=8 $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
-	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE)) $(PYTEST_ARGS) \
-	  > .cache/test-lab.log 2>&1 & lab=$$!; \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE) $(OWN_TWINS)) \
+	  $(PYTEST_ARGS) > .cache/test-lab.log 2>&1 & lab=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(ISOLATED_THREE) $(PYTEST_ARGS) \
 	  > .cache/test-fleet.log 2>&1 & fleet=$$!; \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(OWN_TWINS) $(PYTEST_ARGS) \
+	  > .cache/test-own.log 2>&1 & own=$$!; \
 	$(BIN)/pytest -m "not twin and not fleet" --durations=8 $(PYTEST_ARGS); rest=$$?; \
-	wait $$twin; twin_rc=$$?; wait $$lab; lab_rc=$$?; wait $$fleet; fleet_rc=$$?; \
-	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins, then the rollbacks' twin"; do \
+	wait $$twin; twin_rc=$$?; wait $$lab; lab_rc=$$?; wait $$fleet; fleet_rc=$$?; wait $$own; own_rc=$$?; \
+	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins, then the rollbacks' twin" \
+	  own:"isolated twins of their own, one after the other"; do \
 	  echo; echo "=============== tests on $${log#*:} (.cache/test-$${log%%:*}.log) ==============="; \
 	  cat .cache/test-$${log%%:*}.log; done; \
-	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
+	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc $$own_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # The edit-test loop: everything that needs neither the twin nor SGLang's parser venv, spread over
 # TEST_JOBS pytest-xdist workers (default: the CPUs, at most 4; these tests compute, or wait on a
