@@ -60,4 +60,7 @@ else:
     started = tasks.switch(rollout, state, changes.reasons, pending)
     if changes or started.will_change:
         tasks.verify_and_record(rollout, store, pending)  # health, identity, gate; a failure rolls back
-tasks.arm_watch(store, rollout.data)                  # the watch on what serves now (docs/watch.md)
+# the watch on what serves now (docs/watch.md); a run that changes no release reads it now and
+# leaves the step out when it is already this one
+settled = not changes and not rollout.target.is_set and not started.will_change and not tasks.pending_in(state)
+tasks.arm_watch(store, rollout.data, settled=settled)

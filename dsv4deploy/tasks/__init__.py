@@ -14,7 +14,7 @@ from dsv4deploy.tasks.weights import weights
 from dsv4deploy.tasks.service import config_files, files_differ, secrets, switch
 from dsv4deploy.tasks.replicas import cannot_roll, gateway_restart, gateway_venv, switch_set
 from dsv4deploy.tasks.rollback import manual_rollback
-from dsv4deploy.tasks.release import (begin_release, deploy_lock, needs_release, read_locked, release_store,
+from dsv4deploy.tasks.release import (begin_release, deploy_lock, needs_release, pending_in, read_locked, release_store,
                                       settle_interrupted, verify_and_record)
 from dsv4deploy.tasks.plan import show_plan
 from dsv4deploy.tasks.watch import arm as arm_watch
@@ -22,5 +22,5 @@ from dsv4deploy.tasks.watch import arm as arm_watch
 
 __all__ = ["manual_rollback", "preflight", "driver", "nccl_probe", "host_packages", "service_user", "sglang_venv",
            "launch_check", "weights", "config_files", "files_differ", "secrets", "switch",
-           "begin_release", "deploy_lock", "needs_release", "settle_interrupted", "verify_and_record",
+           "begin_release", "deploy_lock", "needs_release", "pending_in", "settle_interrupted", "verify_and_record",
            "show_plan", "read_locked", "release_store", "gateway_venv", "switch_set", "cannot_roll", "gateway_restart", "arm_watch"]

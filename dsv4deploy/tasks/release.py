@@ -97,9 +97,14 @@ def reported(callback):
     return wrapper
 
 
+def pending_in(state: HostState) -> bool:
+    """The host holds a `pending` release left by a cut-off run (settle_interrupted settles it)."""
+    return any(rec["status"] == releases.PENDING for rec in state["releases"] or [])
+
+
 def settle_interrupted(r: Rollout, state: HostState, store: ReleaseStore) -> None:
     """A `pending` release left by a cut-off run is settled before anything else happens."""
-    if any(rec["status"] == releases.PENDING for rec in state["releases"] or []):
+    if pending_in(state):
         settle_pending(store, r.target)
 
 

@@ -54,48 +54,25 @@ def desired(data: dict, layout, profile: str, release: int, gpus: list[dict], ga
 _MARK = "@@dsv4-watch@@"
 
 
-def arm(store: ReleaseStore, data: dict | None = None, *, label: str = "watch") -> None:
+def arm(store: ReleaseStore, data: dict | None = None, *, label: str = "watch", settled: bool = False) -> None:
     """After the run's last release step: the watch for what serves now (store.current()). DATA:
-    the profile this run deploys, whose watch settings the plan shows."""
+    the profile this run deploys, whose watch settings the plan shows. SETTLED: this run changes
+    no release (a re-deploy with nothing to do), so the host is read now and the step is left out
+    when the watch there is already this one (a no-op re-deploy reports no change)."""
     watch_block = None
     if data is not None:
         print(f"[{host.name}] {settings_line(data)}")
         watch_block = data.get("watch") or {}
 
     def run(state, host):  # noqa: pyinfra passes (state, host) by these names
-        rec = store.current()
-        if rec is None:
+        todo = _todo(store, watch_block, host)
+        if todo is None:
             return True
-        kept = store.target(rec)
-        # the watch's settings are this run's profile's (they are not part of a release, so the
-        # live release's kept profile may hold older ones); a rollback's are the restored one's
-        data = dict(kept.data, watch=(watch_block if watch_block is not None else kept.data.get("watch")))
-        layout = kept.layout
-        paths = list(desired(data, layout, rec["profile"], rec["release"], [], None))
-        folder = store.folder(rec.get("restores") or rec["release"])     # a rollback's gate is its original's
-        read = (f"cat {folder}/gate/gate.json 2>/dev/null || cat {folder}/gate-replica-0/gate.json 2>/dev/null; "
-                f"echo {_MARK}; {GPU_QUERY} 2>/dev/null; "
-                f"echo {_MARK}; sha256sum {' '.join(q(p) for p in paths)} 2>/dev/null; echo {_MARK}; "
-                f"getent passwd {w.USER} >/dev/null && echo account; "
-                f"systemctl is-enabled {w.SERVICE}.timer {w.ACT}.path 2>/dev/null; true")
-        _, out = sh(host, read)
-        parts = (out.split(_MARK) + ["", "", "", ""])[:4]
-        try:
-            gate = json.loads(parts[0]) if parts[0].strip() else None
-        except ValueError:
-            gate = None
-        wanted = {i for t in w.targets(data, layout) for i in t["gpus"]}
-        files = desired(data, layout, rec["profile"], rec["release"], parse_gpus(parts[1], wanted), gate)
-        have = dict(reversed(line.split(None, 1)) for line in parts[2].splitlines() if len(line.split(None, 1)) == 2)
-        enabled = parts[3].split().count("enabled") == 2 and "account" in parts[3]
-        if not decide.settings(data.get("watch"))["enabled"]:
-            if have or "enabled" in parts[3]:
-                sh(host, disarm_command())
-                print(f"[{host.name}] watch: disabled and removed")
+        if todo == "disarm":
+            sh(host, disarm_command())
+            print(f"[{host.name}] watch: disabled and removed")
             return True
-        differ = [p for p, c in files.items() if have.get(p) != w.sha256(c)]
-        if not differ and enabled:
-            return True
+        rec, files, differ = todo
         ok, out = sh(host, arm_command(files, differ))
         if not ok:
             print(f"[{host.name}] warning: could not install the watch: {out.strip()[-300:]}")
@@ -103,8 +80,45 @@ def arm(store: ReleaseStore, data: dict | None = None, *, label: str = "watch") 
         print(f"[{host.name}] watch: armed for release {rec['release']:04d} ({', '.join(p.rsplit('/', 1)[1] for p in differ) or 'enabled'})")
         return True
 
+    if settled and _todo(store, watch_block, store.h) is None:
+        return
     run.__name__ = f"watch_{label}"
     python.call(name="watch the live release: install or update it, start its timer", function=run)
+
+
+def _todo(store: ReleaseStore, watch_block: dict | None, host):
+    """What the watch on the host lacks, read in one command: None (nothing), "disarm", or
+    (the live release's record, the watch's files, the paths that differ or an empty list when
+    only its units are not enabled)."""
+    rec = store.current()
+    if rec is None:
+        return None
+    kept = store.target(rec)
+    # the watch's settings are this run's profile's (they are not part of a release, so the
+    # live release's kept profile may hold older ones); a rollback's are the restored one's
+    data = dict(kept.data, watch=(watch_block if watch_block is not None else kept.data.get("watch")))
+    layout = kept.layout
+    paths = list(desired(data, layout, rec["profile"], rec["release"], [], None))
+    folder = store.folder(rec.get("restores") or rec["release"])     # a rollback's gate is its original's
+    read = (f"cat {folder}/gate/gate.json 2>/dev/null || cat {folder}/gate-replica-0/gate.json 2>/dev/null; "
+            f"echo {_MARK}; {GPU_QUERY} 2>/dev/null; "
+            f"echo {_MARK}; sha256sum {' '.join(q(p) for p in paths)} 2>/dev/null; echo {_MARK}; "
+            f"getent passwd {w.USER} >/dev/null && echo account; "
+            f"systemctl is-enabled {w.SERVICE}.timer {w.ACT}.path 2>/dev/null; true")
+    _, out = sh(host, read)
+    parts = (out.split(_MARK) + ["", "", "", ""])[:4]
+    try:
+        gate = json.loads(parts[0]) if parts[0].strip() else None
+    except ValueError:
+        gate = None
+    wanted = {i for t in w.targets(data, layout) for i in t["gpus"]}
+    files = desired(data, layout, rec["profile"], rec["release"], parse_gpus(parts[1], wanted), gate)
+    have = dict(reversed(line.split(None, 1)) for line in parts[2].splitlines() if len(line.split(None, 1)) == 2)
+    enabled = parts[3].split().count("enabled") == 2 and "account" in parts[3]
+    if not decide.settings(data.get("watch"))["enabled"]:
+        return "disarm" if have or "enabled" in parts[3] else None
+    differ = [p for p, c in files.items() if have.get(p) != w.sha256(c)]
+    return None if not differ and enabled else (rec, files, differ)
 
 
 def arm_command(files: dict[str, bytes], differ: list[str]) -> str:
