@@ -79,7 +79,7 @@ def test_startup_phases_and_sigterm():
         assert t._get("/metrics") == 200
         log = t.output()
         assert ("max_total_num_tokens=1975040, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-                "max_running_requests=256, context_len=8192, available_gpu_mem=6.14 GB") in log
+                "max_running_requests=256, context_len=8192, available_gpu_mem=6.44 GB") in log
         assert "The server is fired up and ready to roll!" in log
         t0 = time.monotonic()
         t.proc.send_signal(signal.SIGTERM)
