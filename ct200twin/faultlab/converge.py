@@ -1,4 +1,4 @@
-"""Fault 15 (issue 40): a replica set converges to the release that serves. Five cases on a set
+"""Fault 15 (issue 40): a replica set converges to the release that serves. Six cases on a set
 of three TP2 replicas behind smg (ct200twin/faultlab/variants.py F15_*), each ending with the
 set matching its release: the instances that run are the release's, the gateway lists them and
 runs its files, and nothing is lost.
@@ -11,7 +11,9 @@ runs its files, and nothing is lost.
 (d) a cut between a gateway's files and its restart (the deploy is SIGKILLed once the last
     replica switched): the re-run restarts the gateway on the files in place;
 (e) a tampered kept profile (a shell word in a kept release's service.user): the rollback to
-    that release is refused, nothing changed.
+    that release is refused, nothing changed;
+(f) an instance started by hand and a replica restarted from other files than those in place:
+    `make plan` names both, the next run stops the one and rolls the other.
 """
 
 from __future__ import annotations
@@ -139,6 +141,39 @@ def shrink(lab: Lab, row: Row, before: dict) -> Row:
     return _case(row, lab, "15b", "count 3 -> 2 (TP2)", first, rerun, problems + set_problems(twin, 2), before, t0)
 
 
+def drifted(lab: Lab, row: Row, before: dict) -> Row:
+    """(f): with F15_SET2 serving and its files in place, sglang@2 is started by hand (its files
+    are still there) and sglang@1 is restarted from another argv (the template changed for its
+    restart, then put back): `make plan` names both, the re-run stops the one and rolls the other."""
+    twin, t0 = lab.twin, time.monotonic()
+    unit = "/etc/systemd/system/sglang@.service"
+    twin.run(f"cp -a {unit} /root/h10-unit && sed -i 's/--context-length 3840/--context-length 3584/' {unit} && "
+             "systemctl daemon-reload && systemctl restart sglang@1.service && "
+             f"cp -a /root/h10-unit {unit} && rm /root/h10-unit && systemctl daemon-reload && "
+             "systemctl start sglang@2.service")
+    problems = []
+    if active_instances(twin) != ["sglang@0.service", "sglang@1.service", "sglang@2.service"]:
+        problems.append(f"the strike did not leave sglang@2 running: {active_instances(twin)}")
+    plan = lab.deploy(F15_SET2, dry=True)
+    said = " | ".join(line for line in plan.output.splitlines() if "plan:" in line)
+    for needle in ("sglang@2.service runs and is not one of its 2 replicas",
+                   "replica 1 (sglang@1.service) runs other files"):
+        if needle not in said:
+            problems.append(f"make plan does not say {needle!r}: {said[:300]}")
+    first = lab.deploy(F15_SET2)
+    for needle in ("stopped sglang@2.service", "replica 1 (sglang@1.service) switched"):
+        if needle not in first.output:
+            problems.append(f"the re-run does not say {needle!r}")
+    argv = twin.run("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value sglang@1.service)/cmdline",
+                    check=False).stdout
+    if "--context-length 3840" not in argv:
+        problems.append("sglang@1 does not run the release's argv after the re-run")
+    case = _case(row, lab, "15f", "an instance started by hand, a replica restarted from other files", first, None,
+                 problems + set_problems(twin, 2), before, t0)
+    row.outputs["15f-plan"] = plan.output
+    return case
+
+
 def rollback_across_smg(lab: Lab, row: Row, before: dict) -> Row:
     """(c): F15_POLICY (another routing policy) deployed, then `make rollback`."""
     twin, t0 = lab.twin, time.monotonic()
@@ -212,7 +247,8 @@ def tampered_kept_profile(lab: Lab, row: Row, before: dict) -> Row:
 
 
 def fault_15(lab: Lab) -> Row:
-    row = Row("15", "replica sets converge to the release", strikes="roll / shrink / rollback / cut / kept file")
+    row = Row("15", "replica sets converge to the release",
+              strikes="roll / shrink / drift / rollback / cut / kept file")
     _, before = start(lab)
     lab.twin.run("systemctl disable --now sglang.service 2>/dev/null; true", check=False)
     setup = lab.deploy(F15_SET3)
@@ -220,7 +256,8 @@ def fault_15(lab: Lab) -> Row:
         row.why_not.append(f"could not deploy the replica set {F15_SET3}: {did(setup.output)}")
         row.outputs["setup"] = setup.output
         return row
-    cases = [crash_mid_roll(lab, row, before), shrink(lab, row, before), rollback_across_smg(lab, row, before),
+    cases = [crash_mid_roll(lab, row, before), shrink(lab, row, before), drifted(lab, row, before),
+             rollback_across_smg(lab, row, before),
              cut_before_gateway_restart(lab, row, before), tampered_kept_profile(lab, row, before)]
     row.did = ("crashed replica out of the gateway until rolled; surplus drained, stopped, GPUs free; gateway "
                "restarted on restored or cut-off files; tampered kept profile refused")
