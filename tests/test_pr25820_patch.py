@@ -195,7 +195,7 @@ def wheel_tree(version: str, dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def old_venv():
-    """The SGLang 0.5.13.post1 parser venv (the real wheel, CPU torch), built if missing."""
+    """The SGLang 0.5.13.post1 parser venv (the real wheel, from its lock), built if missing."""
     return sglang_parser.ensure(OLD)
 
 

@@ -36,7 +36,7 @@ PYTHONS = ">=3.11,<3.13"
 ENVIRONMENT = "sys_platform == 'linux' and platform_machine == 'x86_64'"
 
 
-def _clean_env() -> dict[str, str]:
+def clean_env() -> dict[str, str]:
     """This environment without pip's and uv's own settings (indexes, find-links, config files)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
     return {**env, "PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1"}
@@ -52,10 +52,10 @@ def resolve(package: str, version: str, extras: list[str]) -> str:
             f'[project]\nname = "dsv4deploy-lock"\nversion = "0"\nrequires-python = "{PYTHONS}"\n'
             f'dependencies = ["{spec}"]\n\n[tool.uv]\npackage = false\nenvironments = ["{ENVIRONMENT}"]\n')
         common = ["--no-config", "--directory", tmp]
-        subprocess.run([tool, "lock", "--quiet", *common, "--index-url", INDEX], check=True, env=_clean_env())
+        subprocess.run([tool, "lock", "--quiet", *common, "--index-url", INDEX], check=True, env=clean_env())
         out = subprocess.run([tool, "export", "--quiet", *common, "--frozen", "--format", "requirements-txt",
                               "--no-emit-project", "--no-annotate", "--no-header"],
-                             check=True, env=_clean_env(), capture_output=True, text=True).stdout
+                             check=True, env=clean_env(), capture_output=True, text=True).stdout
     return out
 
 

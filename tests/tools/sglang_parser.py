@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """SGLang's own launch-flag parser, on a CPU-only machine, for a pinned SGLang version.
 
-Builds (once, cached) a small venv under ``.cache/sglang-parser/<version>/`` holding
-``sglang==<version>`` installed with ``--no-deps`` plus only what ``import
-sglang.srt.server_args`` needs (CPU torch, triton, numpy and a dozen small packages; see
-``DEPS``). Nothing in SGLang is stubbed or patched: the parser that answers is the one
-``sglang serve`` / ``python -m sglang.launch_server`` builds.
+Builds (once, cached) a venv under ``.cache/sglang-parser/<version>/`` holding ``sglang==<version>``
+installed with ``--no-deps`` plus only what ``import sglang.srt.server_args`` needs (torch, triton,
+numpy and a dozen small packages; see ``PARSER_IMPORTS``), every one of them a line of the host's
+own lock (``dsv4deploy/data/sglang/<version>.lock``: same version, same sha256, from PyPI). Nothing
+in SGLang is stubbed or patched: the parser that answers is the one ``sglang serve`` /
+``python -m sglang.launch_server`` builds.
 
 Command line::
 
@@ -15,11 +16,6 @@ Command line::
     python tests/tools/sglang_parser.py dump-flags VERSION [-o FILE]
     python tests/tools/sglang_parser.py dump-arity VERSION [-o FILE]   # FLAG 0|1|?|*|+
     python tests/tools/sglang_parser.py actions VERSION          # every action as JSON
-    python tests/tools/sglang_parser.py write-lock VERSION       # dsv4deploy/data/sglang/VERSION.parser.lock
-
-``write-lock`` pins the built venv (``pip freeze``, SGLang left out) into the parser lock that
-the CT200 twin's venv installs next to ``sglang --no-deps`` for its launch check; when that file
-exists, this tool builds with it as pip constraints, so both parsers hold the same packages.
 
 ``parse`` does what ``prepare_server_args(argv)`` does up to ``parse_args``:
 ``argparse.ArgumentParser(prog="sglang serve")``, ``ServerArgs.add_cli_args``, SGLang's
@@ -53,16 +49,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CACHE_ROOT = Path(os.environ.get("SGLANG_PARSER_CACHE", REPO / ".cache" / "sglang-parser"))
 PIP_CACHE = REPO / ".cache" / "pip"
+LOCKS = REPO / "dsv4deploy" / "data" / "sglang"
 MARKER = ".complete.json"
 # The versions `make test` builds ahead, in the background (test_sglang_parser, test_pr25820_patch):
 # from the Makefile before the control venv installs, and again by tests/conftest.py (the same lock)
 PREBUILT = ("0.5.23", "0.5.13.post1")
-RECIPE_VERSION = 1
-
-# torch: the CPU wheel. "+cpu" is never on PyPI, so a machine without a local CPU wheel
-# (pip's find-links, e.g. /opt/wheels) fails fast here instead of downloading several GB of
-# CUDA torch. Override with SGLANG_PARSER_TORCH (a requirement or a wheel path).
-TORCH = os.environ.get("SGLANG_PARSER_TORCH", "torch==2.13.0+cpu")
+RECIPE_VERSION = 2
 
 # What `import sglang.srt.server_args` + ServerArgs.add_cli_args import, found by installing
 # `sglang --no-deps` and adding the missing module until the parser built (0.5.17 to 0.5.23).
@@ -70,99 +62,20 @@ TORCH = os.environ.get("SGLANG_PARSER_TORCH", "torch==2.13.0+cpu")
 # pybase64 requests torch triton packaging PIL starlette; arg_groups/*: msgspec;
 # utils/msgspec_utils: pydantic_core; utils/network: zmq; sglang/utils.py: IPython pydantic
 # tqdm; lang/backend/runtime_endpoint: aiohttp. pyyaml: ConfigArgumentMerger (--config).
-DEPS = (
-    "numpy==2.4.6",
-    "orjson==3.13.0",
-    "psutil==7.2.2",
-    "pybase64==1.5.1",
-    "requests==2.34.2",
-    "triton==3.9.0",
-    "packaging==26.4",
-    "pillow==13.0.0",
-    "starlette==1.10.0",
-    "msgspec==0.23.0",
-    "pydantic==2.14.4",
-    "pyzmq==27.3.0",
-    "tqdm==4.70.1",
-    "ipython==9.18.1",
-    "aiohttp==3.14.5",
-    "PyYAML==6.0.4",
-)
+# Installed with what they require, as the lock pins it (torch: the lock's CUDA build and its
+# nvidia-* wheels, which import without a GPU).
+PARSER_IMPORTS = ("numpy", "orjson", "psutil", "pybase64", "requests", "torch", "triton", "packaging",
+                  "pillow", "starlette", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp",
+                  "pyyaml")
 
 # Releases before 0.5.23 also import, on the way to the parser: transformers (sglang/__init__
 # and srt/configs), openai + partial_json_parser + xgrammar (function_call parsers, for the
-# --tool-call-parser choices), sentencepiece (transformers' tokenizers) and dill (torch
-# datapipes once transformers is there). Installed at the versions that release pins in its own
-# metadata (fallbacks here for the ones it leaves open). And torchvision, which srt/utils/common.py
-# imports unconditionally (`from torchvision.io import decode_jpeg`) -- but PyPI's torchvision
-# is a CUDA build whose _C.so needs libtorch_cuda, so with CPU torch it cannot import at all.
-# For those releases a stub `torchvision` package stands in (TORCHVISION_STUB below): it is
-# never called while building the parser, and no SGLang file is touched.
+# --tool-call-parser choices), sentencepiece (transformers' tokenizers), dill (torch datapipes
+# once transformers is there) and torchvision (srt/utils/common.py: `from torchvision.io import
+# decode_jpeg`, the lock's CUDA build, which loads next to the lock's torch).
 LEGACY_BEFORE = (0, 5, 23)
-LEGACY_DEPS = {
-    "transformers": "transformers==5.12.1",
-    "openai": "openai==2.6.1",
-    "partial_json_parser": "partial_json_parser==0.2.1.1.post7",
-    "xgrammar": "xgrammar==0.2.1",
-    "sentencepiece": "sentencepiece==0.2.1",
-    "dill": "dill==0.4.1",
-}
-
-TORCHVISION_STUB = '''"""STUB written by dsv4deploy's tests/tools/sglang_parser.py -- NOT torchvision.
-
-The SGLang-parser venv has CPU torch, and PyPI's torchvision cannot load without CUDA torch.
-SGLang < 0.5.23 imports torchvision at module level without using it to build its argument
-parser; every attribute here is an inert placeholder class that raises when called.
-"""
-import importlib.abc
-import importlib.machinery
-import sys
-
-SGLANG_PARSER_STUB = True
-__version__ = "0.0.0+sglang-parser-stub"
-
-
-class _StubMeta(type):
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _make(f"{cls.__qualname__}.{name}")
-
-    def __call__(cls, *args, **kwargs):
-        raise RuntimeError(f"{cls.__qualname__}: torchvision is a stub in the sglang-parser venv")
-
-
-def _make(qualname):
-    stub = _StubMeta(qualname.rsplit(".", 1)[-1], (), {})
-    stub.__qualname__ = qualname
-    return stub
-
-
-def _getattr_for(modname):
-    def __getattr__(name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _make(f"{modname}.{name}")
-    return __getattr__
-
-
-class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.startswith(__name__ + "."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        module.__path__ = []
-        module.__getattr__ = _getattr_for(module.__name__)
-
-
-sys.meta_path.insert(0, _SubmoduleFinder())
-__getattr__ = _getattr_for(__name__)
-'''
+LEGACY_IMPORTS = ("transformers", "openai", "partial-json-parser", "xgrammar", "sentencepiece", "dill",
+                  "torchvision")
 
 
 def _vtuple(version: str) -> tuple[int, ...]:
@@ -179,26 +92,38 @@ class ParserToolError(RuntimeError):
 
 # --- the venv ---------------------------------------------------------------------------------
 
-def parser_lock_path(version: str) -> Path:
-    """Where the parser lock of VERSION lives (dsv4deploy.sglang.versions.parser_lock_file: this
-    file stays stdlib-only, it also runs inside the built venv)."""
-    return REPO / "dsv4deploy" / "data" / "sglang" / f"{version}.parser.lock"
+def lock_path(version: str) -> Path:
+    """The host's lock of VERSION (dsv4deploy.sglang.versions.lock_file: this file stays
+    stdlib-only, it also runs inside the built venv)."""
+    return LOCKS / f"{version}.lock"
 
 
-def parser_lock(version: str) -> Path | None:
-    path = parser_lock_path(version)
-    return path if path.is_file() else None
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_entries(lock_text: str, names) -> str:
+    """The entries of LOCK_TEXT (a `uv export --hashes` requirements file: `name==version ; marker \\`
+    then its `--hash=` lines) whose package is one of NAMES, whole (every marker variant kept)."""
+    wanted = {_normal(name) for name in names}
+    blocks = re.split(r"\n(?=[^\s#])", lock_text)
+    picked = [block.rstrip() + "\n" for block in blocks
+              if (m := re.match(r"([A-Za-z0-9_.-]+)==", block)) and _normal(m[1]) in wanted]
+    found = {_normal(re.match(r"[A-Za-z0-9_.-]+", block)[0]) for block in picked}
+    if found != wanted:
+        raise ParserToolError(f"not in the lock: {', '.join(sorted(wanted - found))}")
+    return "".join(picked)
+
+
+def parser_packages(version: str) -> tuple[str, ...]:
+    """The packages installed with their dependencies (SGLang itself goes in with --no-deps)."""
+    return PARSER_IMPORTS + (LEGACY_IMPORTS if is_legacy(version) else ())
 
 
 def _recipe(version: str) -> dict:
-    recipe = {"recipe": RECIPE_VERSION, "sglang": version, "torch": TORCH, "deps": list(DEPS)}
-    lock = parser_lock(version)
-    if lock:
-        recipe["parser_lock"] = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
-    if is_legacy(version):
-        recipe["legacy_deps"] = LEGACY_DEPS
-        recipe["torchvision_stub"] = hashlib.sha256(TORCHVISION_STUB.encode()).hexdigest()[:16]
-    return recipe
+    lock = lock_path(version)
+    return {"recipe": RECIPE_VERSION, "sglang": version, "packages": list(parser_packages(version)),
+            "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None}
 
 
 def _recipe_hash(version: str) -> str:
@@ -223,7 +148,7 @@ def is_complete(version: str) -> bool:
 
 
 def _base_python() -> str:
-    """A CPython 3.11 (the wheels are cp311): this interpreter if it is one."""
+    """A CPython 3.11 (the lock is resolved for 3.11 and 3.12): this interpreter if it is one."""
     explicit = os.environ.get("SGLANG_PARSER_PYTHON")
     if explicit:
         return explicit
@@ -236,11 +161,18 @@ def _base_python() -> str:
 
 
 def _installer(python: str) -> tuple[list[str], dict[str, str]]:
-    """(argv, environment) of `uv pip install` into the venv of PYTHON, as make venv fills the
-    control venv."""
+    """(argv, environment) of `uv pip install --require-hashes` into the venv of PYTHON: the
+    project's pinned uv and its cache (.cache/uv-cache: one file system with the venvs, so both
+    parser venvs and the cache share files as hardlinks), from PyPI only, with this machine's pip
+    and uv configuration (local wheel folders, mirrors) ignored, as the lock was resolved."""
     sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from dsv4deploy.host import uvpip
-    return uvpip.install_command(python, [], uvpip.UvHome.of(os.environ, REPO), os.environ)
+    from sglang_lock import INDEX, clean_env
+    home = uvpip.UvHome.of(os.environ, REPO)
+    return ([str(uvpip.uv(home)), "pip", "install", "--quiet", "--python", python, "--cache-dir", str(home.cache),
+             "--index-url", INDEX, "--system-certs", "--only-binary", ":all:", "--require-hashes"],
+            clean_env())
 
 
 def _run(cmd: list[str], log, **kw) -> None:
@@ -249,6 +181,23 @@ def _run(cmd: list[str], log, **kw) -> None:
     if proc.returncode != 0:
         raise ParserToolError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
                               + proc.stdout[-4000:])
+
+
+def _install(venv: Path, version: str, log) -> None:
+    """SGLang alone from its lock line (--no-deps keeps its CUDA stack out: flashinfer,
+    sgl-kernel, ...), then what its parser imports, resolved under the whole lock as constraints:
+    every package a lock line, checked against its sha256. The requirement files stay in the venv."""
+    lock = lock_path(version)
+    if not lock.is_file():
+        raise ParserToolError(f"{lock}: no lock for sglang {version} (tests/tools/sglang_lock.py {version} writes one)")
+    text = lock.read_text()
+    own = venv / "sglang.requirements"
+    own.write_text(lock_entries(text, ["sglang"]))
+    imports = venv / "parser-imports.requirements"
+    imports.write_text(lock_entries(text, parser_packages(version)))
+    uv, env = _installer(str(venv / "bin" / "python"))
+    _run(uv + ["--no-deps", "-r", str(own)], log, env=env)
+    _run(uv + ["-c", str(lock), "-r", str(imports)], log, env=env)
 
 
 def ensure(version: str, log=None) -> Path:
@@ -273,27 +222,12 @@ def ensure(version: str, log=None) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = CACHE_ROOT / f".{version}.building-{os.getpid()}"
         try:
+            # python -m venv, not uv's: the venv has pip (test_pr25820_patch installs with it)
             _run([_base_python(), "-m", "venv", str(tmp)], log)
-            py = str(tmp / "bin" / "python")
-            # uv (dsv4deploy/host/uvpip.py: pip's indexes and find-links carried over), not pip:
-            # the same wheels, a build in 40 s where pip's took 113 s; like pip --no-compile, it
-            # writes no bytecode (the parser's own imports write theirs once)
-            uv, env = _installer(py)
-            pip = uv + ["--only-binary", ":all:"]
-            # SGLang alone (--no-deps keeps its CUDA stack out: flashinfer, sgl-kernel, CUDA
-            # torch...), then what its parser imports, torch pinned to the CPU wheel.
-            _run(pip + ["--no-deps", f"sglang=={version}"], log, env=env)
-            deps = [TORCH, *DEPS]
-            if is_legacy(version):
-                pins = _sglang_pins(tmp)
-                deps += [pins.get(name, fallback) for name, fallback in LEGACY_DEPS.items()]
-                site = next((tmp / "lib").glob("python3.*/site-packages"))
-                (site / "torchvision").mkdir()
-                (site / "torchvision" / "__init__.py").write_text(TORCHVISION_STUB)
-            lock = parser_lock(version)
-            _run(pip + (["-c", str(lock)] if lock else []) + deps, log, env=env)
-            # Proof of completeness: the parser builds and has the version asked for.
-            out = _worker_call(Path(py), "info", {})
+            _install(tmp, version, log)
+            # Proof of completeness: the parser builds and has the version asked for (and its
+            # first call writes the bytecode of exactly the modules the parser imports).
+            out = _worker_call(tmp / "bin" / "python", "info", {})
             if out.get("version") != version:
                 raise ParserToolError(f"built venv reports sglang {out.get('version')}")
             info = {**_recipe(version), "recipe_hash": _recipe_hash(version),
@@ -307,34 +241,6 @@ def ensure(version: str, log=None) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
         log(f"sglang-parser {version}: built in {time.monotonic() - started:.0f} s at {final}")
     return venv_python(version)
-
-
-def write_lock(version: str) -> Path:
-    """Pin what the built venv holds (SGLang itself left out) into data/sglang/VERSION.parser.lock."""
-    py = ensure(version)
-    frozen = subprocess.run([str(py), "-m", "pip", "freeze", "--disable-pip-version-check"],
-                            capture_output=True, text=True, check=True).stdout.splitlines()
-    pins = sorted((line for line in frozen if line and not line.lower().startswith("sglang==")), key=str.lower)
-    out = parser_lock_path(version)
-    out.write_text(
-        f"# sglang=={version}: what its own argument parser imports (`from sglang.srt.server_args import\n"
-        "# ServerArgs; ServerArgs.add_cli_args(...)`), pinned, with CPU torch, for Linux x86_64, Python 3.11.\n"
-        "# The CT200 twin's venv installs this with `sglang --no-deps` and runs SGLang's own launch check\n"
-        f"# (no GPU there). Written by `python tests/tools/sglang_parser.py write-lock {version}`.\n"
-        + "".join(f"{pin}\n" for pin in pins))
-    return out
-
-
-def _sglang_pins(venv: Path) -> dict[str, str]:
-    """name -> "name==x" for the exact pins in the installed SGLang wheel's metadata."""
-    meta = next((venv / "lib").glob("python3.*/site-packages/sglang-*.dist-info/METADATA"))
-    pins = {}
-    for line in meta.read_text().splitlines():
-        match = re.match(r"Requires-Dist: ([A-Za-z0-9_.-]+)\s*\(?==\s*([^\s;,)]+)\)?\s*(;.*)?$", line)
-        if match and not (match.group(3) or "").strip("; ").startswith("extra"):
-            name = match.group(1).lower().replace("-", "_")
-            pins[name] = f"{match.group(1)}=={match.group(2)}"
-    return pins
 
 
 # --- talking to the worker ----------------------------------------------------------------------
@@ -520,7 +426,6 @@ def main(argv: list[str] | None = None) -> int:
     p_arity.add_argument("version")
     p_arity.add_argument("-o", "--output", type=Path)
     sub.add_parser("actions", help="every parser action as JSON").add_argument("version")
-    sub.add_parser("write-lock", help="pin the built venv into data/sglang/VERSION.parser.lock").add_argument("version")
     args = cli.parse_args(argv)
     try:
         if args.cmd in ("ensure", "prebuild"):
@@ -549,8 +454,6 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write(text)
         elif args.cmd == "actions":
             print(json.dumps(actions(args.version), indent=1))
-        elif args.cmd == "write-lock":
-            print(write_lock(args.version))
     except ParserToolError as exc:
         print(f"sglang_parser: {exc}", file=sys.stderr)
         return 1
