@@ -112,6 +112,8 @@ def test_the_launch_check_runs_as_the_server_account_in_its_sandbox_without_netw
     assert "ProtectSystem=strict" in props and "IPAddressDeny=any" in props    # the venv read-only, as the server's
     assert "--setenv=HOME=/tmp" in shlex.split(cmd)
     assert venv_programs_root_runs(cmd) == []
+    # it may write the parser table's folder of the venv (the service account's) and nothing else of it
+    assert [p for p in props if p.startswith("ReadWritePaths=")] == [f"ReadWritePaths={r.layout.venv}/dsv4deploy-parser"]
     if r.data["server"].get("api_key"):
         # SGLang's key config: a credential of the check's unit, read where that unit gets it
         assert f"LoadCredential=sglang-config.yaml:{r.layout.sglang_config_secret}" in props

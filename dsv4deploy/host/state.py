@@ -72,6 +72,7 @@ def managed_paths(r: Rollout) -> list[str]:
     paths = [d[0] for d in directories(r)]
     paths += [L.unit, L.nccl_env, L.manifest, L.hf_token_file, f"{L.venv}/bin/python",
               f"{L.venv}/dsv4deploy.lock", f"{L.venv}/patches", f"{L.venv}/stand-in/.bundle-sha256",
+              f"{L.venv}/dsv4deploy-parser",                       # tasks/venv.py PARSER_DIR
               f"{L.venv}/lib/python3*/site-packages/{STAND_IN_PTH}",
               f"{L.model_dir}"]
     paths += [f for f, _ in patch_files(r)]

@@ -14,9 +14,11 @@ is neither (a custom Action class, a type that needs a third-party module, `--he
 as *opaque*: its arity only. An argv that uses no opaque flag gets argparse's own verdict, the
 same message included, from the rebuilt parser in about 0.1 s; an argv that uses one, or a venv
 without a captured table (or one captured for a different venv state: KEY), is parsed by
-SGLang's own parser, which captures the table for the next time. The table is the venv's own
-(written by root into the root-owned venv): a type's source in it is SGLang's code from that
-venv, as trusted as importing it.
+SGLang's own parser, which captures the table for the next time. The table is written and read
+by the launch check alone, as the service account in the server's sandbox, in the venv's folder
+that account owns (tasks/venv.py PARSER_DIR; the server's own unit sees it read-only): a type's
+source in it runs only where that account runs SGLang's code from that venv anyway, and root
+never opens it.
 
     python launch_parser.py check [--prepare] TABLE KEY ARGV...     # tasks/venv.py runs it as python -c SOURCE
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
+import urllib.request
 from importlib.resources import files as package_files
 from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
 from dsv4deploy.host import ISOLATED, installer, ops, sandbox, uvpip
 from dsv4deploy.release import records as releases
@@ -30,11 +32,16 @@ from dsv4deploy.sglang.versions import facts, lock_file, lock_sha256
 from dsv4deploy.release.rollout import Rollout
 
 # SGLang's own parser, as `sglang serve` builds it, run by launch_parser.py (a host program): from
-# the table it captured in this venv when it has one (no SGLang import: 0.1 s instead of 3-5 s),
+# the table it captured for this venv when it has one (no SGLang import: 0.1 s instead of 3-5 s),
 # else imported, which captures the table; on a refusal only argparse's message (its usage lists
 # every flag: 500 lines above the one that matters).
 LAUNCH_PARSER = (Path(package_files("dsv4deploy")) / "sglang" / "launch_parser.py").read_text()
-PARSER_TABLE = "dsv4deploy.parser.json"      # in the venv, next to its marker
+# The table's folder in the venv: the service account's, since the check that captures it runs as
+# that account in the server's sandbox (the venv root's and read-only). Only the launch check's
+# unit may write it (ReadWritePaths=; the server's own unit sees it read-only) and only the launch
+# check reads it; root makes the folder and never opens what is in it.
+PARSER_DIR = "dsv4deploy-parser"
+PARSER_TABLE = f"{PARSER_DIR}/table.json"
 LOCK = "dsv4deploy.lock"                     # the release's lock (data/sglang/<version>.lock), in the venv
 
 
@@ -138,6 +145,10 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
                             path=venv, marker=marker, marker_file=f"{venv}/{VENV_MARKER}",
                             marker_state=state["venv"], exists=bool(state.file(f"{venv}/bin/python")),
                             freeze_file=f"{venv}/{PIP_FREEZE}"))
+    if not twin_keeps_own_parser(r):
+        user = r.data["service"]["user"]
+        ops.directory(name=f"{PARSER_DIR}: where the launch check keeps SGLang's parser table ({user}'s)",
+                      path=parser_dir(r), state=state.file(parser_dir(r)), user=user, group=user, mode="755")
     site = f"{venv}/lib/python{(state['basics'] or {}).get('python') or '3'}/site-packages"
     if r.stand_ins.get("sglang"):
         changed.append(ops.bundle(name="stand-in: the server (one archive)", archive=stand_in_archive(r),
@@ -155,9 +166,9 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
             have = state.file(dest)
             same_file = bool(have) and have["sha256"] == patch["sha256"]
             if patch.get("url"):
-                if not same_file:
-                    files.download(name=f"patch {patch['name']} (sha256-pinned)", src=patch["url"], dest=dest,
-                                   sha256sum=patch["sha256"])
+                if not same_file:       # the host's file is the pinned one: no fetch, no upload
+                    ops.file(name=f"patch {patch['name']} (fetched here, sha256 verified)", dest=dest,
+                             content=url_patch(patch, r.settings.cache), state=have)
             else:
                 local = r.settings.checkout / patch["file"]      # a profile's patch file is the checkout's
                 content = local.read_bytes() if local.is_file() else b""
@@ -171,6 +182,37 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
             changed.append(ops.patch_applied(name=f"apply {patch['name']}", directory=site, patch_file=dest,
                                              applied=applied, strip=int(patch.get("strip", 1)), sha256=patch["sha256"]))
     return changed
+
+
+def url_patch(patch: dict, cache: Path, timeout: float = 60) -> bytes:
+    """A profile patch's `url:`, fetched on the control node and kept under CACHE/patches/ by its
+    sha256 (a later deploy, or another host, fetches nothing), refused unless its sha256 is the
+    profile's pin: the host never downloads (root would write pyinfra's predictable temp name)."""
+    name, pinned, url = patch["name"], patch["sha256"], patch["url"]
+    kept = cache / "patches" / f"{pinned}.patch"
+    if kept.is_file() and hashlib.sha256(body := kept.read_bytes()).hexdigest() == pinned:
+        return body
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:    # noqa: S310 (URL: boundary-checked)
+            body = answer.read(PATCH_MAX + 1)
+    except (OSError, ValueError) as exc:
+        raise DeployError(f"patch {name}: cannot fetch {url}: {exc}") from None
+    got = hashlib.sha256(body).hexdigest()
+    if len(body) > PATCH_MAX or got != pinned:
+        size = f"more than {PATCH_MAX >> 20} MiB" if len(body) > PATCH_MAX else f"sha256 {got}"
+        raise DeployError(f"patch {name}: {url} has {size}, the profile pins sha256 {pinned}: nothing uploaded")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(body)
+    tmp.replace(kept)
+    return body
+
+
+PATCH_MAX = 16 << 20      # a diff of SGLang's Python sources; anything larger is not one
+
+
+def parser_dir(r: Rollout) -> str:
+    return f"{r.layout.venv}/{PARSER_DIR}"
 
 
 def launch_argv(r: Rollout) -> list[str]:
@@ -213,8 +255,9 @@ def launch_check_command(r: Rollout) -> str:
     (the API key) reaches it as the server's does, a credential from the root-only file."""
     credentials = ({SGLANG_CONFIG_CREDENTIAL: r.layout.sglang_config_secret}
                    if r.data["server"].get("api_key") else {})
+    writable = () if twin_keeps_own_parser(r) else (parser_dir(r),)     # the parser table's folder
     return sandbox.command([*parser_argv(r)[0], *launch_argv(r)], r.rendered.unit, "launch check",
-                           credentials=credentials)
+                           writable=writable, credentials=credentials)
 
 
 def parser_key(r: Rollout) -> str:
