@@ -14,11 +14,11 @@ import json
 import shlex
 from io import BytesIO
 
-from pyinfra import host
-from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra import host, logger
+from pyinfra.api import DeployError, FunctionCommand, StringCommand, operation
 
 from dsv4deploy.sglang import patching
-from dsv4deploy.host import installer
+from dsv4deploy.host import installer, io
 from dsv4deploy.host.io import PrivateUpload
 
 q = shlex.quote
@@ -113,8 +113,15 @@ def _file_commands(dest: str, content: bytes, state: dict | None, user: str, gro
             return [inline_write(dest, content.decode(), user, group, mode)]
         except UnicodeDecodeError:
             pass
+    return upload_commands(BytesIO(content), dest, user, group, mode)
+
+
+def upload_commands(src, dest: str, user: str, group: str, mode: str) -> list:
+    """SRC (bytes in memory, or a local path: streamed by SFTP, never read whole) to DEST: an empty
+    temp file beside it made with umask 077, the upload into it through the private staging path
+    (io.PrivateUpload, never pyinfra's /tmp/pyinfra-<sha1>), then owner, mode and the move."""
     tmp = f"{dest}.dsv4deploy-tmp"
-    return [f"{make_parent(dest)} && umask 077 && : > {q(tmp)}", PrivateUpload(BytesIO(content), tmp),
+    return [f"{make_parent(dest)} && umask 077 && : > {q(tmp)}", PrivateUpload(src, tmp),
             f"chown {q(user)}:{q(group)} {q(tmp)} && chmod {mode} {q(tmp)} && mv -f {q(tmp)} {q(dest)}"]
 
 
@@ -161,6 +168,54 @@ def files(items: list[tuple[str, bytes, dict | None]], user: str = "root", group
         yield StringCommand(after)
     if done is not None:
         yield FunctionCommand(done, (), {})
+
+
+@operation(is_idempotent=False)
+def tree(folder: str, dest: str, sizes: dict[str, int], user: str, group: str, mode: str = "644"):
+    """The files FOLDER/<rel> of this machine (SIZES: rel -> size) in DEST/<rel> on the host: each
+    one the host lacks as a regular file of that size is uploaded as `file` uploads (streamed, through
+    the private staging path). What the host holds is read when the operation runs, not planned: an
+    earlier step of the run removes the copies whose content was wrong (a verify), and those must
+    come again. Nothing is deleted; folders are made as needed."""
+    yield FunctionCommand(_upload_tree, (folder, dest, sizes, user, group, mode), {})
+
+
+def tree_sizes_command(dest: str) -> str:
+    """The size and path (under DEST) of every regular file in DEST, one per line (none: no DEST)."""
+    return f"find {q(dest)} -type f -printf '%s\\t%P\\n' 2>/dev/null || true"
+
+
+def tree_missing(sizes: dict[str, int], listing: str) -> list[str]:
+    """The files of SIZES that LISTING (tree_sizes_command's output) lacks at their size, in order."""
+    have = {}
+    for line in listing.splitlines():
+        size, _, rel = line.partition("\t")
+        if size.isdigit():
+            have[rel] = int(size)
+    return [rel for rel in sorted(sizes) if have.get(rel) != sizes[rel]]
+
+
+def _upload_tree(state, host, folder: str, dest: str, sizes: dict[str, int], user: str, group: str,
+                 mode: str) -> bool:
+    ok, listing = io.sh(host, tree_sizes_command(dest))
+    if not ok:
+        logger.error(f"{host.print_prefix}cannot list {dest} on the host")
+        return False
+    missing = tree_missing(sizes, listing)
+    for n, rel in enumerate(missing, 1):
+        for command in upload_commands(f"{folder}/{rel}", f"{dest}/{rel}", user, group, mode):
+            try:
+                done = (io.put(host, command.src, command.dest) if isinstance(command, PrivateUpload)
+                        else io.run(host, command)[0])
+            except (OSError, DeployError) as exc:     # a source file gone, SFTP cut, no staging folder
+                done, why = False, f": {exc}"
+            else:
+                why = ""
+            if not done:
+                logger.error(f"{host.print_prefix}cannot upload {folder}/{rel} to {dest}/{rel}{why}")
+                return False
+        logger.info(f"{host.print_prefix}uploaded {n}/{len(missing)}: {rel} ({sizes[rel]:,} bytes)")
+    return True
 
 
 COMMAND_MAX = 96 << 10   # Linux takes one argument (the `sh -c` string sshd hands the shell) up to 128 KiB

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
+import urllib.request
 from importlib.resources import files as package_files
 from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import DeployError, deploy
 from pyinfra.api.operation import OperationMeta
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
 from dsv4deploy.host import ISOLATED, installer, ops, sandbox, uvpip
 from dsv4deploy.release import records as releases
@@ -164,9 +166,9 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
             have = state.file(dest)
             same_file = bool(have) and have["sha256"] == patch["sha256"]
             if patch.get("url"):
-                if not same_file:
-                    files.download(name=f"patch {patch['name']} (sha256-pinned)", src=patch["url"], dest=dest,
-                                   sha256sum=patch["sha256"])
+                if not same_file:       # the host's file is the pinned one: no fetch, no upload
+                    ops.file(name=f"patch {patch['name']} (fetched here, sha256 verified)", dest=dest,
+                             content=url_patch(patch, r.settings.cache), state=have)
             else:
                 local = r.settings.checkout / patch["file"]      # a profile's patch file is the checkout's
                 content = local.read_bytes() if local.is_file() else b""
@@ -180,6 +182,33 @@ def sglang_venv(r: Rollout, state: HostState) -> list[OperationMeta]:
             changed.append(ops.patch_applied(name=f"apply {patch['name']}", directory=site, patch_file=dest,
                                              applied=applied, strip=int(patch.get("strip", 1)), sha256=patch["sha256"]))
     return changed
+
+
+def url_patch(patch: dict, cache: Path, timeout: float = 60) -> bytes:
+    """A profile patch's `url:`, fetched on the control node and kept under CACHE/patches/ by its
+    sha256 (a later deploy, or another host, fetches nothing), refused unless its sha256 is the
+    profile's pin: the host never downloads (root would write pyinfra's predictable temp name)."""
+    name, pinned, url = patch["name"], patch["sha256"], patch["url"]
+    kept = cache / "patches" / f"{pinned}.patch"
+    if kept.is_file() and hashlib.sha256(body := kept.read_bytes()).hexdigest() == pinned:
+        return body
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:    # noqa: S310 (URL: boundary-checked)
+            body = answer.read(PATCH_MAX + 1)
+    except (OSError, ValueError) as exc:
+        raise DeployError(f"patch {name}: cannot fetch {url}: {exc}") from None
+    got = hashlib.sha256(body).hexdigest()
+    if len(body) > PATCH_MAX or got != pinned:
+        size = f"more than {PATCH_MAX >> 20} MiB" if len(body) > PATCH_MAX else f"sha256 {got}"
+        raise DeployError(f"patch {name}: {url} has {size}, the profile pins sha256 {pinned}: nothing uploaded")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(body)
+    tmp.replace(kept)
+    return body
+
+
+PATCH_MAX = 16 << 20      # a diff of SGLang's Python sources; anything larger is not one
 
 
 def parser_dir(r: Rollout) -> str:

@@ -28,7 +28,7 @@ from pyinfra import host
 from pyinfra.api import DeployError, StringCommand, deploy, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import StateStage
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
 from dsv4deploy.host import HOST_PYTHON, ops, sandbox
 from dsv4deploy.host.facts import CHECKER, Checkpoint
@@ -79,10 +79,17 @@ def weights(r: Rollout, state: HostState) -> list[OperationMeta]:
     if src["type"] == "rsync":
         ops.directory(name="model dir", path=dest, state=state.file(dest), user=FETCH_USER, group=FETCH_USER)
         folder = rsync_folder(src, r.settings.checkout)
-        expected = json.dumps(local_expectation(folder, r.settings.cache))
-        if not only_unverified:
-            # files.sync uploads every file whose sha1 differs: a truncated or corrupted copy is replaced
-            changed.append(files.sync(name=f"push {folder} (rsync source)", src=str(folder), dest=dest))
+        source = local_expectation(folder, r.settings.cache)
+        expected = json.dumps(source)
+        if read.get("unverified"):
+            # copies of the right size not yet proven: hashed now, the wrong ones removed, so that
+            # the push sends them again in this run (and the verify below hashes only what it sent)
+            verified_checkpoint(name="verify the copies not yet proven (the wrong ones go, to be pushed again)",
+                                path=dest, expected=expected, source=str(folder), unit=r.rendered.unit, repair=True)
+        # every file the host lacks at its size (a cut or truncated copy too), through the private staging path
+        changed.append(ops.tree(name=f"push {folder} (rsync source: what the host lacks)", folder=str(folder),
+                                dest=dest, sizes={rel: f["size"] for rel, f in source["files"].items()},
+                                user=FETCH_USER, group=FETCH_USER))
         changed.append(verified_checkpoint(name="verify every file by size and sha256 against the source",
                                            path=dest, expected=expected, source=str(folder), unit=r.rendered.unit))
         return changed
@@ -107,15 +114,20 @@ def fetch_owns(path: str) -> str:
 
 
 @operation()
-def verified_checkpoint(path: str, expected: str, source: str, unit: str):
+def verified_checkpoint(path: str, expected: str, source: str, unit: str, repair: bool = False):
     """Prove every file not yet proven by size and sha256, one progress line and one marker record
     per file (a cut here keeps what it proved); otherwise remove the bad files and fail naming them
-    (only added when the host's state says the checkpoint is not complete). Runs as FETCH_USER with
-    no network, writing only PATH (host/sandbox.py "verify")."""
+    (only added when the host's state says the checkpoint is not complete). REPAIR: remove them and
+    go on (a push follows that sends them again). Runs as FETCH_USER with no network, writing only
+    PATH (host/sandbox.py "verify")."""
     q = shlex.quote
     yield fetch_owns(path)
     check = [*HOST_PYTHON.split(), "-c", CHECKER, path, "-", "--write-marker", "--progress", "--remove-bad"]
-    yield (f"printf '%s' {q(expected)} | {sandbox.command(check, unit, 'verify', writable=(path,))} >&2 || "
+    verify = f"printf '%s' {q(expected)} | {sandbox.command(check, unit, 'verify', writable=(path,))} >&2"
+    if repair:
+        yield f"{verify} || true"
+        return
+    yield (f"{verify} || "
            f"{{ echo {q(f'{path} does not match {source} (size or sha256): the files named above were removed; deploy again to fetch them')} >&2; exit 1; }}")
 
 
