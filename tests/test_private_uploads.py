@@ -74,7 +74,7 @@ def test_a_pushed_folder_uploads_only_what_the_host_lacks_at_its_size_through_th
     sizes = {"config.json": 10, "model-00001.safetensors": 3_000, "model-00002.safetensors": 3_000}
     listing = "10\tconfig.json\n1000\tmodel-00001.safetensors\n77\t.dsv4deploy-verified.json\n"
     h = SudoHost(listing)
-    assert ops._upload_tree(None, h, str(tmp_path), "/srv/m/c", sizes, "dsv4-fetch", "dsv4-fetch", "644")
+    assert ops._upload_tree(None, h, str(tmp_path), "/srv/m/c", sizes, ("dsv4-fetch", "dsv4-fetch", "644"))
     puts = [c for c in h.calls if c[0] == "put"]
     # the truncated shard and the missing one, each streamed from its path (not read into memory)
     assert [(c[1], c[3]) for c in puts] == [("/srv/m/c/model-00001.safetensors.dsv4deploy-tmp",
@@ -98,7 +98,7 @@ def test_a_pushed_folder_on_a_host_here_repairs_what_is_cut_makes_folders_and_de
     inode = (dest / "a.safetensors").stat().st_ino
     me, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
     h = SudoHost(run=True)
-    assert ops._upload_tree(None, h, str(src), str(dest), {r: len(b) for r, b in files.items()}, me, group, "644")
+    assert ops._upload_tree(None, h, str(src), str(dest), {r: len(b) for r, b in files.items()}, (me, group, "644"))
     assert {rel: (dest / rel).read_bytes() for rel in files} == files
     assert (dest / "a.safetensors").stat().st_ino == inode and (dest / "extra.txt").read_text() == "mine"
     assert oct((dest / "sub/tokenizer.json").stat().st_mode & 0o777) == "0o644"
@@ -106,14 +106,14 @@ def test_a_pushed_folder_on_a_host_here_repairs_what_is_cut_makes_folders_and_de
                                                         f"{dest}/sub/tokenizer.json.dsv4deploy-tmp"]
     assert not list(dest.rglob("*.dsv4deploy-tmp"))
     h.calls.clear()
-    assert ops._upload_tree(None, h, str(src), str(dest), {r: len(b) for r, b in files.items()}, me, group, "644")
+    assert ops._upload_tree(None, h, str(src), str(dest), {r: len(b) for r, b in files.items()}, (me, group, "644"))
     assert [c[0] for c in h.calls] == ["run"]                # again: one listing, nothing uploaded
 
 
 def test_a_source_file_gone_mid_push_fails_the_operation_with_one_line(tmp_path):
     h = SudoHost(run=False)
     h.put_file = lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError(2, "No such file or directory"))
-    assert ops._upload_tree(None, h, str(tmp_path), "/srv/m/c", {"x": 1}, "u", "u", "644") is False
+    assert ops._upload_tree(None, h, str(tmp_path), "/srv/m/c", {"x": 1}, ("u", "u", "644")) is False
 
 
 # --- a profile patch with url: ------------------------------------------------------------------

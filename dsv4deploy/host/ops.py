@@ -177,7 +177,7 @@ def tree(folder: str, dest: str, sizes: dict[str, int], user: str, group: str, m
     the private staging path). What the host holds is read when the operation runs, not planned: an
     earlier step of the run removes the copies whose content was wrong (a verify), and those must
     come again. Nothing is deleted; folders are made as needed."""
-    yield FunctionCommand(_upload_tree, (folder, dest, sizes, user, group, mode), {})
+    yield FunctionCommand(_upload_tree, (folder, dest, sizes, (user, group, mode)), {})
 
 
 def tree_sizes_command(dest: str) -> str:
@@ -195,15 +195,15 @@ def tree_missing(sizes: dict[str, int], listing: str) -> list[str]:
     return [rel for rel in sorted(sizes) if have.get(rel) != sizes[rel]]
 
 
-def _upload_tree(state, host, folder: str, dest: str, sizes: dict[str, int], user: str, group: str,
-                 mode: str) -> bool:
+def _upload_tree(state, host, folder: str, dest: str, sizes: dict[str, int], owner: tuple[str, str, str]) -> bool:
+    """Upload what the host lacks (tree); OWNER is (user, group, mode) of every file it writes."""
     ok, listing = io.sh(host, tree_sizes_command(dest))
     if not ok:
         logger.error(f"{host.print_prefix}cannot list {dest} on the host")
         return False
     missing = tree_missing(sizes, listing)
     for n, rel in enumerate(missing, 1):
-        for command in upload_commands(f"{folder}/{rel}", f"{dest}/{rel}", user, group, mode):
+        for command in upload_commands(f"{folder}/{rel}", f"{dest}/{rel}", *owner):
             try:
                 done = (io.put(host, command.src, command.dest) if isinstance(command, PrivateUpload)
                         else io.run(host, command)[0])
