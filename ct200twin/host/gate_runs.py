@@ -1,21 +1,24 @@
 """Both gate runners against one twin server: the built-in client and SGLang's bench_serving, each
 run on the twin as a deploy runs it (over SSH, as the gate account; bench_serving from the
 server's venv, with the checkpoint's tokenizer), every level of the profile's gate to its end, and
-how far apart they came out. Shared by bench/gate_runners.py (the figures) and
-tests/test_gate_runners_twin.py (the agreement within 1%).
+how far apart they came out. Shared by bench/gate_runners.py (the figures, every level of the
+profile's gate) and tests/test_gate_runners_twin.py (the agreement within 1% on shorter levels).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from ct200twin.faultlab.reading import releases
 
 from dsv4deploy.gate import run_gate
 from dsv4deploy.gate.inputs import GateHost, GateOptions, GateServer
 from dsv4deploy.gate.result import GateResult, LevelResult
 from dsv4deploy.gate.spec import GateSpec
 from dsv4deploy.profile.load import load_profile
-from dsv4deploy.render.layout import GATE_USER, Layout
+from dsv4deploy.render.layout import GATE_USER, RELEASES, Layout
 
 RUNNERS = ("builtin", "bench_serving")
 
@@ -34,13 +37,26 @@ def twin_gate_host(twin) -> GateHost:
     return GateHost(execute, upload=upload, run_as=GATE_USER)
 
 
-def deployed_server(profile: str, profiles_dir: Path) -> tuple[GateSpec, GateServer]:
-    """The gate spec of PROFILE and the server a deploy of it serves (its venv, checkpoint, key)."""
-    data = load_profile(profile, profiles_dir).data
+def server_of(data: dict) -> GateServer:
+    """The server a deploy of the profile DATA serves (its venv, checkpoint, key)."""
     layout = Layout.of(data)
-    server = GateServer(f"http://127.0.0.1:{data['server']['port']}", layout.model_dir, layout.python,
-                        layout.api_key_file if data["server"].get("api_key") else None)
-    return GateSpec.from_profile(data), server
+    return GateServer(f"http://127.0.0.1:{data['server']['port']}", layout.model_dir, layout.python,
+                      layout.api_key_file if data["server"].get("api_key") else None)
+
+
+def deployed_server(profile: str, profiles_dir: Path) -> tuple[GateSpec, GateServer]:
+    """The gate spec of PROFILE and the server a deploy of it serves."""
+    data = load_profile(profile, profiles_dir).data
+    return GateSpec.from_profile(data), server_of(data)
+
+
+def served_server(twin) -> GateServer | None:
+    """The server TWIN's last deployed release serves, from the profile it keeps; None: none is."""
+    deployed = [r for r in releases(twin) if r["status"] == "deployed"]
+    if not deployed:
+        return None
+    kept = twin.run(f"cat {RELEASES}/{deployed[-1]['release']:04d}/profile.json", check=False).stdout
+    return server_of(json.loads(kept)["data"]) if kept.strip() else None
 
 
 def run_both(twin, spec: GateSpec, server: GateServer, log=None) -> dict[str, GateResult]:
