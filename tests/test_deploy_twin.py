@@ -24,7 +24,8 @@ from ct200twin.faultlab import (FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, c
 pytestmark = pytest.mark.slow
 
 # Test profiles: the shipped ones plus a variant with a shorter gate (same floors' methodology,
-# fewer prompts) and its own context length.
+# fewer prompts, the built-in client: bench_serving's start costs ~19 s a level) and its own
+# context length. The first deploy's gate is SGLang's bench_serving, picked by `auto`.
 FIRST_DEPLOY: dict = {}
 VARIANTS = {"quick16k": 16384}
 
@@ -34,16 +35,16 @@ def profiles(tmp_path_factory):
     folder = tmp_path_factory.mktemp("profiles")
     for src in (REPO / "profiles").glob("*.yaml"):
         (folder / src.name).write_text(src.read_text())
-    for name, ctx in VARIANTS.items():
+    for name, ctx in VARIANTS.items():    # the built-in client: these test the rollout, not the runner
         (folder / f"{name}.yaml").write_text(f"extends: nvfp4-ctx8k\nserver:\n  context_length: {ctx}\n"
-                                             + QUICK_GATE)
+                                             + QUICK_GATE + "  runner: builtin\n")
     return folder
 
 
 @pytest.fixture(scope="module")
 def twin(sim_twin):  # noqa: F811
-    """twin-1 with no faults and no leftover service from earlier runs."""
-    sim_twin.run(f"rm -f {FAULTS}; systemctl stop sglang.service stale-sglang.service "
+    """twin-1 with no faults and no leftover service or gate folder from earlier runs."""
+    sim_twin.run(f"rm -f {FAULTS}; rm -rf /tmp/dsv4deploy-gate.*; systemctl stop sglang.service stale-sglang.service "
                  "2>/dev/null; systemctl reset-failed 2>/dev/null; rm -rf /var/lib/dsv4deploy /etc/dsv4deploy "
                  "/etc/systemd/system/sglang.service; systemctl daemon-reload", check=False)
     sim_twin.write_file(FAULTS, json.dumps(FAST_START))
@@ -118,6 +119,10 @@ def test_the_api_key_is_only_in_its_0600_files_and_the_server_is_sandboxed(twin)
         assert result["client"]["uid"] == gate_uid != 0
     else:   # the twin's venv is the real host's: the auto runner takes SGLang's bench_serving, as on CT200
         assert result["runner"] == "bench_serving" and result["client"]["runner_choice"].startswith("auto: ")
+        for level in result["levels"]:   # the checkpoint's tokenizer counts what came back as the server did
+            assert level["completed"] == level["num_prompts"], level
+            assert level["extra"]["total_output_tokens_retokenized"] == level["total_output_tokens"], level
+        assert twin.run("ls -d /tmp/dsv4deploy-gate.* 2>/dev/null | wc -l").stdout.strip() == "0", "its caches removed"
     assert twin.run("stat -c '%a %U' /opt/dsv4deploy/gate").stdout.strip() == "700 root"
 
 
@@ -213,10 +218,12 @@ def test_sglangs_own_parser_refuses_an_argv_the_twins_parser_would_pass(twin, pr
     venv = live_venv(twin)
     passes = twin.run(f"{venv}/bin/python -m ct200twin.server.args --model-path m --attention-backend bogus", check=False)
     assert passes.returncode == 0, "the twin's parser has no choices: only SGLang's own catches this"
-    # that verdict came from the parser table an earlier check captured in the venv; without the
-    # table SGLang is imported, says the same, and captures it again
-    table = f"{venv}/dsv4deploy.parser.json"
-    assert twin.run(f"stat -c %U:%a {table}").stdout.strip() == "root:644"
+    # that verdict came from the parser table an earlier check captured, as the service account in
+    # the server's sandbox, in the venv's one folder that account owns (the rest of the venv is
+    # root's); without the table SGLang is imported, says the same, and captures it again
+    table = f"{venv}/dsv4deploy-parser/table.json"
+    assert twin.run(f"stat -c %U:%a {venv}/dsv4deploy-parser {table} {venv} {venv}/dsv4deploy.lock"
+                    ).stdout.split() == ["sglang:755", "sglang:644", "root:755", "root:644"]
     twin.run(f"rm {table}")
     again = deploy("badchoice", profiles_dir=profiles)
     assert again.returncode != 0 and main_pid(twin) == pid
@@ -261,7 +268,7 @@ def test_no_driver_shows_the_driver_steps_in_the_plan(twin):
     finally:
         twin.set_gpus(reset=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "NVIDIA driver | stand-in: driver 580" in out.stdout + out.stderr
+    assert "NVIDIA driver and CUDA toolkit | stand-in: driver 580 (the inventory's command)" in out.stdout + out.stderr
 
 
 def test_stale_server_on_the_port_is_detected(twin):
