@@ -62,5 +62,5 @@ else:
         tasks.verify_and_record(rollout, store, pending)  # health, identity, gate; a failure rolls back
 # the watch on what serves now (docs/watch.md); a run that changes no release reads it now and
 # leaves the step out when it is already this one
-settled = not changes and not rollout.target.is_set and not started.will_change and not tasks.pending_in(state)
+settled = not changes and not tasks.pending_in(state) and (rollout.target.is_set or not started.will_change)
 tasks.arm_watch(store, rollout.data, settled=settled)
