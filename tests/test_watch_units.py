@@ -97,3 +97,24 @@ def test_a_fatal_xid_stays_with_its_gpu_after_the_interval_that_logged_it():
     later = [{"index": 1, "xid": []}]
     mod.remember_fatal(state, later, frozenset({79}))
     assert first[0]["xid"] == [13, 79] and later[0]["xid"] == [79] and later[0]["xid_new"] == 0
+
+
+def test_readmit_gives_the_gateway_the_replicas_key_in_the_body(monkeypatch):
+    """smg registers a worker added without `api_key` in its body as keyless: every request it
+    then routes to a keyed replica fails 401. The watch's readmit carries it, as the deploy does."""
+    calls = []
+
+    def http(method, url, body=None, timeout=10.0, key="key"):
+        calls.append((method, url, body, key))
+        return (200, b'{"workers": []}') if method == "GET" else (202, b"{}")
+
+    monkeypatch.setattr(act, "http", http)
+    monkeypatch.setattr(act, "KEY", {"key": "inference-secret", "control": "control-secret"})
+    act.readmit({"gateway": "http://127.0.0.1:30000"}, {"url": "http://127.0.0.1:30001"})
+    post = [c for c in calls if c[0] == "POST"]
+    assert post == [("POST", "http://127.0.0.1:30000/workers",
+                     {"url": "http://127.0.0.1:30001", "api_key": "inference-secret"}, "control")]
+    monkeypatch.setattr(act, "KEY", {})
+    calls.clear()
+    act.readmit({"gateway": "http://127.0.0.1:30000"}, {"url": "http://127.0.0.1:30001"})
+    assert [c[2] for c in calls if c[0] == "POST"] == [{"url": "http://127.0.0.1:30001"}]

@@ -103,7 +103,10 @@ def evict(cfg, t):
 def readmit(cfg, t):
     if any(w.get("url", "").rstrip("/") == t["url"] for w in workers(cfg["gateway"])):
         return "%s is in the gateway already" % t["url"]
-    status, _ = http("POST", cfg["gateway"] + "/workers", {"url": t["url"]}, key="control")
+    # the worker's (inference) key travels in the body, as smg requires: without it smg registers
+    # the replica keyless and every request it routes there fails 401 (gateway/model.py add_worker)
+    spec = {"url": t["url"], **({"api_key": KEY["key"]} if KEY.get("key") else {})}
+    status, _ = http("POST", cfg["gateway"] + "/workers", spec, key="control")
     return "added %s to the gateway again (HTTP %d)" % (t["url"], status)
 
 
