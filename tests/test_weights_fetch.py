@@ -61,8 +61,13 @@ def test_a_download_cut_mid_shard_resumes_from_the_bytes_on_disk_on_the_next_run
         log = hub.request_log()
     assert second["failed"] == {} and second["resumed"] == {BIG_SHARD: cut}
     gets = [r for r in log if r["method"] == "GET" and r["path"].endswith(BIG_SHARD)]
-    assert [(g["path"].split("/")[1], g["status"], g["range"], g["sent"]) for g in gets] == [
-        ("_cdn", 206, f"bytes={cut}-", SIZE - cut)]          # the bytes on disk were not fetched again
+    # the bytes on disk were not fetched again: the first GET of the shard starts at the cut; a
+    # retry (a loaded machine may time an answer out) never starts before it, and the last one
+    # sends the rest of the file
+    starts = [int(g["range"].removeprefix("bytes=").removesuffix("-")) for g in gets]
+    assert {(g["path"].split("/")[1], g["status"]) for g in gets} == {("_cdn", 206)}, gets
+    assert starts[0] == cut and starts == sorted(starts), gets
+    assert gets[-1]["sent"] == SIZE - starts[-1], gets
     heads = [r for r in log if r["method"] == "HEAD" and r["path"].endswith(BIG_SHARD)]
     assert [h["status"] for h in heads] == [302]              # the metadata from the hub's redirect
     assert weights_check.verify(folder, expected) == []
