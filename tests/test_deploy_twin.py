@@ -117,13 +117,14 @@ def test_the_api_key_is_only_in_its_0600_files_and_the_server_is_sandboxed(twin)
     result = gate["result"]
     if result["runner"] == "builtin":
         assert result["client"]["uid"] == gate_uid != 0
+        # the built-in client is uploaded into a root-owned 0700 folder (bench_serving needs none)
+        assert twin.run("stat -c '%a %U' /opt/dsv4deploy/gate").stdout.strip() == "700 root"
     else:   # the twin's venv is the real host's: the auto runner takes SGLang's bench_serving, as on CT200
         assert result["runner"] == "bench_serving" and result["client"]["runner_choice"].startswith("auto: ")
         for level in result["levels"]:   # the checkpoint's tokenizer counts what came back as the server did
             assert level["completed"] == level["num_prompts"], level
             assert level["extra"]["total_output_tokens_retokenized"] == level["total_output_tokens"], level
         assert twin.run("ls -d /tmp/dsv4deploy-gate.* 2>/dev/null | wc -l").stdout.strip() == "0", "its caches removed"
-    assert twin.run("stat -c '%a %U' /opt/dsv4deploy/gate").stdout.strip() == "700 root"
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(twin):

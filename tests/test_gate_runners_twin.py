@@ -26,7 +26,11 @@ from dsv4deploy.gate.spec import GateSpec, LevelSpec
 pytestmark = pytest.mark.slow
 
 QUICK = "bsquick"          # nvfp4-ctx8k's server with a short gate, when nothing serves yet
-TOLERANCE = 0.01
+# Two runs of ~30 s, one after the other, on make test's machine (five pytest processes on two
+# cores) differ by about 1% from the load alone (seen: C=1 -1.05%, C=16 +0.98%, C=64 -0.12% in one
+# fresh-clone run): the test allows 2%. The 1% agreement itself is measured on the profile's full
+# levels by bench/gate_runners.py (0.17% at most: bench/results/bench-serving-gate-2026-12-05.md).
+TOLERANCE = 0.02
 # (concurrency, prompts): about 30 s each at the twin's 24, 265 and 530 tok/s
 SPEC = GateSpec(levels=tuple(LevelSpec(c, n) for c, n in ((1, 3), (16, 32), (64, 64))))
 
