@@ -37,7 +37,7 @@ from dsv4deploy.tune.objective import Level, Measurement, Method
 
 REPORT_LINE = re.compile(r"gate report: (\S+)")
 DEPLOYED = re.compile(r"release (\d{4}) deployed")
-REPLICA_REPORT = re.compile(r"-replica-(\d+)$")          # a replica's own gate (host/gate.py gate_part)
+REPLICA_REPORT = re.compile(r"-replica-(\d+)\Z")          # a replica's own gate (host/gate.py gate_part)
 OUT_OF_MEMORY = re.compile(r"out of (GPU )?memory", re.IGNORECASE)
 
 # (inventory, profile name, profiles dir, extra pyinfra args) -> (exit status, combined output)
@@ -151,9 +151,10 @@ class RolloutBackend:
         rc, out = self.runner(self.inventory, name, self._dir, [])
         self.log.append(out)
         reports = REPORT_LINE.findall(out)
-        own = [r for r in reports if not REPLICA_REPORT.search(Path(r).name)]
-        replicas = {int(REPLICA_REPORT.search(Path(r).name).group(1)): doc for r in reports
-                    if REPLICA_REPORT.search(Path(r).name) and (doc := self._read(r)) is not None}
+        replica_of = {r: REPLICA_REPORT.search(Path(r).name) for r in reports}
+        own = [r for r in reports if not replica_of[r]]
+        replicas = {int(found.group(1)): doc for r, found in replica_of.items()
+                    if found and (doc := self._read(r)) is not None}
         number = release_of(reports[-1]) if reports else None
         gates = replica_gates(replicas, level.concurrency)
         if own and (doc := self._read(own[-1])) is not None:        # the server, or a set through its gateway
