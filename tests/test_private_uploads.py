@@ -141,17 +141,22 @@ def served():
     server.shutdown()
 
 
-def _planned(r, state: HostState) -> list:
-    """The commands sglang_venv plans on a host (pyinfra's own plan, no connection)."""
+def _plan(step, r, state: HostState) -> list:
+    """(operation name, command) for what STEP plans on a host (pyinfra's own plan, no connection)."""
     inventory = Inventory((["@local"], {}))
     pstate = State(inventory, Config())
     h = inventory.get_host("@local")
     pstate.activate_host(h)
     pstate.current_stage = StateStage.Prepare
     with ctx_state.use(pstate), ctx_host.use(h):
-        tv.sglang_venv(r, state)
+        step(r, state)
         return [(next(iter(pstate.get_op_meta(op).names)), c) for op in pstate.get_op_order()
                 for c in pstate.get_op_data_for_host(h, op).command_generator()]
+
+
+def _planned(r, state: HostState) -> list:
+    """The commands sglang_venv plans."""
+    return _plan(tv.sglang_venv, r, state)
 
 
 def _url_patch_rollout(url: str, sha256: str, cache):
@@ -210,15 +215,7 @@ def test_an_unreachable_patch_url_is_one_line_naming_the_patch(tmp_path):
 
 def _planned_weights(r, state: HostState) -> list:
     weights = importlib.import_module("dsv4deploy.tasks.weights")    # the package exports the step by this name
-    inventory = Inventory((["@local"], {}))
-    pstate = State(inventory, Config())
-    h = inventory.get_host("@local")
-    pstate.activate_host(h)
-    pstate.current_stage = StateStage.Prepare
-    with ctx_state.use(pstate), ctx_host.use(h):
-        weights.weights(r, state)
-        return [(next(iter(pstate.get_op_meta(op).names)).split(" | ")[-1], c) for op in pstate.get_op_order()
-                for c in pstate.get_op_data_for_host(h, op).command_generator()]
+    return [(name.split(" | ")[-1], c) for name, c in _plan(weights.weights, r, state)]
 
 
 def test_an_unproven_copy_is_verified_first_so_a_wrong_one_is_pushed_again_in_the_same_run(tmp_path):
