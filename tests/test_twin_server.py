@@ -192,7 +192,10 @@ def test_generate_stream_cumulative(twin):
         chunks = sse(r)
     assert chunks[-1] == "[DONE]"
     data = chunks[:-1]
-    assert [c["meta_info"]["completion_tokens"] for c in data] == [1, 2, 3, 4, 5, 6]
+    # cumulative, like SGLang's tokenizer manager: each chunk carries the latest state, so under load two
+    # decode steps can arrive in one chunk (it yields out_list[-1]); the counts only grow and end at 6
+    counts = [c["meta_info"]["completion_tokens"] for c in data]
+    assert counts[-1] == 6 and all(a < b for a, b in zip(counts, counts[1:])) and len(data) >= 2, counts
     for prev, cur in zip(data, data[1:]):
         assert cur["text"].startswith(prev["text"]) and len(cur["text"]) > len(prev["text"])
     assert all(c["meta_info"]["finish_reason"] is None and "e2e_latency" not in c["meta_info"] for c in data[:-1])
