@@ -13,6 +13,7 @@ from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.host import replicas as hr
 from checkout import load_profile
 from dsv4deploy.release.rollout import Target
+from dsv4deploy.release.running_set import argv_sha256
 
 
 class FakeHost:
@@ -209,6 +210,6 @@ def test_the_instances_read_gives_each_process_argv_as_the_kernel_holds_it(tmp_p
     finally:
         proc.kill()
     seen = hr.parse_instances(out.stdout)
-    assert seen["sglang@0.service"]["argv"] == hr.argv_sha256(["sleep", "30"]), out
+    assert seen["sglang@0.service"]["argv"] == argv_sha256(["sleep", "30"]), out
     assert seen["sglang@0.service"]["active"] and seen["sglang@0.service"]["started"] == 1700000000
     assert seen["sglang@2.service"] == {"active": False, "started": 1700000000, "files": None, "argv": None}

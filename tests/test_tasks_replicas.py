@@ -234,7 +234,8 @@ def test_the_read_compares_every_instance_with_the_release_and_the_plan_says_wha
     other files, which no gate passed on it), each become a planned step with its reason. A
     replica with the release's argv is not stale even when its files changed since it started
     (a restore's copy touches them all); one whose argv cannot be read is judged by the times."""
-    from dsv4deploy.host.replicas import argv_sha256, instances_command
+    from dsv4deploy.host.replicas import instances_command
+    from dsv4deploy.release.running_set import argv_sha256
     from dsv4deploy.host.state import HostState
     from dsv4deploy.release.rollout import rollout_for
     from dsv4deploy.tasks.plan import plan_lines

@@ -199,6 +199,11 @@ class ReleaseStore:
     def target(self, rec: dict) -> Target:
         """The service release REC ran, from its kept profile, with the venvs its kept manifest
         names (Target.as_kept): a rollback needs it. One command."""
+        return self.kept(rec)[0]
+
+    def kept(self, rec: dict) -> tuple[Target, dict | None]:
+        """(target, its kept manifest or None): the target, and what release REC rendered (each
+        replica's argv: `status` compares the running processes with it). One command."""
         folder = self.folder(rec["release"])
         _, out = sh(self.h, f"cat {shlex.quote(folder)}/profile.json 2>/dev/null; echo; echo {KEPT_SEP}; "
                             f"cat {shlex.quote(folder)}/files{ETC}/*/manifest.json 2>/dev/null | head -c 1000000")
@@ -217,7 +222,7 @@ class ReleaseStore:
             where, why = problems[0]
             raise RollbackError(f"release {rec['release']:04d}'s kept profile.json or manifest holds a value no "
                                 f"profile may ({'.'.join(map(str, where))}: {why}): it cannot be restored")
-        return Target.of(doc["data"]).as_kept(kept)
+        return Target.of(doc["data"]).as_kept(kept), kept
 
     def put_back(self, source: int, into: Release, then: str, also: tuple[dict, ...] = ()) -> tuple[bool, str]:
         """A restore's files, in one command: write INTO's record (the rollback entry) and ALSO's

@@ -9,7 +9,6 @@ port, the caller's check (the gate for a new release, a probe for a restore), an
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Callable
 from dsv4deploy.gateway import model as gateway
 from dsv4deploy.sglang.health import HealthError
 from dsv4deploy.release.rollout import Target
+from dsv4deploy.release.running_set import gateway_files, instance_files
 from dsv4deploy.host.checks import confirm, journal_tail
 from dsv4deploy.host.facts import GatewayStale, pid_and_files_command
 from dsv4deploy.host.gateway_http import CONTROL_KEY, KEY, host_http, key_files
@@ -118,13 +118,6 @@ def wait_load_reports(h, t: Target, log: Callable[[str], None], timeout_s: float
 STARTED_DIR = "/run/dsv4deploy"     # tmpfs: empty after a boot, when systemd starts the gateway from the files in place
 
 
-def gateway_files(t: Target) -> list[str]:
-    """The files the running gateway was started from: its unit, its launcher and (keyed) its two
-    keys, so that a rotated key restarts it (GatewayStale)."""
-    keys = [t.layout.api_key_file, t.layout.gateway_control_key_file] if t.data["server"].get("api_key") else []
-    return [t.layout.gateway_unit, f"{t.gateway_venv}/{gateway.LAUNCHER_FILE}", *keys]
-
-
 def started_marker(t: Target) -> str:
     return f"{STARTED_DIR}/{t.unit}.started"
 
@@ -159,11 +152,6 @@ def start_gateway(h, t: Target, restart: bool, reload: bool = False) -> None:
     wait_all_routable(h, t)
 
 
-def instance_files(t: Target, index: int) -> list[str]:
-    """The files instance INDEX of T's template starts from: the template, its two env files."""
-    return [t.layout.template_unit, t.layout.replica_env(index), t.layout.replica_nccl_env(index)]
-
-
 def instances_command(t: Target) -> str:
     """Print a line per instance of T's service template systemd knows: its name, ActiveState,
     when its process started (unix seconds, 0: none), the newest change time of its files (-:
@@ -181,11 +169,6 @@ def instances_command(t: Target) -> str:
             "then a=$(sha256sum < /proc/$p/cmdline | cut -c1-64); fi; "
             "printf '%s %s %s %s %s\\n' \"$u\" \"$(systemctl show -p ActiveState --value \"$u\")\" \"${s:-0}\" "
             "\"${f:--}\" \"$a\"; done; true")
-
-
-def argv_sha256(argv: list[str]) -> str:
-    """The sha256 of ARGV as /proc/PID/cmdline holds it (each word NUL-terminated)."""
-    return hashlib.sha256(b"".join(w.encode() + b"\0" for w in argv)).hexdigest()
 
 
 def parse_instances(text: str | None) -> dict[str, dict]:
@@ -241,6 +224,17 @@ def held_gpus(out: str) -> list[str]:
         elif int(parts[1]) >= GPU_FREE_MIB:
             held.append(f"GPU {parts[0]}: {parts[1]} MiB in use")
     return held
+
+
+def gpu_mib(out: str | None) -> dict[int, int] | None:
+    """gpus_free_command's output as {GPU index: MiB in use} (lines that do not parse left out;
+    None: nothing read, as without nvidia-smi)."""
+    found = {}
+    for line in (out or "").strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            found[int(parts[0])] = int(parts[1])
+    return found or None
 
 
 def retire(h, serving: Target, indices: list[int], log: Callable[[str], None], done: list[int]) -> None:

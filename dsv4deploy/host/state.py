@@ -17,9 +17,10 @@ from pyinfra.facts.server import Command
 from dsv4deploy.weights.source import hub_expectation, local_expectation, rsync_folder
 from dsv4deploy.render.layout import ETC, FETCH_USER, GATE_USER, MODELS, OPT, STATE
 from dsv4deploy.render.keys import has_admin_key
-from dsv4deploy.release.rollout import Rollout
+from dsv4deploy.release.rollout import Rollout, Target
+from dsv4deploy.release.running_set import SetRead
 from dsv4deploy.host import installer, snapshot
-from dsv4deploy.host.replicas import instances_command, stale_query
+from dsv4deploy.host.replicas import gpu_mib, gpus_free_command, instances_command, parse_instances, stale_query
 from dsv4deploy.host.nvidia_apt import REBOOT_FLAG, packages_read as driver_packages_read
 from dsv4deploy.host.reboot import BOOT_ID
 from dsv4deploy.host.facts import (Accounts, ApiKeyState, Checkpoint, DebPackages, DiskRoom, FileStates,
@@ -114,12 +115,7 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
     q |= {f"unit:{name}": (UnitInfo, {"service": name}) for name in unit_names(r)}
     if r.target.is_set:
         q["gateway_venv"] = (JsonFile, {"path": f"{r.rendered.gateway.venv}/{VENV_MARKER}"})
-        keyed = bool(r.data["server"].get("api_key"))
-        q["gateway_workers"] = (GatewayWorkers, {"url": r.target.base_url,
-                                                 "key_file": L.gateway_control_key_file if keyed else None,
-                                                 "fallback_key_file": L.api_key_file if keyed else None})
-        q["gateway_stale"] = (GatewayStale, stale_query(r.target))
-        q["instances"] = (Command, {"command": instances_command(r.target)})   # tasks/replicas.py drift
+        q |= set_queries(r.target)
     if r.data["server"].get("api_key"):
         q["api_key"] = (ApiKeyState, {"key_file": L.api_key_file, "config_file": L.sglang_config_secret,
                                       "admin_file": L.admin_key_file if has_admin_key(r.data) else None,
@@ -131,6 +127,29 @@ def queries(r: Rollout, hub_expected: str | None = None) -> dict[str, snapshot.Q
     else:
         q["checkpoint"] = (Checkpoint, {"path": L.model_dir})
     return q
+
+
+def set_queries(t: Target) -> dict[str, snapshot.Query]:
+    """What a replica set T runs, as release/running_set.py compares it with its release: the
+    gateway's workers, whether it runs older files than those in place, each instance's process."""
+    L = t.layout
+    keyed = bool(t.data["server"].get("api_key"))
+    return {"gateway_workers": (GatewayWorkers, {"url": t.base_url,
+                                                 "key_file": L.gateway_control_key_file if keyed else None,
+                                                 "fallback_key_file": L.api_key_file if keyed else None}),
+            "gateway_stale": (GatewayStale, stale_query(t)),
+            "instances": (Command, {"command": instances_command(t)})}
+
+
+def read_set(h, t: Target) -> SetRead:
+    """Replica set T on host H as `dsv4deploy status` compares it with its release (one command):
+    set_queries, the gateway's unit and the memory in use on the set's GPUs."""
+    gpus = sorted({g for rep in t.plan.replicas for g in rep.gpus})
+    snap = snapshot.read(h, {**set_queries(t), "gateway": (UnitInfo, {"service": t.unit.removesuffix(".service")}),
+                             "gpu_mib": (Command, {"command": gpus_free_command(gpus)})}, timeout=60)
+    return SetRead(instances=parse_instances(snap["instances"]), workers=snap["gateway_workers"],
+                   gateway=snap["gateway"] or {}, gateway_stale=bool(snap["gateway_stale"]),
+                   gpu_mib=gpu_mib(snap["gpu_mib"]))
 
 
 @dataclass

@@ -34,11 +34,12 @@ from dsv4deploy.host.gate import (gate_record, prepare_release_gate, previous_re
 from dsv4deploy.host.io import sh
 from dsv4deploy.host.release_store import ReleaseStore, RollbackError
 from dsv4deploy.host.rollback import Rollback
-from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, argv_sha256, parse_instances,
+from dsv4deploy.host.replicas import (GATEWAY_READY_S, ReplicaFailed, Step, api, parse_instances,
                                       restarted_since,
                                       retire, roll, start_gateway, start_set, stop_surplus, unit_active,
                                       wait_load_reports)
 from dsv4deploy.host.state import VENV_MARKER, HostState
+from dsv4deploy.release import running_set
 from dsv4deploy.release.rollout import Rollout, Target
 from dsv4deploy.tasks.release import Pending, reported
 from dsv4deploy.tasks.service import gateway_files_differ
@@ -96,20 +97,18 @@ def out_of_gateway(r: Rollout, state: HostState) -> list[Target]:
     """The set's replicas its gateway does not list (a run cut off between a replica's restart and
     its return, a removal by hand): they may serve, but no user reaches them. None of them when
     the gateway did not answer (a stopped gateway is down_units' to start)."""
-    listed = state["gateway_workers"]
-    if listed is None or not r.target.is_set:
-        return []
-    urls = {w["url"].rstrip("/") for w in listed}
-    return [rt for rt in r.target.replica_targets if rt.base_url.rstrip("/") not in urls]
+    return running_set.unlisted(r.target, state["gateway_workers"]) if r.target.is_set else []
 
 
 def surplus_units(r: Rollout, state: HostState) -> list[str]:
     """Instances of the template that run but are none of the release's replicas (a shrink cut off
     before they left, one started by hand): they hold GPUs and may be in the gateway."""
-    if not r.target.is_set:
-        return []
-    mine = set(r.target.units)
-    return sorted(u for u, i in parse_instances(state["instances"]).items() if i["active"] and u not in mine)
+    return running_set.surplus(r.target, parse_instances(state["instances"])) if r.target.is_set else []
+
+
+def release_argv(r: Rollout) -> dict[str, str]:
+    """Each replica unit's argv sha256 as this run renders it (what its process must run)."""
+    return {rep.instance + ".service": running_set.argv_sha256(rep.argv) for rep in r.rendered.replicas}
 
 
 def stale_instances(r: Rollout, state: HostState) -> list[Target]:
@@ -117,22 +116,10 @@ def stale_instances(r: Rollout, state: HostState) -> list[Target]:
     a crash restarted from files no gate passed on it): its argv is not the release's; or, where
     the argv cannot be read (a process that renamed itself), it started before its files last
     changed. (A restore's copy changes every file's ctime, also those of replicas it left alone:
-    the argv decides where it can.)"""
+    the argv decides where it can.) running_set.stale: the comparison `status` shows too."""
     if not r.target.is_set:
         return []
-    seen = parse_instances(state["instances"])
-    argv = {rep.instance + ".service": argv_sha256(rep.argv) for rep in r.rendered.replicas}
-    out = []
-    for rt in r.target.replica_targets:
-        i = seen.get(rt.unit)
-        if not i or not i["active"]:
-            continue
-        if i["argv"] is not None:
-            if i["argv"] != argv.get(rt.unit):
-                out.append(rt)
-        elif i["files"] is not None and 0 < i["started"] < i["files"]:
-            out.append(rt)
-    return out
+    return running_set.stale(r.target, release_argv(r), parse_instances(state["instances"]))
 
 
 def gateway_restart(r: Rollout, state: HostState, differ: list[str], venv_changed: bool) -> str | None:

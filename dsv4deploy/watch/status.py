@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 
+from dsv4deploy.release import running_set
 from dsv4deploy.render.layout import RELEASES
 from dsv4deploy.watch import units as w
 from dsv4deploy.watch.decide import INCONCLUSIVE, gpu_faults
@@ -116,6 +117,17 @@ def judge(host: str, doc: dict, now: float | None = None) -> dict:
             "watch": {"interval_s": interval, "last_t": state.get("t"), "verdict": verdict}}
 
 
+def with_set(s: dict, view: dict | None) -> dict:
+    """S with VIEW, the running replica set against the release that serves
+    (release/running_set.py compare): a difference degrades a healthy host (the next deploy
+    converges it; `make plan` says how)."""
+    if view is None:
+        return s
+    found = [f"cannot be compared: {view['error']}"] if "error" in view else view["differences"]
+    health = DEGRADED if found and s["health"] == HEALTHY else s["health"]
+    return {**s, "set": view, "health": health, "why": s["why"] + [f"replica set: {d}" for d in found]}
+
+
 def trend(history: list[dict]) -> str:
     """The last intervals as one letter each (P passed, F failed, . inconclusive), oldest first."""
     return "".join({"passed": "P", "failed": "F"}.get(h.get("verdict"), ".") for h in history[-20:])
@@ -149,6 +161,11 @@ def lines(s: dict) -> list[str]:
     if g["count"]:
         out.append(f"  GPUs: {g['count']} watched, " + ("healthy" if not g["faults"] else "; ".join(g["faults"])))
     out.append("  drift: " + (", ".join(s["drift"]) if s["drift"] else "none"))
+    view = s.get("set")
+    if view and "error" in view:
+        out.append(f"  replica set of release {view['release']:04d}: cannot be compared: {view['error']}")
+    elif view:
+        out += running_set.lines(view, view.get("release"))
     for e in s["events"]:
         out.append(f"  watch acted {e.get('at', '?')[:19]}: {e.get('action')} {e.get('target')}: {e.get('done')}")
     return out
