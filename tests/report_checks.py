@@ -1,39 +1,49 @@
 """What a test reads back from a report page, and the figures it must show, taken from gate.json
 files directly (not through dsv4deploy's own model): every table cell and chart point is
-compared with the gate report it came from, so a figure that differs fails."""
+compared with the gate report it came from, so a figure that differs fails. A replica gated alone
+is keyed "<release>/replica-N" (its table rows' data-part, its charts' id suffix)."""
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 
 METRIC_ROWS = {"throughput": ("output throughput", "observed"), "floor": ("output throughput", "threshold"),
                "p99_ttft_ms": ("p99 TTFT", "observed"), "p99_tpot_ms": ("p99 TPOT", "observed")}
 CHARTS = {"chart-throughput": "throughput", "chart-p99-ttft-ms": "p99_ttft_ms", "chart-p99-tpot-ms": "p99_tpot_ms"}
+_CHART_ID = re.compile(r"(chart-[a-z0-9-]+?)(?:-(replica-\d+))?")
+
+
+def chart_of(svg_id: str) -> tuple[str, str | None] | None:
+    """(chart, replica part or None) of a gate chart's id; None for another svg."""
+    m = _CHART_ID.fullmatch(svg_id or "")
+    return (m.group(1), m.group(2)) if m and m.group(1) in CHARTS else None
 
 
 class _Figures(HTMLParser):
     def __init__(self):
         super().__init__()
-        self.cells: dict[tuple[str, str, str], str] = {}     # (release, level, metric) -> text shown
-        self.points: dict[tuple[str, str, str], str] = {}    # (chart, series, release) -> data-value
+        self.cells: dict[tuple[str, str, str], str] = {}     # (release[/part], level, metric) -> text shown
+        self.points: dict[tuple[str, str, str], str] = {}    # (chart, series, release[/part]) -> data-value
         self.releases: dict[str, str] = {}                   # timeline: release -> data-status
         self._row: tuple[str, str] | None = None
         self._cell: str | None = None
-        self._chart: str | None = None
+        self._chart: tuple[str, str | None] | None = None
         self._text: list[str] = []
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "svg" and a.get("id") in CHARTS:
-            self._chart = a["id"]
+        if tag == "svg" and chart_of(a.get("id")):
+            self._chart = chart_of(a["id"])
         if tag == "li" and "data-release" in a:
             self.releases[a["data-release"]] = a.get("data-status", "")
         if tag == "tr" and "data-level" in a:
-            self._row = (a["data-release"], a["data-level"])
+            self._row = (_key(a["data-release"], a.get("data-part")), a["data-level"])
         if tag == "td" and self._row and "data-metric" in a:
             self._cell, self._text = a["data-metric"], []
         if self._chart and "data-value" in a and "data-release" in a:
-            self.points[(self._chart, a["data-series"], a["data-release"])] = a["data-value"]
+            chart, part = self._chart
+            self.points[(chart, a["data-series"], _key(a["data-release"], part))] = a["data-value"]
 
     def handle_endtag(self, tag):
         if tag == "svg":
@@ -49,6 +59,10 @@ class _Figures(HTMLParser):
             self._text.append(data)
 
 
+def _key(release: str, part: str | None) -> str:
+    return f"{release}/{part}" if part else release
+
+
 def shown(html: str) -> _Figures:
     parser = _Figures()
     parser.feed(html)
@@ -59,15 +73,28 @@ def _fig(v) -> str:
     return "-" if v is None else f"{float(v):.1f}"
 
 
+def _result(doc: dict, level: dict) -> str:
+    """A level's result as the page must say it: an early pass with its completed requests."""
+    if level.get("passed") is None:
+        return "not run"
+    if not level["passed"]:
+        return "FAIL"
+    res = [r for r in (doc.get("result") or {}).get("levels") or [] if r.get("concurrency") == level["concurrency"]]
+    if res and (res[0].get("early_stop") or {}).get("rule") == "pass":
+        return f"passed early ({res[0]['completed']} of {res[0]['num_prompts']})"
+    return "pass"
+
+
 def expected(gate_docs: dict[str, dict]) -> dict[tuple[str, str, str], str]:
-    """(release label, level, metric) -> the figure as the page must print it, from each
-    release's gate.json verdict rows."""
+    """(release label[/part], level, metric) -> the figure as the page must print it, from each
+    gate.json's verdict rows (and its result, for an early pass)."""
     out = {}
     for release, doc in gate_docs.items():
         for level in doc["verdict"]["levels"]:
             rows = {r["metric"]: r for r in level["rows"]}
             for metric, (row, field) in METRIC_ROWS.items():
                 out[(release, level["label"], metric)] = _fig((rows.get(row) or {}).get(field))
+            out[(release, level["label"], "result")] = _result(doc, level)
     return out
 
 
@@ -84,7 +111,7 @@ def mismatches(html: str, gate_docs: dict[str, dict]) -> list[str]:
         key = (release, level, "floor" if limit and metric == "throughput" else metric)
         if want.get(key) != value:
             bad.append(f"chart {chart} {series} release {release}: page {value}, gate.json {want.get(key)}")
-    plotted = {(r, lv, CHARTS[c]) for c, s, r in page.points for lv in [s] if not s.endswith(("floor", "ceiling"))}
+    plotted = {(r, s, CHARTS[c]) for c, s, r in page.points if not s.endswith(("floor", "ceiling"))}
     bad += [f"chart point missing: {k}" for k, v in want.items()
             if k[2] in CHARTS.values() and v != "-" and k not in plotted]
     return bad

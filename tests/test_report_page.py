@@ -5,6 +5,7 @@ the tune's candidates) and that every figure on it is the gate report's."""
 from __future__ import annotations
 
 import json
+import re
 
 from dsv4deploy.cli.report import RECORDS_FILE, cached_host, local_gates, tune_runs, write_site
 from dsv4deploy.release.report.model import HostInput, host_view, profile_changes
@@ -144,18 +145,116 @@ def test_the_page_fetches_nothing(tmp_path):
             text.count("<svg ")
 
 
-def test_the_watch_results_show_when_the_watch_left_them(tmp_path):
-    """The hook (release/report/watch.py): reports/<host>/watch.json, as `dsv4deploy status --json`
-    gives one host, shows on the card and the host page; without it the card says so."""
-    reports = reports_tree(tmp_path)
-    write_site([host_input(reports)], reports, "inventory/sim.py")
-    assert "no watch results on this control node" in (reports / "index.html").read_text()
-    (reports / "twin-1" / "watch.json").write_text(json.dumps({
-        "health": "degraded", "trend": {"sglang": "PPF"}, "drift": ["/etc/systemd/system/sglang.service"],
-        "last": {"sglang": {"verdict": "failed", "t": 1796500000, "why": "TPOT 40% over the gate's"}}}))
+# `dsv4deploy report`'s one command for the watch, as a twin answered it (release/report/watch.py):
+# `dsv4deploy status`'s parts, then the journal's lines of dsv4-watch and dsv4-watch-act
+STATUS_PART = ('@@dsv4-status@@\n{"release": 1, "profile": "nvfp4-ctx8k", "status": "deployed", "updated": "%s"}\n'
+               '@@dsv4-record@@\n@@dsv4-status@@\n{"health": "degraded", "t": 1796516500, "targets": {"server": {'
+               '"history": [{"verdict": "passed"}, {"verdict": "failed"}]}}}\n@@dsv4-status@@\n'
+               '{"settings": {"interval_s": 60}}\n@@dsv4-status@@\nId=sglang.service\nActiveState=active\n\n'
+               'Id=dsv4-watch.timer\nActiveState=active\n@@dsv4-status@@\n@@dsv4-status@@\n' % T0)
+JOURNAL = ["1796516264.195151 rp-1 python3[3979]: watch server: passed; probe TTFT 56.5 ms TPOT 41.2 ms",
+           "1796516325.281734 rp-1 python3[4000]: watch server: passed; probe TTFT 61.8 ms TPOT 41.1 ms",
+           "1796516385.5 rp-1 python3[4010]: watch server: inconclusive; a deploy, rollback or tune holds the deploy lock",
+           "1796516445.25 rp-1 python3[4020]: watch server: failed (down); unit not active [1/3 failed]",
+           "1796516447.75 rp-1 python3[4021]: watch act: watch restart server: done (down with healthy GPUs: unit not active)"]
+
+
+def answer(lines: list[str]) -> str:
+    return STATUS_PART + "@@dsv4-report-journal@@\n" + "".join(line + "\n" for line in lines)
+
+
+def test_the_watch_results_over_time_are_kept_from_read_to_read_and_shown_as_read(tmp_path):
+    """Each read adds the journal's new intervals to reports/<host>/watch.json (a line read twice
+    counts once); the card says the watch's verdict and status, the host page charts and lists
+    every interval with the figures of its journal line, and the actions."""
     from dsv4deploy.cli.report import gather_local
+    from dsv4deploy.release.report import watch
+    assert watch.answered(answer([])) and not watch.answered(STATUS_PART)     # cut off: the kept file stays
+    first = watch.merged(None, answer(JOURNAL[:2]), "twin-1", "2026-12-06T00:19:00+00:00")
+    assert watch.last_t(first) == 1796516325.281734 and "--since @1796516325" in watch.command(watch.last_t(first))
+    kept = watch.merged(first, answer(JOURNAL[1:]), "twin-1", "2026-12-06T00:21:00+00:00")
+    assert [(r["result"], r["cause"], r["tpot_ms"]) for r in kept["results"]] == [
+        ("passed", None, 41.2), ("passed", None, 41.1), ("inconclusive", None, None), ("failed", "down", None)]
+    assert kept["status"]["health"] == "degraded" and kept["status"]["trend"] == {"server": "PF"}
+    reports = reports_tree(tmp_path)
+    (reports / "twin-1" / "watch.json").write_text(json.dumps(kept))
     write_site([gather_local(host_input(reports), reports)], reports, "inventory/sim.py")
     index, page = (reports / "index.html").read_text(), (reports / "host-twin-1.html").read_text()
-    assert "degraded; last interval failed at 2026-12-05 19:46:40" in index and "sglang PPF" in index
-    assert "/etc/systemd/system/sglang.service" in index
-    assert "sglang: TPOT 40% over the gate&#39;s" in page
+    assert ("the watch says degraded; last interval failed at 2026-12-06 00:20:45 UTC (server) (trend, oldest first: "
+            "server PF)") in index
+    assert "server PF) (read 2026-12-06 00:21:00 UTC)" in index
+    assert '<span class="status status-degraded">degraded</span>: watch: degraded' in index
+    assert "4 intervals read since 2026-12-06 00:17:44 UTC (one every 60 s): 2 passed, 1 failed, 1 inconclusive" in page
+    points = re.findall(r'data-at="([^"]+)" data-result="(\w+)" data-value="([^"]+)"', page)
+    assert points == [("2026-12-06T00:17:44+00:00", "passed", "41.2"), ("2026-12-06T00:18:45+00:00", "passed", "41.1"),
+                      ("2026-12-06T00:19:45+00:00", "inconclusive", "-"), ("2026-12-06T00:20:45+00:00", "failed", "-")]
+    assert "failed (down), 1/3 in a row" in page and "unit not active" in page
+    assert "acted: watch restart server: done (down with healthy GPUs: unit not active)" in page
+
+
+def test_a_host_never_read_says_so_and_an_unreachable_one_shows_its_last_watch_read(tmp_path):
+    from dsv4deploy.cli.report import gather_local
+    from dsv4deploy.release.report import watch
+    reports = reports_tree(tmp_path)
+    write_site([gather_local(host_input(reports), reports)], reports, "inventory/sim.py")
+    assert "never read from this host" in (reports / "index.html").read_text()
+    (reports / "twin-1" / "watch.json").write_text(json.dumps(
+        watch.merged(None, answer(JOURNAL[:2]), "twin-1", "2026-12-06T00:19:00+00:00")))
+    (reports / "twin-1" / RECORDS_FILE).write_text(json.dumps({"read_at": "2026-12-06T00:19:00+00:00",
+                                                               "records": RECORDS, "profiles": {}}))
+    gone = gather_local(cached_host("twin-1", reports, "cannot reach twin-1 over SSH: timed out"), reports)
+    write_site([gone], reports, "inventory/sim.py")
+    page = (reports / "host-twin-1.html").read_text()
+    assert "As read from the host 2026-12-06 00:19:00 UTC (the last read: the host cannot be reached now)" in page
+    assert page.count('data-result="passed"') == 2
+
+
+def replica_gate(passed: bool, tput: float, completed: int | None = None) -> dict:
+    """A replica's own gate.json at C=16; COMPLETED: it passed early after that many of 48."""
+    doc = gate_doc(passed, {"C=16": (tput, 100, 400.0, 50.0)})
+    doc["result"] = {"levels": [{"concurrency": 16, "completed": completed or 48, "num_prompts": 48,
+                                 "early_stop": {"rule": "pass", "at_s": 9.5} if completed else None}]}
+    return doc
+
+
+def test_each_replicas_own_gate_is_charted_apart_and_an_early_pass_says_k_of_n(tmp_path):
+    """A replica set's release whose replicas were each gated alone (reports/<host>/NNNN-<profile>-
+    replica-N): every replica's figures, its own charts, and 'passed early (k of n)'."""
+    reports = tmp_path / "reports"
+    docs = {"0001": gate_doc(True, {"C=16": (300.0, 200, 500.0, 45.0)}),
+            "0002/replica-0": replica_gate(True, 160.5, completed=16), "0002/replica-1": replica_gate(True, 158.25),
+            "0003/replica-0": replica_gate(False, 90.0)}
+    recs = [rec(1, "one", "superseded"), rec(2, "rset", "superseded"), rec(3, "rset", "failed")]
+    for key, doc in docs.items():
+        release, _, part = key.partition("/")
+        folder = reports / "h" / (f"{release}-{recs[int(release) - 1]['profile']}" + (f"-{part}" if part else ""))
+        folder.mkdir(parents=True)
+        (folder / "gate.json").write_text(json.dumps(doc))
+        (folder / "gate.md").write_text("# gate\n")
+    write_site([HostInput("h", recs, {}, local_gates(reports, "h"), T0)], reports, "inventory/sim.py")
+    html = (reports / "host-h.html").read_text()
+    assert mismatches(html, docs) == []
+    figures = shown(html)
+    assert figures.points[("chart-throughput", "C=16", "0002/replica-1")] == "158.2"
+    assert figures.points[("chart-throughput", "C=16", "0003/replica-0")] == "90.0"
+    assert ("chart-throughput", "C=16", "0002") not in figures.points     # the replicas are not the server
+    assert figures.cells[("0002/replica-0", "C=16", "result")] == "passed early (16 of 48)"
+    assert 'href="h/0002-rset-replica-1/gate.md"' in html and "Gate of replica-1 alone passed" in html
+    assert mismatches(html.replace("passed early (16 of 48)", "pass"), docs), "the words of an early pass are checked"
+    index = (reports / "index.html").read_text()
+    assert "FAILED</span> (replica-0 alone)" in index
+
+
+def test_the_index_shows_the_hosts_of_other_inventories_as_last_read(tmp_path):
+    from dsv4deploy.cli.report import other_hosts
+    reports = reports_tree(tmp_path)
+    (reports / "twin-1" / RECORDS_FILE).write_text(json.dumps(
+        {"inventory": "inventory/sim.py", "read_at": "2026-12-05T10:30:00+00:00", "records": RECORDS, "profiles": {}}))
+    now = HostInput("rp-1", [rec(1, "nvfp4-ctx8k", "deployed")], {}, {}, T0, inventory="inventory/fleet-sim.py")
+    others = other_hosts(reports, {"rp-1"})
+    assert [h.name for h in others] == ["twin-1"]
+    write_site([now] + others, reports, "inventory/fleet-sim.py")
+    index = (reports / "index.html").read_text()
+    assert index.index("Hosts of inventory/fleet-sim.py") < index.index("Hosts of inventory/sim.py, as last read")
+    assert "serving release 0003 (nvfp4-ctx8k) when last read, 2026-12-05 10:30:00 UTC (not read by this run)" in index
+    assert 'href="host-twin-1.html"' in index and (reports / "host-twin-1.html").is_file()

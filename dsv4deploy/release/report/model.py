@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass, field
 
 from dsv4deploy.release import records as releases
@@ -14,6 +15,8 @@ from dsv4deploy.release import records as releases
 # A gate report and the record it belongs to: written after the record was created (a twin made
 # afresh numbers its releases from 0001 again; the older folder of that number is not this one's).
 REPORT_SLACK_S = 120
+# a replica of a set gated alone: its report folder is the release's with `-replica-N` (host/gate.py)
+REPLICA_PART = re.compile(r"-(replica-\d+)\Z")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class HostInput:
     read_at: str | None
     error: str | None = None
     watch: dict | None = None
+    inventory: str | None = None     # the inventory it was (last) read through
+    read_now: bool = True            # False: a host of another inventory, shown as last read
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,14 @@ class LevelFigures:
     ttft_ceiling: float | None = None
     tpot_ceiling: float | None = None
     reason: str = ""                # why it failed or was not run, as the verdict says
+    early: str = ""                 # "passed early (k of n)": it stopped once clearly above its floor
+
+    @property
+    def result(self) -> str:
+        """The level's result in words, as the figures table and the chart points say it."""
+        if self.passed is None:
+            return "not run"
+        return (self.early or "pass") if self.passed else "FAIL"
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,11 @@ class GateView:
     summary: str
     written_at: str
     levels: list[LevelFigures]
+    part: str | None = None         # "replica-0": that replica gated alone; None: the server or the set
+
+    @property
+    def what(self) -> str:
+        return f"{self.part} alone" if self.part else "gate"
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,12 @@ class ReleaseView:
     changed: list[tuple[str, str, str]] | None   # (key, before, after) against the release before it;
                                                  # None: one of the two profiles is not kept
     compared_with: int | None
+    replica_gates: list[GateView] = field(default_factory=list)   # each replica's own, by part
+
+    @property
+    def gates(self) -> list[GateView]:
+        """Every gate report of this release: the server's (or the set's) first, then each replica's."""
+        return ([self.gate] if self.gate else []) + self.replica_gates
 
     @property
     def label(self) -> str:
@@ -95,9 +119,16 @@ class HostView:
     serving: ReleaseView | None
     last_gate: ReleaseView | None
     watch: dict | None = None
+    inventory: str | None = None
+    read_now: bool = True
 
     @property
     def state_words(self) -> str:
+        if not self.read_now:
+            when = self.read_at[:19].replace("T", " ") if self.read_at else "?"
+            was = (f"serving release {self.serving.label} ({self.serving.profile})" if self.serving
+                   else "no release serving")
+            return f"{was} when last read, {when} UTC (not read by this run)"
         if not self.reachable:
             seen = (f"; last data read {self.read_at[:19].replace('T', ' ')} UTC" if self.read_at
                     else "; no data was ever read")
@@ -137,8 +168,26 @@ def level_figures(doc: dict) -> list[LevelFigures]:
                                 throughput=observed("output throughput"), floor=threshold("output throughput"),
                                 p99_ttft_ms=observed("p99 TTFT"), p99_tpot_ms=observed("p99 TPOT"),
                                 ttft_ceiling=threshold("p99 TTFT"), tpot_ceiling=threshold("p99 TPOT"),
-                                reason=str(lv.get("reason") or "")))
+                                reason=str(lv.get("reason") or ""), early=early_words(doc, lv, rows)))
     return sorted(out, key=lambda f: f.concurrency)
+
+
+def early_words(doc: dict, level: dict, rows: dict) -> str:
+    """"passed early (k of n)" for a level that passed and stopped once clearly above its floor
+    (its result's early_stop rule is "pass", or the verdict's note says so); "" otherwise."""
+    if level.get("passed") is not True:
+        return ""
+    results = [r for r in (doc.get("result") or {}).get("levels") or []
+               if isinstance(r, dict) and r.get("concurrency") == level.get("concurrency")]
+    res = results[0] if len(results) == 1 else {}
+    completed = rows.get("completed") or {}
+    if (res.get("early_stop") or {}).get("rule") != "pass" and \
+            not str(completed.get("note") or "").startswith("passed early"):
+        return ""
+    k, n = res.get("completed"), res.get("num_prompts")
+    if not (isinstance(k, int) and isinstance(n, int)):
+        k, _, n = str(completed.get("observed") or "").partition("/")
+    return f"passed early ({k} of {n})" if str(k).strip() and str(n).strip() else "passed early"
 
 
 def _seconds(stamp: str | None) -> float | None:
@@ -151,10 +200,11 @@ def _seconds(stamp: str | None) -> float | None:
     return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
-def gate_of(rec: dict, gates: dict[str, GateFile]) -> GateView | None:
-    """The gate report this record's run wrote (`NNNN-<profile>`, written after the record was
-    created), or None: no gate ran, or its report is not on this control node."""
-    found = gates.get(f"{rec['release']:04d}-{rec['profile']}")
+def gate_of(rec: dict, gates: dict[str, GateFile], part: str | None = None) -> GateView | None:
+    """The gate report this record's run wrote (`NNNN-<profile>`, or `NNNN-<profile>-<part>` for a
+    replica gated alone; written after the record was created), or None: no gate ran, or its
+    report is not on this control node."""
+    found = gates.get(f"{rec['release']:04d}-{rec['profile']}" + (f"-{part}" if part else ""))
     if found is None:
         return None
     written, created = _seconds(found.doc.get("written_at")), _seconds(rec.get("created"))
@@ -162,7 +212,15 @@ def gate_of(rec: dict, gates: dict[str, GateFile]) -> GateView | None:
         return None
     return GateView(folder=found.folder, passed=bool(found.doc.get("passed")),
                     summary=str(found.doc.get("summary") or ""), written_at=str(found.doc.get("written_at") or ""),
-                    levels=level_figures(found.doc))
+                    levels=level_figures(found.doc), part=part)
+
+
+def replica_parts(rec: dict, gates: dict[str, GateFile]) -> list[str]:
+    """The parts (`replica-N`) whose own gate report this record's run left, by replica number."""
+    head = f"{rec['release']:04d}-{rec['profile']}-"
+    parts = [m.group(1) for name in gates if name.startswith(head) and (m := REPLICA_PART.search(name))
+             and len(name) == len(head) + len(m.group(1))]
+    return sorted(parts, key=lambda p: int(p.rsplit("-", 1)[1]))
 
 
 def flat(data, prefix: str = "") -> dict[str, str]:
@@ -211,11 +269,13 @@ def host_view(h: HostInput) -> HostView:
             sglang=rec.get("sglang_version", "?"), gate=gate_of(rec, h.gates),
             changed=profile_changes(h.profiles.get(before["release"]) if before else None,
                                     h.profiles.get(rec["release"])),
-            compared_with=before["release"] if before else None))
+            compared_with=before["release"] if before else None,
+            replica_gates=[g for p in replica_parts(rec, h.gates) if (g := gate_of(rec, h.gates, p))]))
     serving = next((v for v in views if live is not None and v.number == live["release"]), None)
-    gated = [v for v in views if v.gate is not None]
+    gated = [v for v in views if v.gates]
     return HostView(name=h.name, reachable=h.error is None, error=h.error, read_at=h.read_at, releases=views,
-                    serving=serving, last_gate=gated[-1] if gated else None, watch=h.watch)
+                    serving=serving, last_gate=gated[-1] if gated else None, watch=h.watch,
+                    inventory=h.inventory, read_now=h.read_now)
 
 
 def tune_view(folder: str, doc: dict) -> TuneView:
