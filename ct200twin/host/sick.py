@@ -9,8 +9,9 @@
 
 Each takes effect at once under a running server: the server reads sick.json whenever it changes
 (ct200twin/server/sickness.py), the twin's nvidia-smi reads its settings at every call. The kernel
-log is a stand-in too: the container has no /dev/kmsg, so a FIFO there is what journald reads as
-the kernel's records (`journalctl -k` shows them as a real host's would).
+log is a stand-in too: the twin's /dev/kmsg is a link to systemd-nspawn's FIFO on /proc/kmsg
+(made at boot, ct200twin/host/twin_setup.py), which journald reads as the kernel's records, so a
+line written there shows in `journalctl -k` as a driver's does on a host.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from ct200twin.host.nvidia_smi import _BUSES
 
 SICK = "/etc/dsv4deploy-twin/sick.json"
 GPUS = "/etc/dsv4deploy-twin/gpus.json"
-KMSG_SETUP = ("[ -p /dev/kmsg ] || { rm -f /dev/kmsg && mkfifo -m 600 /dev/kmsg && "
-              "systemctl restart systemd-journald 2>/dev/null; systemctl is-active -q systemd-journald; }")
+# A twin booted before the stand-in existed gets it now (journald then reopens /dev/kmsg); the
+# FIFO is held open by systemd-nspawn, so neither journald nor the write below waits on it.
+KMSG_SETUP = ("[ -L /dev/kmsg ] || { [ -p /proc/kmsg ] && ln -sfn /proc/kmsg /dev/kmsg && "
+              "systemctl restart systemd-journald; }")
 
 
 def _gpus(twin) -> dict:
@@ -57,9 +60,9 @@ def xid(twin, index: int, code: int) -> None:
     """An NVRM Xid record for GPU INDEX in the twin's kernel log, as the driver writes it."""
     bus = "0000:%02x:00" % _BUSES[index]
     text = f"NVRM: Xid (PCI:{bus}): {code}, pid=1234, name=python3, Ch 00000008"
-    twin.run(f"{KMSG_SETUP} && exec 3<>/dev/kmsg && "
-             f"printf '3,%s,%s,-;%s\\n' \"$(date +%s%N | cut -c1-16)\" \"$(cut -d. -f1 /proc/uptime)000000\" "
-             f"'{text}' >&3")
+    # the kernel's record format: priority,sequence,microseconds since boot,flags;text
+    twin.run(f"{KMSG_SETUP} && printf '3,%s,%s,-;%s\\n' \"$(date +%s%N | cut -c1-16)\" "
+             f"\"$(cut -d. -f1 /proc/uptime)000000\" '{text}' > /dev/kmsg")
 
 
 def heal(twin) -> None:

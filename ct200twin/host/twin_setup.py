@@ -1,7 +1,7 @@
 """Making a twin before it boots: its root, a copy of the cached one with its own machine-id and
 host key (``_create_twin``); at every boot its sshd configuration, root's and the deploy
-account's keys and sudo, /etc/hosts, this machine's environment and the GPU tools
-(``_configure_twin``); and on this side, the client keys and the twins' host keys in
+account's keys and sudo, /etc/hosts, this machine's environment, the GPU tools and the kernel
+log's stand-in (``_configure_twin``); and on this side, the client keys and the twins' host keys in
 known_hosts (host-key checking stays on).
 """
 
@@ -87,8 +87,24 @@ def _create_twin(host: SimHost, cache: Path) -> None:
     os.rename(tmp, host.root)
 
 
+# The kernel log's stand-in. A container has no /dev/kmsg; systemd-nspawn bind-mounts a FIFO on
+# /proc/kmsg and keeps it open at both ends for the container's life, so opening it never waits
+# for a partner. /dev/kmsg as a link to it, made before journald starts, gives journald a kernel
+# log to read (`journalctl -k` as on a host) and ct200twin.host.sick a place to write a driver's
+# lines. A FIFO of our own there instead deadlocks the twin: journald logs its own start to
+# /dev/kmsg, and a FIFO without a reader blocks that open() for good. Unlike the kernel's ring
+# buffer, writes block once 64 KiB are unread, which only a long-stopped journald would allow.
+KMSG_DROPIN = "etc/systemd/system/systemd-journald.service.d/dsv4deploy-twin-kmsg.conf"
+KMSG_LINK = "[ -p /proc/kmsg ] && ln -sfn /proc/kmsg /dev/kmsg || true"
+
+
+def _kernel_log_stand_in(root: Path) -> None:
+    _write(root / KMSG_DROPIN, "# written by dsv4deploy sim: the kernel log's stand-in (twin_setup.py)\n"
+                               f"[Service]\nExecStartPre=-/bin/sh -c '{KMSG_LINK}'\n", 0o644)
+
+
 def _configure_twin(host: SimHost) -> None:
-    """Per-boot sync: sshd config and keys, host environment, twin tools."""
+    """Per-boot sync: sshd config and keys, host environment, twin tools, the kernel log."""
     root = host.root
     _write(root / "etc/ssh/sshd_config.d/00-dsv4deploy-twin.conf",
            f"# written by dsv4deploy sim: twin {host.name}\n"
@@ -113,4 +129,5 @@ def _configure_twin(host: SimHost) -> None:
         _isolated_environment(root, f"http://{host.net()['host_ip']}:{PROXY_PORT}",
                               direct=(host.net()["host_ip"], LAN_NAME))
     _install_twin_tools(root, host.name)
+    _kernel_log_stand_in(root)
     _record_host_key(host.address, (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text())
