@@ -72,8 +72,8 @@ def arm(store: ReleaseStore, data: dict | None = None, *, label: str = "watch", 
             sh(host, disarm_command())
             print(f"[{host.name}] watch: disabled and removed")
             return True
-        rec, files, differ = todo
-        ok, out = sh(host, arm_command(files, differ))
+        rec, files, differ, textfile_dir = todo
+        ok, out = sh(host, arm_command(files, differ, textfile_dir))
         if not ok:
             print(f"[{host.name}] warning: could not install the watch: {out.strip()[-300:]}")
             return False
@@ -99,11 +99,12 @@ def _todo(store: ReleaseStore, watch_block: dict | None, host):
     data = dict(kept.data, watch=(watch_block if watch_block is not None else kept.data.get("watch")))
     layout = kept.layout
     paths = list(desired(data, layout, rec["profile"], rec["release"], [], None))
+    textfile_dir = decide.settings(data.get("watch"))["textfile_dir"]
     folder = store.folder(rec.get("restores") or rec["release"])     # a rollback's gate is its original's
     read = (f"cat {folder}/gate/gate.json 2>/dev/null || cat {folder}/gate-replica-0/gate.json 2>/dev/null; "
             f"echo {_MARK}; {GPU_QUERY} 2>/dev/null; "
             f"echo {_MARK}; sha256sum {' '.join(q(p) for p in paths)} 2>/dev/null; echo {_MARK}; "
-            f"getent passwd {w.USER} >/dev/null && echo account; "
+            f"getent passwd {w.USER} >/dev/null && echo account; {linked(textfile_dir)}; "
             f"systemctl is-enabled {w.SERVICE}.timer {w.ACT}.path 2>/dev/null; true")
     _, out = sh(host, read)
     parts = (out.split(_MARK) + ["", "", "", ""])[:4]
@@ -114,25 +115,41 @@ def _todo(store: ReleaseStore, watch_block: dict | None, host):
     wanted = {i for t in w.targets(data, layout) for i in t["gpus"]}
     files = desired(data, layout, rec["profile"], rec["release"], parse_gpus(parts[1], wanted), gate)
     have = dict(reversed(line.split(None, 1)) for line in parts[2].splitlines() if len(line.split(None, 1)) == 2)
-    enabled = parts[3].split().count("enabled") == 2 and "account" in parts[3]
+    enabled = parts[3].split().count("enabled") == 2 and "account" in parts[3] and "linked" in parts[3]
     if not decide.settings(data.get("watch"))["enabled"]:
         return "disarm" if have or "enabled" in parts[3] else None
     differ = [p for p, c in files.items() if have.get(p) != w.sha256(c)]
-    return None if not differ and enabled else (rec, files, differ)
+    return None if not differ and enabled else (rec, files, differ, textfile_dir)
 
 
-def arm_command(files: dict[str, bytes], differ: list[str]) -> str:
+def linked(textfile_dir: str) -> str:
+    """Prints `linked` when node_exporter's TEXTFILE_DIR holds the link to the watch's metrics."""
+    return f'[ "$(readlink {q(textfile_dir + "/" + w.PROM_NAME)})" = {w.PROM_FILE} ] && echo linked'
+
+
+# Our link in the textfile folder the settings on the host name, if they name one (a profile that
+# moves the folder, or disables the watch, leaves no link behind); a file of someone else's stays.
+UNLINK_OLD = (f"{{ T=$(grep -o '\"textfile_dir\": *\"[^\"]*\"' {w.CONFIG} 2>/dev/null | cut -d'\"' -f4); "
+              f"[ -n \"$T\" ] && [ \"$(readlink \"$T/{w.PROM_NAME}\")\" = {w.PROM_FILE} ] && "
+              f"rm -f \"$T/{w.PROM_NAME}\"; true; }}")
+
+
+def arm_command(files: dict[str, bytes], differ: list[str], textfile_dir: str) -> str:
     """Write the files in DIFFER (root's; programs and settings world-readable, no secret in them),
-    check every program's sha256 on the host, reload, and start the timer and the path unit."""
+    check every program's sha256 on the host, link the metrics into node_exporter's TEXTFILE_DIR
+    (made root's 0755 as Debian's node_exporter package makes it, when absent), reload, and start
+    the timer and the path unit."""
     writes = [inline_write(p, files[p].decode(), mode="644") for p in differ]
     check = " && ".join(f"echo {q(w.sha256(c) + '  ' + p)} | sha256sum -c --status" for p, c in files.items())
-    return " && ".join([ACCOUNT, f"mkdir -p {w.PROGRAM_DIR} && chmod 755 {w.PROGRAM_DIR}", *writes, check,
-                        "systemctl daemon-reload",
+    link = (f"install -d -m 0755 {q(textfile_dir)} && "
+            f"ln -sfn {w.PROM_FILE} {q(textfile_dir + '/' + w.PROM_NAME)}")
+    return " && ".join([ACCOUNT, f"mkdir -p {w.PROGRAM_DIR} && chmod 755 {w.PROGRAM_DIR}", UNLINK_OLD, *writes, check,
+                        link, "systemctl daemon-reload",
                         f"systemctl enable -q {w.SERVICE}.timer {w.ACT}.path",
                         f"systemctl restart {w.SERVICE}.timer {w.ACT}.path"])
 
 
 def disarm_command() -> str:
     unit_files = " ".join(q(p) for p in w.UNIT_PATHS)
-    return (f"systemctl disable --now -q {w.SERVICE}.timer {w.ACT}.path 2>/dev/null; "
+    return (f"systemctl disable --now -q {w.SERVICE}.timer {w.ACT}.path 2>/dev/null; {UNLINK_OLD}; "
             f"rm -f {unit_files} {w.CONFIG}; rm -rf {w.PROGRAM_DIR}; systemctl daemon-reload")

@@ -2,8 +2,9 @@
 """One interval of the watch, on the host: run by dsv4-watch.service (a oneshot the timer starts)
 as the watch's own unprivileged account. It reads its settings (watch.json, written by the deploy),
 measures the server and the GPUs, decides with decide.py (loaded by path from its own folder),
-then writes the state file, the node_exporter textfile .prom file and one journal line per
-target; an action goes as a request file to dsv4-watch-act (act.py, root, under the deploy lock).
+then writes the state file, the node_exporter textfile .prom file (in its own folder: the deploy
+links it into node_exporter's) and one journal line per target; an action goes as a request file
+to dsv4-watch-act (act.py, root, under the deploy lock).
 
     python3 -I -S agent.py /etc/dsv4deploy/watch/watch.json
 """
@@ -336,10 +337,9 @@ def main(argv):
                                         "" if not state["targets"][t["name"]]["consecutive"] else
                                         " [%d/%d failed]" % (state["targets"][t["name"]]["consecutive"], settings["failure_limit"])))
     text = prom(cfg, state, reading, health)
-    write_atomic(state_file, json.dumps(state, sort_keys=True))
+    write_atomic(state_file, json.dumps(state, sort_keys=True), 0o640)
+    # node_exporter reads it through the link the deploy put in textfile_dir
     write_atomic(os.path.join(cfg["state_dir"], "dsv4deploy_watch.prom"), text)
-    if os.path.isdir(cfg["textfile_dir"]) and os.access(cfg["textfile_dir"], os.W_OK):
-        write_atomic(os.path.join(cfg["textfile_dir"], "dsv4deploy_watch.prom"), text)
     for a in actions:
         print("watch decides: %s %s: %s" % (a["action"], a["target"], a["reason"]))
         a.update(t=now, release=cfg["release"])

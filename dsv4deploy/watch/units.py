@@ -26,6 +26,10 @@ PAUSED = f"{ETC}/watch/paused"          # present: the watch measures nothing an
 STATE_DIR = "/var/lib/dsv4-watch"       # StateDirectory= of its unit: the account's own
 STATE_FILE = f"{STATE_DIR}/state.json"
 REQUESTS = f"{STATE_DIR}/requests"
+# The metrics: the agent writes them in its own folder (atomically, by rename), and the deploy links
+# them into node_exporter's textfile folder, which stays root's: the watch writes nowhere else.
+PROM_NAME = "dsv4deploy_watch.prom"
+PROM_FILE = f"{STATE_DIR}/{PROM_NAME}"
 PROGRAMS = ("agent.py", "decide.py", "act.py")
 UNIT_DIR = "/etc/systemd/system"
 UNIT_PATHS = tuple(f"{UNIT_DIR}/{name}" for name in (f"{SERVICE}.service", f"{SERVICE}.timer", f"{ACT}.service",
@@ -131,8 +135,8 @@ Group={USER}
 SupplementaryGroups=systemd-journal
 ExecStart=/usr/bin/{HOST_PYTHON} {PROGRAM_DIR}/agent.py {CONFIG}
 {key}StateDirectory={SERVICE} {SERVICE}/requests
-StateDirectoryMode=0750
-ReadWritePaths=-{cfg['textfile_dir']}
+# others may pass through (node_exporter's account reads the metrics by the link), not list
+StateDirectoryMode=0751
 TimeoutStartSec={budget}
 UMask=0022
 {SANDBOX}PrivateDevices=no
