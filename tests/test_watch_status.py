@@ -58,3 +58,15 @@ def test_the_watch_verdict_and_a_gpu_fault_show_with_the_gpu(capsys):
 
 def test_an_unreachable_host_is_down():
     assert status.exit_code([judged(), status.unreachable("ct201", "timed out")]) == 2
+
+
+def test_right_after_a_new_deploy_the_last_releases_intervals_are_not_shown_as_its_own(capsys):
+    """Until the watch's first interval of a new release, its state still holds the last
+    release's: status says that none of this release's has run yet, and shows none of those."""
+    doc = status.parse(ANSWER)
+    doc["records"].append(dict(doc["records"][-1], release=3, updated="2026-12-06T10:00:00+00:00"))
+    s = status.judge("ct200", doc, now=doc["state"]["t"] + 5)
+    assert (s["health"], s["release"], s["trend"], s["gpus"]["count"]) == ("healthy", 3, {}, 0)
+    print_status([s], as_json=False)
+    text = capsys.readouterr().out
+    assert "watch: no interval of this release yet (one every 3 s)" in text and "watch server:" not in text

@@ -76,6 +76,8 @@ def judge(host: str, doc: dict, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     live = max((r for r in doc["records"] if r.get("status") == "deployed"), key=lambda r: r["release"], default=None)
     state, cfg = doc.get("state") or {}, doc.get("config") or {}
+    if live and state.get("release") not in (None, live["release"]):
+        state = {}                # the last release's intervals: none of this one's yet
     why: list[str] = []
     serving = [u for u in doc["units"] if u.get("Id") != f"{w.SERVICE}.timer"]
     timer = next((u for u in doc["units"] if u.get("Id") == f"{w.SERVICE}.timer"), None)
@@ -150,6 +152,8 @@ def lines(s: dict) -> list[str]:
     out = [head] + [f"  ! {y}" for y in s["why"]]
     if s["units"]:
         out.append("  units: " + ", ".join(f"{u} {a}" for u, a in s["units"].items()))
+    if s["release"] and not s["trend"] and s["watch"].get("interval_s"):
+        out.append(f"  watch: no interval of this release yet (one every {s['watch']['interval_s']} s)")
     for name, tr in s["trend"].items():
         last = s["last"].get(name) or {}
         p = s["probe"].get(name) or {}
