@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -33,8 +34,15 @@ WATCH_BLOCK = """watch:
   restart_cooldown_s: 120
   probe: {requests: 2, input_len: 16, output_len: 16, timeout_s: 2}
 """
+# The watch's baseline is the gate's one-client level, and only that: one short level is enough
+# (nvfp4-ctx8k's three levels took about a minute of each deploy on the twin).
+WATCH_GATE = """gate:
+  warmup_requests: 1
+  levels:
+    - {concurrency: 1, num_prompts: 4, input_len: 64, output_len: 32, min_output_throughput: 10}
+"""
 WATCH_PROFILE = ("extends: nvfp4-ctx8k\ndescription: nvfp4-ctx8k with the watch every 3 s, for the twin only "
-                 "(bench/watch.py, tests/test_watch_twin.py)\n" + WATCH_BLOCK)
+                 "(bench/watch.py, tests/test_watch_twin.py)\n" + WATCH_BLOCK + WATCH_GATE)
 WATCH_DP2_PROFILE = ("extends: nvfp4-ctx8k-dp2\ndescription: nvfp4-ctx8k-dp2 with the watch every 3 s, for the twin "
                      "only (bench/watch.py --replicas)\n" + WATCH_BLOCK)
 ACTIONS = ("restart", "evict", "readmit", "degraded", "recovered")
@@ -188,6 +196,7 @@ def main() -> int:
                               lambda: users.append(Users(tw, t["url"], 8, healthy_s)), watch_s=healthy_s))
     got = users[0].result()
     print(f"  users' requests meanwhile: {got['completed']} completed, {got['failed']} failed", flush=True)
+    print("  intervals meanwhile: " + tally(tw, time.time() - healthy_s - 5), flush=True)
     host = tw.host
     rows.append(run_condition(tw, "40% slowdown", "restart", lambda: sick.server(host, slowdown=1.67)))
     rows.append(run_condition(tw, "hang behind a healthy /health", "restart", lambda: sick.server(host, hang=True)))
@@ -238,6 +247,19 @@ def replica_condition(tw: Twin) -> dict:
     row["right"] = row["right"] and back is not None and got["failed"] == 0 and got["completed"] > 0
     row["users"] = got
     return row
+
+
+def tally(tw: Twin, since: float) -> str:
+    """The watch's verdicts since SINCE, from its journal lines (`watch server: passed; ...`): how
+    many of each, and the longest run of failed ones (the failure limit's margin)."""
+    out = tw.host.run(f"journalctl -u dsv4-watch.service --since @{int(since)} -o cat --no-pager", check=False).stdout
+    verdicts = [m.group(1) for m in map(re.compile(r"^watch \S+: (passed|failed|inconclusive)").match, out.splitlines()) if m]
+    longest = run = 0
+    for v in verdicts:
+        run = run + 1 if v == "failed" else 0 if v == "passed" else run
+        longest = max(longest, run)
+    return (f"{len(verdicts)} judged: {verdicts.count('passed')} passed, {verdicts.count('inconclusive')} "
+            f"inconclusive, {verdicts.count('failed')} failed (longest run of failed: {longest}, limit {tw.limit})")
 
 
 def summary(rows: list[dict]) -> int:

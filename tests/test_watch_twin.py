@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,6 +44,13 @@ def watched(tmp_path_factory):
     next(gen, None)
 
 
+def _json(line: str) -> dict:
+    try:
+        return json.loads(line)
+    except ValueError:          # a line the watch is appending right now
+        return {}
+
+
 def status(json_out: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "dsv4deploy"), "status", "--inventory", "inventory/fleet-sim.py",
                            *(["--json"] if json_out else [])], cwd=ROOT, env={**os.environ, **ENV},
@@ -50,30 +58,42 @@ def status(json_out: bool = False) -> subprocess.CompletedProcess:
 
 
 def fresh(twin) -> float:
-    """A healthy start: every sickness off, the watch's counts forgotten, one interval passed."""
+    """A healthy start: every sickness off, the watch's counts forgotten, one interval passed (the
+    first one at once, not an interval after the timer's start)."""
     sick.heal(twin)
     twin.run("systemctl stop dsv4-watch.timer dsv4-watch.service; rm -f /var/lib/dsv4-watch/state.json "
              "/var/lib/dsv4-watch/requests/*; systemctl is-active -q sglang || { systemctl reset-failed sglang; "
-             "systemctl restart sglang; }; systemctl start dsv4-watch.timer")
+             "systemctl restart sglang; }; systemctl start --no-block dsv4-watch.service; "
+             "systemctl start dsv4-watch.timer")
     end = time.time() + 60
     while time.time() < end:
-        out = twin.run("cat /var/lib/dsv4-watch/state.json 2>/dev/null", check=False).stdout
-        hist = ((json.loads(out) if out.strip() else {}).get("targets") or {}).get("server", {}).get("history") or []
+        hist = history(twin)
         if hist and hist[-1]["verdict"] == "passed":
             return time.time()
         time.sleep(0.5)
     raise AssertionError("the watch passed no interval within 60 s of a healthy start")
 
 
+def history(twin) -> list[dict]:
+    """The server's last intervals as the watch judged them (its state file, read from the twin's
+    root here: a poll costs no ssh)."""
+    try:
+        doc = json.loads((twin.root / "var/lib/dsv4-watch/state.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return (doc.get("targets") or {}).get("server", {}).get("history") or []
+
+
 def first_action(twin, since: float, within: float = 30) -> dict | None:
+    """The watch's first action recorded in a release's watch-events.jsonl since SINCE."""
     end = time.time() + within
-    while time.time() < end:
-        out = twin.run("cat /var/lib/dsv4deploy/releases/*/watch-events.jsonl 2>/dev/null", check=False).stdout
-        got = [e for e in map(json.loads, out.splitlines()) if (e.get("decided_at") or 0) >= since]
-        if got:
-            return got[0]
+    while True:
+        lines = [line for f in sorted((twin.root / "var/lib/dsv4deploy/releases").glob("*/watch-events.jsonl"))
+                 for line in f.read_text().splitlines() if line.strip()]
+        got = [e for e in map(_json, lines) if (e.get("decided_at") or 0) >= since]
+        if got or time.time() >= end:
+            return got[0] if got else None
         time.sleep(0.5)
-    return None
 
 
 def test_after_a_deploy_status_shows_the_release_healthy_with_its_watch_results(watched):
@@ -84,6 +104,12 @@ def test_after_a_deploy_status_shows_the_release_healthy_with_its_watch_results(
     assert "watch server: passed (TTFT" in out.stdout and "drift: none" in out.stdout
     doc = json.loads(status(json_out=True).stdout)
     assert doc["health"] == "healthy" and doc["hosts"][0]["gpus"]["count"] == 4
+    # the metrics, where node_exporter's textfile collector reads them: a link the deploy made in
+    # its folder (root's) to the file the watch writes in its own
+    link = watched.root / "var/lib/prometheus/node-exporter/dsv4deploy_watch.prom"
+    assert os.readlink(link) == "/var/lib/dsv4-watch/dsv4deploy_watch.prom"
+    prom = (watched.root / os.readlink(link).lstrip("/")).read_text()
+    assert re.search(r'^dsv4_watch_up\{release="\d{4}",profile="nvfp4-ctx8k-watch"\} 1$', prom, re.M), prom
 
 
 @pytest.mark.parametrize("fault", ["slowdown", "hang", "errors"])
@@ -136,7 +162,14 @@ def test_nothing_is_done_while_a_deploy_holds_the_lock(watched):
     watched.run(f"mkdir {lock} && echo '{{\"what\": \"test: a deploy\"}}' > {lock}/owner.json")
     try:
         sick.server(watched, slowdown=1.67)
-        assert first_action(watched, t0, within=18) is None
+        # one interval more than the failure limit, each judged while the lock was held: without
+        # the lock the slowdown would have been acted on by then
+        end, paused = time.time() + 30, []
+        while len(paused) <= 3 and time.time() < end:
+            time.sleep(1)
+            paused = [h for h in history(watched) if h["t"] > t0 and h["cause"] == "paused"]
+        assert len(paused) > 3, history(watched)
+        assert first_action(watched, t0, within=0) is None
     finally:
         watched.run(f"rm -rf {lock}")
         sick.heal(watched)
