@@ -26,6 +26,8 @@ class _Figures(HTMLParser):
         self.cells: dict[tuple[str, str, str], str] = {}     # (release[/part], level, metric) -> text shown
         self.points: dict[tuple[str, str, str], str] = {}    # (chart, series, release[/part]) -> data-value
         self.releases: dict[str, str] = {}                   # timeline: release -> data-status
+        self.watch: list[tuple[str, str, str, str]] = []     # the watch chart: (target, at, result, value)
+        self._in_watch = False
         self._row: tuple[str, str] | None = None
         self._cell: str | None = None
         self._chart: tuple[str, str | None] | None = None
@@ -35,6 +37,10 @@ class _Figures(HTMLParser):
         a = dict(attrs)
         if tag == "svg" and chart_of(a.get("id")):
             self._chart = chart_of(a["id"])
+        if tag == "svg" and a.get("id") == "chart-watch":
+            self._in_watch = True
+        if self._in_watch and "data-at" in a:
+            self.watch.append((a["data-series"], a["data-at"], a["data-result"], a["data-value"]))
         if tag == "li" and "data-release" in a:
             self.releases[a["data-release"]] = a.get("data-status", "")
         if tag == "tr" and "data-level" in a:
@@ -47,7 +53,7 @@ class _Figures(HTMLParser):
 
     def handle_endtag(self, tag):
         if tag == "svg":
-            self._chart = None
+            self._chart, self._in_watch = None, False
         if tag == "td" and self._cell:
             self.cells[(*self._row, self._cell)] = "".join(self._text).strip()
             self._cell = None
@@ -114,4 +120,18 @@ def mismatches(html: str, gate_docs: dict[str, dict]) -> list[str]:
     plotted = {(r, s, CHARTS[c]) for c, s, r in page.points if not s.endswith(("floor", "ceiling"))}
     bad += [f"chart point missing: {k}" for k, v in want.items()
             if k[2] in CHARTS.values() and v != "-" and k not in plotted]
+    return bad
+
+
+def watch_mismatches(html: str, watch_doc: dict) -> list[str]:
+    """Every interval of the kept watch results (reports/<host>/watch.json, as read from the
+    host's journal) that the watch chart does not show as recorded, and every point it shows
+    that is not one of them; empty when they are the same, each target's in the order read."""
+    want = [(r["target"], r["at"], r["result"], _fig(r.get("tpot_ms"))) for r in watch_doc.get("results") or []]
+    got = shown(html).watch
+    bad = [f"watch chart: missing {w}" for w in want if w not in got]
+    bad += [f"watch chart: {g} is not a recorded interval" for g in got if g not in want]
+    for target in {w[0] for w in want}:
+        if not bad and [g for g in got if g[0] == target] != [w for w in want if w[0] == target]:
+            bad.append(f"watch chart: {target}'s intervals are not in the recorded order")
     return bad
