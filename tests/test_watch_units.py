@@ -118,3 +118,17 @@ def test_readmit_gives_the_gateway_the_replicas_key_in_the_body(monkeypatch):
     calls.clear()
     act.readmit({"gateway": "http://127.0.0.1:30000"}, {"url": "http://127.0.0.1:30001"})
     assert [c[2] for c in calls if c[0] == "POST"] == [{"url": "http://127.0.0.1:30001"}]
+
+
+def test_users_who_come_and_go_while_the_probe_runs_make_its_speed_not_comparable():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("watch_agent", units.HERE / "agent.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    idle = {"num_running_reqs": 0.0, "num_queue_reqs": 0.0, "num_requests_total": 100.0}
+    # the probe's own 2 requests alone: an idle server, the probe's speed compares with the gate
+    assert mod.users_around(idle, dict(idle, num_requests_total=102.0), 2) == 0
+    # idle when it began; users arrived meanwhile: 3 of theirs finished, 1 still running at its end
+    assert mod.users_around(idle, dict(idle, num_running_reqs=1.0, num_requests_total=105.0), 2) == 4
+    assert mod.users_around(dict(idle, num_queue_reqs=2.0), idle | {"num_requests_total": 102.0}, 2) == 2
+    assert mod.users_around(idle, None, 2) is None

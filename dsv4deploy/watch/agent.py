@@ -141,10 +141,23 @@ def read_target(t, key, cfg):
     if not out["health"]["ok"]:
         return out
     before = read_metrics(t["url"], key)
-    out["running"] = None if before is None else int(before.get("num_running_reqs", 0) + before.get("num_queue_reqs", 0))
     out["metrics"] = before
     out["probe"] = probe(t["url"], key, cfg["probe"])
+    out["running"] = users_around(before, read_metrics(t["url"], key), cfg["probe"]["requests"])
     return out
+
+
+def users_around(before, after, own):
+    """Users' requests around the probe: running or queued when it began or when it ended, plus
+    those that finished while it ran (the server's request counter moved by more than the probe's
+    OWN). Users who came and went during the probe slow it as surely as those already there: on
+    the twin, a probe taken at 0 running requests while users' load arrived read 54% slower than
+    the gate, a failed interval that was the users' doing. None: the metrics were unreadable."""
+    if before is None or after is None:
+        return None
+    queued = [int(m.get("num_running_reqs", 0) + m.get("num_queue_reqs", 0)) for m in (before, after)]
+    finished = int(after.get("num_requests_total", 0) - before.get("num_requests_total", 0)) - own
+    return max(queued) + max(finished, 0)
 
 
 # --- the GPUs ---------------------------------------------------------------------------------
