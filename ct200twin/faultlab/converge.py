@@ -25,7 +25,7 @@ from ct200twin.faultlab.lab import Lab, start
 from ct200twin.faultlab.reading import RELEASES_DIR, releases
 from ct200twin.faultlab.recovered import passed
 from ct200twin.faultlab.rows import Row, add_case, did, fold
-from ct200twin.faultlab.tool import PYINFRA, Run, deploy_and_strike, deploy_watching, kill, run
+from ct200twin.faultlab.tool import PYINFRA, REPO, Run, deploy_and_strike, deploy_watching, kill, run
 
 F15_SET3, F15_SET3B, F15_SET2, F15_POLICY = "f15set3", "f15set3-b", "f15set2", "f15set2-p"
 GATEWAY_UNIT = "sglang-gateway.service"
@@ -78,6 +78,32 @@ def set_problems(twin, count: int, policy: str | None = None) -> list[str]:
     if policy and gateway_policy(twin) != policy:
         out.append(f"the gateway runs --policy {gateway_policy(twin)}, the release's is {policy}")
     return out
+
+
+def set_status(lab: Lab) -> tuple[dict | None, str]:
+    """`dsv4deploy status --json`'s comparison of the running set with the release that serves
+    (release/running_set.py; None: it showed none), and its whole output."""
+    out = run([str(REPO / ".venv" / "bin" / "dsv4deploy"), "status", "--inventory", lab.inventory, "--json"],
+              env=lab.env, timeout=120)
+    try:
+        return json.loads(out.stdout)["hosts"][0].get("set"), out.stdout + out.stderr
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None, out.stdout + out.stderr
+
+
+def status_problems(lab: Lab, row: Row, key: str, expected: list[str]) -> list[str]:
+    """What `dsv4deploy status` gets wrong about the set now: each of EXPECTED (parts of its
+    differences; none: it must match its release) it does not say, or a difference it says
+    that was not expected. Its output goes to ROW's outputs under KEY."""
+    view, text = set_status(lab)
+    row.outputs[key] = text
+    if view is None:
+        return [f"dsv4deploy status shows no comparison of the set with its release: {text[-300:]}"]
+    said = view.get("differences") or ([view["error"]] if "error" in view else [])
+    missing = [e for e in expected if not any(e in d for d in said)]
+    extra = [d for d in said if not any(e in d for e in expected)]
+    return ([f"dsv4deploy status does not say {e!r} (it says {said})" for e in missing]
+            + [f"dsv4deploy status says {d!r}" for d in extra])
 
 
 def _rollback(lab: Lab, *extra: str) -> Run:
@@ -154,6 +180,9 @@ def drifted(lab: Lab, row: Row, before: dict) -> Row:
     problems = []
     if active_instances(twin) != ["sglang@0.service", "sglang@1.service", "sglang@2.service"]:
         problems.append(f"the strike did not leave sglang@2 running: {active_instances(twin)}")
+    problems += status_problems(lab, row, "15f-status", [
+        "sglang@2.service runs and is not one of the release's 2 replicas",
+        "replica 1 (sglang@1.service) runs other files than the release's"])
     plan = lab.deploy(F15_SET2, dry=True)
     said = " | ".join(line for line in plan.output.splitlines() if "plan:" in line)
     for needle in ("sglang@2.service runs and is not one of its 2 replicas",
@@ -166,6 +195,7 @@ def drifted(lab: Lab, row: Row, before: dict) -> Row:
             problems.append(f"the re-run does not say {needle!r}")
     argv = twin.run("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value sglang@1.service)/cmdline",
                     check=False).stdout
+    problems += status_problems(lab, row, "15f-status-after", [])
     if "--context-length 3840" not in argv:
         problems.append("sglang@1 does not run the release's argv after the re-run")
     case = _case(row, lab, "15f", "an instance started by hand, a replica restarted from other files", first, None,
