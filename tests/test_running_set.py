@@ -58,6 +58,7 @@ def test_a_set_that_matches_its_release_keeps_the_host_healthy(capsys):
             "(30000 MiB, 30000 MiB, 30000 MiB, 30000 MiB used), in the gateway") in text
     assert ("    gateway sglang-gateway.service active (PID 4242): files current, process from current files; "
             "workers: http://127.0.0.1:30001, http://127.0.0.1:30002") in text
+    assert status.lines(json.loads(json.dumps(s))) == status.lines(s)       # --json holds all the text shows
 
 
 def test_each_difference_from_the_release_is_named_and_degrades_the_host(capsys):

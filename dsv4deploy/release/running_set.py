@@ -111,7 +111,7 @@ def compare(t: Target, argv: dict[str, str | None], read: SetRead, changed: froz
             "index": rt.index, "unit": rt.unit, "url": rt.base_url, "active": bool(seen.get("active")),
             "files_current": not set(instance_files(t, rt.index)) & changed,
             "from_current_files": from_current_files(seen, argv.get(rt.unit)),
-            "gpus": gpus, "gpu_mib": None if read.gpu_mib is None else {g: read.gpu_mib.get(g) for g in gpus},
+            "gpus": gpus, "gpu_mib": None if read.gpu_mib is None else [read.gpu_mib.get(g) for g in gpus],
             "in_gateway": None if listed is None else worker is not None,
             "worker_status": worker and worker.get("status")})
     gw = read.gateway or {}
@@ -162,9 +162,9 @@ def lines(view: dict, release: int | None = None) -> list[str]:
     out = [head + (" matches it" if not view["differences"] else
                    f" {len(view['differences'])} difference(s) (the `replica set:` lines above)")]
     for r in view["replicas"]:
-        mib = r["gpu_mib"] or {}
-        gpus = ",".join(map(str, r["gpus"])) + (" (" + ", ".join(f"{mib[g]} MiB" if mib.get(g) is not None else "?"
-                                                                  for g in r["gpus"]) + " used)" if mib else "")
+        mib = r["gpu_mib"]
+        gpus = ",".join(map(str, r["gpus"])) + (" (" + ", ".join("?" if m is None else f"{m} MiB" for m in mib)
+                                                + " used)" if mib else "")
         out.append(f"    replica {r['index']} {r['unit']} {'active' if r['active'] else 'NOT RUNNING'}: "
                    f"files {said(r['files_current'], 'current', 'CHANGED')}, process "
                    f"{said(r['from_current_files'], 'from current files', 'from OTHER files')}, GPUs {gpus}, "
