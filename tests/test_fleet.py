@@ -67,6 +67,10 @@ def test_what_a_host_ended_on_is_read_from_its_records():
     ok = fleet.outcome("h", 0, "b", good, [rec(1, "a", "superseded"), rec(2, "b", "deployed", tput=529.9)])
     assert (ok.state, ok.release, ok.serving) == ("deployed", 2, "b")
     assert ok.detail == "release 0002 (b) deployed, gate passed: C=64 529.9 tok/s"
+    early = rec(2, "b", "deployed", tput=529.9)
+    early["gate"].update(passed_early=True, completed=64, num_prompts=128)
+    assert fleet.outcome("h", 0, "b", good, [rec(1, "a", "superseded"), early]).detail == (
+        "release 0002 (b) deployed, gate passed: C=64 529.9 tok/s (passed early: 64 of 128 requests)")
     same = fleet.outcome("h", 0, "a", good, good)
     assert same.state == "deployed" and "already serving a (release 0001), nothing changed" in same.detail
     rolled = fleet.outcome("h", 1, "b", good, [rec(1, "a", "superseded"), rec(2, "b", "failed", reason="gate: slow"),

@@ -146,7 +146,8 @@ opt = {{a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and n
 with open({log!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv, "key": os.environ.get("OPENAI_API_KEY"),
                         "offline": os.environ.get("HF_HUB_OFFLINE")}}) + "\n")
-beh = cfg["levels"][opt["--max-concurrency"]]
+# a behaviour for "C/n" (C's run of n prompts: an early pass's first round) before the one for "C"
+beh = cfg["levels"].get(opt["--max-concurrency"] + "/" + opt["--num-prompts"]) or cfg["levels"][opt["--max-concurrency"]]
 time.sleep(beh.get("sleep", 0))
 if beh.get("rc"):
     sys.stderr.write(beh.get("stderr", ""))
@@ -171,8 +172,9 @@ def fake_venv(tmp_path, levels, module="sglang.benchmark.serving"):
 
 
 def test_run_gate_auto_picks_bench_serving_and_passes(tmp_path):
-    py, log, secrets = fake_venv(tmp_path, {"1": {"record": record(1, 8, 23.9)}, "16": {"record": record(16, 48, 250.0)},
-                                            "64": {"record": record(64, 128, 531.7)}})
+    # every level clears its floor by more than the early-pass margin: one first round each
+    py, log, secrets = fake_venv(tmp_path, {"1/2": {"record": record(1, 2, 23.9)}, "16/16": {"record": record(16, 16, 250.0)},
+                                            "64/64": {"record": record(64, 64, 531.7)}})
     seen = []
 
     def execute(cmd, timeout_s):
@@ -191,6 +193,7 @@ def test_run_gate_auto_picks_bench_serving_and_passes(tmp_path):
     assert out.result.level(64).output_throughput == 531.7
     calls = [json.loads(x) for x in log.read_text().splitlines()]
     assert len(calls) == 3 and all(c["key"] == "s3cret-key" and c["offline"] == "1" for c in calls)
+    assert [c["argv"][c["argv"].index("--num-prompts") + 1] for c in calls] == ["64", "16", "2"]
     assert all("s3cret-key" not in c for c, _ in seen)            # never in the command text
     assert all("s3cret-key" not in " ".join(c["argv"]) for c in calls)
     assert seen[0][1] == PROBE_TIMEOUT_S                           # the probe
@@ -250,10 +253,81 @@ def test_run_gate_bench_serving_failures_fail_fast(tmp_path):
     assert out.verdict.failures[0] == "C=64 failed: bench_serving exited 1: ValueError: Warmup failed - boom"
 
 
+EARLY = GateSpec.from_profile({"gate": {"levels": [
+    {"concurrency": 1, "num_prompts": 8, "min_output_throughput": 10},
+    {"concurrency": 16, "num_prompts": 48, "min_output_throughput": 120},
+    {"concurrency": 64, "num_prompts": 128, "min_output_throughput": 400, "max_p99_ttft_ms": 3000}]}})
+
+
+def prompts_sent(log):
+    """(concurrency, prompts) of each bench_serving run, in order."""
+    calls = [json.loads(x)["argv"] for x in log.read_text().splitlines()]
+    return [(int(a[a.index("--max-concurrency") + 1]), int(a[a.index("--num-prompts") + 1])) for a in calls]
+
+
+def gate_with(tmp_path, levels, spec=EARLY, options=GateOptions()):
+    py, log, secrets = fake_venv(tmp_path, levels)
+    out = run_gate(spec, GateHost(local_execute),
+                   GateServer("http://127.0.0.1:30000", "/m", str(py), api_key_file=str(secrets)), options)
+    return out, prompts_sent(log)
+
+
+def test_a_clear_first_round_passes_the_level_early_as_the_built_in_client_marks_it(tmp_path):
+    out, sent = gate_with(tmp_path, {"64/64": {"record": record(64, 64, 531.7)}, "16/16": {"record": record(16, 16, 266.0)},
+                                     "1/2": {"record": record(1, 2, 24.2)}})
+    assert out.passed and sent == [(64, 64), (16, 16), (1, 2)]          # one run of k prompts per level
+    c64 = out.result.level(64)
+    assert (c64.status, c64.completed, c64.num_prompts, c64.failed) == (OK, 64, 128, 0)
+    assert c64.early_stop["rule"] == "pass" and c64.passed_early and c64.output_throughput == 531.7
+    assert c64.reason.startswith("passed early: 531.7 tok/s over 64/128 completed requests >= 1.25 x floor 400 tok/s")
+    rows = {r.metric: r for r in out.verdict.levels[2].rows}
+    assert rows["completed"].observed == "64/128" and rows["completed"].note == c64.reason
+    assert out.result.client["early_pass"] == {"margin": 0.25, "min_requests": None}
+
+
+def test_a_first_round_that_is_not_a_clear_pass_runs_the_whole_level_and_only_that_run_counts(tmp_path):
+    """C=64 at 480 tok/s (1.2 x floor), C=16 with a failed request, C=1 with p99 TTFT over
+    ceiling / 1.25: each runs in full; the level's figures are the full run's alone."""
+    slow_ttft = dict(record(1, 2, 24.0), p99_ttft_ms=2500.0)
+    spec = GateSpec(levels=EARLY.levels[1:] + (LevelSpec(1, 8, min_output_throughput=10, max_p99_ttft_ms=3000),))
+    out, sent = gate_with(tmp_path, {"64/64": {"record": record(64, 64, 480.0)}, "64": {"record": record(64, 128, 470.0)},
+                                     "16/16": {"record": record(16, 16, 266.0, completed=15)},
+                                     "16": {"record": record(16, 48, 260.0)},
+                                     "1/2": {"record": slow_ttft}, "1": {"record": record(1, 8, 23.0)}}, spec)
+    assert out.passed and sent == [(64, 64), (64, 128), (16, 16), (16, 48), (1, 2), (1, 8)]
+    for c, n, tput, why in ((64, 128, 470.0, "480.0 tok/s < 1.25 x floor 400 tok/s"),
+                            (16, 48, 260.0, "15/16 requests completed"),
+                            (1, 8, 23.0, "p99 TTFT 2500.0 ms > ceiling 3000 ms / 1.25")):
+        lv = out.result.level(c)
+        assert (lv.completed, lv.num_prompts, lv.output_throughput, lv.early_stop) == (n, n, tput, None)
+        assert not lv.passed_early and lv.extra["first_round"]["why_not"] == why
+        assert lv.ttft_ms.p99 == record(c, n, tput)["p99_ttft_ms"]          # the full run's, not merged
+
+
+def test_without_early_pass_or_without_a_floor_a_level_runs_once_in_full(tmp_path):
+    levels = {"64": {"record": record(64, 128, 531.7)}, "16": {"record": record(16, 48, 266.0)}, "1": {"record": record(1, 8, 24.2)}}
+    (tmp_path / "a").mkdir()
+    out, sent = gate_with(tmp_path / "a", levels, options=GateOptions(early_pass=False))
+    assert out.passed and sent == [(64, 128), (16, 48), (1, 8)] and out.result.client["early_pass"]["margin"] is None
+    floorless = GateSpec(levels=tuple(LevelSpec(c, n) for c, n in ((1, 8), (16, 48), (64, 128))))
+    (tmp_path / "b").mkdir()
+    out, sent = gate_with(tmp_path / "b", levels, spec=floorless)
+    assert out.passed and sent == [(64, 128), (16, 48), (1, 8)]
+
+
+def test_the_first_round_takes_the_built_in_clients_size():
+    spec = GateSpec(levels=(LevelSpec(64, 128, min_output_throughput=400),), early_pass_min_requests=8)
+    assert bs.first_round(spec.levels[0], spec, GateOptions()).num_prompts == 8
+    assert bs.first_round(LevelSpec(1, 8, min_output_throughput=10), EARLY, GateOptions()).num_prompts == 2
+    assert bs.first_round(LevelSpec(16, 16, min_output_throughput=10), EARLY, GateOptions()) is None  # k >= n
+    assert bs.first_round(LevelSpec(16, 48, min_output_throughput=10), GateSpec(early_pass_margin=None),
+                          GateOptions()) is None
+
+
 @pytest.mark.slow
 def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
     monkeypatch.setattr(bs, "STARTUP_ALLOWANCE_S", 1.0)
-    py, _, secrets = fake_venv(tmp_path, {"4": {"sleep": 30, "record": record(4, 8, 5.0, out_len=4)}})
+    py, log, secrets = fake_venv(tmp_path, {"4": {"sleep": 30, "record": record(4, 8, 5.0, out_len=4)}})
     spec = GateSpec(levels=(LevelSpec(4, 8, 16, 4, min_output_throughput=32),))   # 32 tokens / 32 tok/s = 1 s
     t0 = time.monotonic()
     out = run_gate(spec,
@@ -263,8 +337,17 @@ def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
     assert time.monotonic() - t0 < 8
     assert out.result.levels[0].status == EARLY_STOP
     (failure,) = out.verdict.failures          # the stop lands on the limit, give or take the machine's load
+    # its first round of 4 prompts (the early pass) ran past the time all 8 may take: no second run
     assert re.fullmatch(r"C=4 stopped early after 2\.\d s: cannot reach the floor: 32 tokens at 32 tok/s take 1 s; "
-                        r"bench_serving still running after 2 s \(incl\. 1 s start-up\)", failure), failure
+                        r"a first round of 4 of its 8 prompts was still running after 2 s \(incl\. 1 s start-up\)",
+                        failure), failure
+    assert out.result.levels[0].num_prompts == 8 and len(log.read_text().splitlines()) == 1
+    # without the early pass, the whole level is stopped at the same limit
+    out = run_gate(spec, GateHost(local_execute),
+                   GateServer("http://127.0.0.1:1", "/m", str(py), api_key_file=str(secrets)),
+                   GateOptions(runner="bench_serving", early_pass=False))
+    assert re.fullmatch(r"C=4 stopped early after 2\.\d s: cannot reach the floor: 32 tokens at 32 tok/s take 1 s; "
+                        r"bench_serving still running after 2 s \(incl\. 1 s start-up\)", out.verdict.failures[0])
 
 
 HOSTILE = r'''#!/usr/bin/python3

@@ -43,6 +43,27 @@ def test_regressions_beyond_5_percent():
     assert not other.comparable and "runner builtin then bench_serving" in other.reason
 
 
+def early(c, n, k, tput):
+    """A level that passed early after K of its N requests (either runner marks it so)."""
+    lv = lvl(c, n, tput, 1900.0, 118.0)
+    lv.completed, lv.early_stop = k, {"rule": "pass", "at_s": 30.0, "requests_done": k}
+    lv.reason = f"passed early: {tput:.1f} tok/s over {k}/{n} completed requests >= 1.25 x floor"
+    return lv
+
+
+def test_an_early_pass_is_compared_only_with_one_over_as_many_requests():
+    full = [lvl(16, 48, 250.0, 500.0, 58.0), lvl(1, 8, 23.9, 76.0, 41.0)]
+    cur = outcome([early(64, 128, 64, 480.0)] + full)
+    cmp = compare(PREV, cur.result)          # C=64: 64 of 128 requests now, all 128 before
+    assert cmp.comparable and {c.level for c in cmp.changes} == {"C=1", "C=16"} and not cmp.regressions
+    assert cmp.reason == ("not compared: C=64 rests on 64 of 128 requests (passed early), the previous on all "
+                          "128 requests")
+    again = compare(cur, outcome([early(64, 128, 64, 450.0)] + full).result)
+    assert [c.text() for c in again.regressions] == ["C=64 output throughput 480.0 -> 450.0 tok/s (-6.2%)"]
+    alone = compare(outcome([lvl(64, 128, 531.7, 1900.0, 118.0)]), outcome([early(64, 128, 64, 531.7)]).result)
+    assert not alone.comparable and "C=64 rests on 64 of 128 requests (passed early)" in alone.reason
+
+
 @pytest.mark.slow
 def test_write_report_files(tmp_path):
     a = write_report(PREV, tmp_path / "0001", release="0001")

@@ -2,7 +2,7 @@
 
 from dsv4deploy.gate.result import GateResult, LevelResult, Stats
 from dsv4deploy.gate.spec import GateSpec, LevelSpec
-from dsv4deploy.gate.verdict import judge
+from dsv4deploy.gate.verdict import headline_basis, judge
 
 SPEC = GateSpec(levels=(LevelSpec(1, 8, min_output_throughput=10),
                         LevelSpec(16, 48, min_output_throughput=120, max_p99_ttft_ms=2000),
@@ -28,6 +28,19 @@ def test_all_pass():
     assert [(r.metric, r.comparator, r.threshold, r.passed) for r in c64.rows[:4]] == [
         ("failed requests", "<=", 0, True), ("output throughput", ">=", 400, True),
         ("p99 TTFT", "", None, None), ("p99 TPOT", "<=", 150, True)]
+
+
+def test_the_headline_of_an_early_pass_says_what_its_figure_rests_on():
+    c64 = lvl(64, 128, 531.7, early_stop={"rule": "pass", "at_s": 31.0, "requests_done": 64},
+              reason="passed early: 531.7 tok/s over 64/128 completed requests >= 1.25 x floor 400 tok/s")
+    c64.completed = 64
+    v = judge(SPEC, gate(c64, lvl(16, 48, 250.0), lvl(1, 8, 23.9)))
+    assert v.passed and v.headline["passed_early"] and (v.headline["completed"], v.headline["num_prompts"]) == (64, 128)
+    assert headline_basis(v.headline) == " (passed early: 64 of 128 requests)" and c64.basis() == \
+        "64 of 128 requests (passed early)"
+    assert [r.note for r in v.levels[2].rows if r.metric == "completed"] == [c64.reason]
+    full = judge(SPEC, gate(lvl(64, 128, 531.7), lvl(16, 48, 250.0), lvl(1, 8, 23.9))).headline
+    assert "passed_early" not in full and headline_basis(full) == ""
 
 
 def test_floor_message_is_exact():

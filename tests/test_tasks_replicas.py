@@ -122,6 +122,11 @@ def test_the_rolling_record_names_the_weakest_replica_and_history_shows_it():
     assert gate_summary({"gate": doc}) == ("pass: C=64 380.0 tok/s vs floor 300 "
                                            "(replica 1, the weakest of 2 gated one at a time)")
     assert not rolling_gate_record({**per, 1: {**per[1], "passed": False}}, "-")["passed"]
+    # a replica whose level passed early: its figure rests on part of the level, and history says so
+    early = {**per, 1: {**per[1], "passed_early": True, "completed": 64, "num_prompts": 128}}
+    assert gate_summary({"gate": rolling_gate_record(early, "-")}) == (
+        "pass: C=64 380.0 tok/s vs floor 300 (passed early: 64 of 128 requests) "
+        "(replica 1, the weakest of 2 gated one at a time)")
 
 
 @pytest.mark.parametrize("stale", [True, False])

@@ -50,8 +50,11 @@ def test_measurement_from_recorded_gate_reports():
     passed = rb.measurement_from_report(json.loads((FIX / "gate-pass-c64.json").read_text()), 64, 25)
     assert passed.output_throughput > 400 and passed.gate_passed and not passed.cannot_reach
     assert passed.p99_ttft_ms is not None and passed.failed == 0 and passed.release == 25
+    # the gate passed C=64 early: the figure rests on its first 64 of 128 requests, and says so
+    assert passed.passed_early and (passed.completed, passed.num_prompts) == (64, 128)
+    assert passed.basis() == " (passed early: 64 of 128 requests)"
     slow = rb.measurement_from_report(json.loads((FIX / "gate-cannot-reach.json").read_text()), 64, None)
-    assert slow.cannot_reach and slow.gate_passed is False
+    assert slow.cannot_reach and slow.gate_passed is False and not slow.passed_early and slow.basis() == ""
 
 
 def _settings(checkout: Path) -> Settings:

@@ -65,7 +65,10 @@ def test_a_healthy_server_under_varying_load_is_never_acted_on():
 def test_a_slowdown_acts_at_the_failure_limit_and_restarts():
     state, actions = run([reading()] * 2 + [reading([SLOW])] * 3)
     assert [(a["action"], a["at"]) for a in actions] == [("restart", 4)]
-    assert "66% above the gate's 71.0 ms" in actions[0]["reason"]
+    assert "66% above the gate's 71.0 ms (limit 30%)" in actions[0]["reason"]
+    # a gate figure that rests on part of its level (an early pass) says on how many requests
+    _, actions = run([reading([SLOW]) | {"baseline": dict(BASE, requests=2, num_prompts=8)}] * 3)
+    assert "66% above the gate's 71.0 ms over 2 of 8 requests (limit 30%)" in actions[0]["reason"]
     assert len(actions[0]["evidence"]) == 3 and all(e["cause"] == "regression" for e in actions[0]["evidence"])
 
 

@@ -18,7 +18,8 @@ from dsv4deploy.watch import act, units
 
 PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 GATE = {"result": {"levels": [{"concurrency": 64, "tpot_ms": {"median": 90.0}},
-                              {"concurrency": 1, "tpot_ms": {"median": 41.2}, "ttft_ms": {"median": 75.9}}]}}
+                              {"concurrency": 1, "tpot_ms": {"median": 41.2}, "ttft_ms": {"median": 75.9},
+                               "completed": 2, "num_prompts": 8}]}}
 
 
 def rendered(name="nvfp4-ctx8k"):
@@ -30,7 +31,8 @@ def test_the_settings_carry_the_gate_figures_at_one_client_and_the_gpus():
     p, layout = rendered()
     doc = json.loads(units.config(p.data, layout, profile=p.name, release=7, gate_report=GATE,
                                   gpus=[{"index": 0, "uuid": "GPU-a", "pcie": [5, 16]}]))
-    assert doc["baseline"] == {"tpot_ms": 41.2, "ttft_ms": 75.9}
+    # the figures of a level that passed early: medians over 2 of its 8 requests, and it says so
+    assert doc["baseline"] == {"tpot_ms": 41.2, "ttft_ms": 75.9, "requests": 2, "num_prompts": 8}
     assert doc["release"] == 7 and doc["targets"][0]["unit"] == "sglang.service"
     assert doc["targets"][0]["gpus"] == [0, 1, 2, 3] and doc["gateway"] is None
     assert units.baseline({"levels": [{"concurrency": 16}]}) is None

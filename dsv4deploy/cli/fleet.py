@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dsv4deploy.cli.settings import Settings
+from dsv4deploy.gate.verdict import headline_basis
 from dsv4deploy.profile.boundary import TEXT
 from dsv4deploy.profile.errors import EXIT_BAD_INPUT, EXIT_FAILED, Problem, ProfileError
 
@@ -142,7 +143,7 @@ def outcome(name: str, batch: int, profile: str, before: list[dict], after: list
     if live and live["profile"] == profile and not failed and live["status"] == DEPLOYED:
         res.state = "deployed"
         gate = live.get("gate") or {}
-        how = (f"gate passed: {gate.get('level')} {gate['output_throughput']:.1f} tok/s"
+        how = (f"gate passed: {gate.get('level')} {gate['output_throughput']:.1f} tok/s{headline_basis(gate)}"
                if gate.get("output_throughput") is not None else "")
         res.detail = (f"release {live['release']:04d} ({profile}) deployed" + (f", {how}" if how else "")
                       if live["release"] > seen else f"already serving {profile} (release {live['release']:04d}), "

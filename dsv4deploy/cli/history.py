@@ -7,6 +7,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from dsv4deploy.gate.verdict import headline_basis
+
 
 def gate_summary(rec: dict) -> str:
     gate = rec.get("gate") or {}
@@ -17,7 +19,7 @@ def gate_summary(rec: dict) -> str:
     served = f" (replicas {'/'.join('?' if n is None else str(n) for n in split)} requests)" if split else ""
     scope = f" ({gate['scope']})" if gate.get("scope") else ""
     return (f"{verdict}: {gate.get('level', '?')} {gate['output_throughput']:.1f} tok/s vs floor "
-            f"{gate.get('floor', '-')}{served}{scope}")
+            f"{gate.get('floor', '-')}{headline_basis(gate)}{served}{scope}")
 
 
 def replicas_summary(rec: dict) -> str:

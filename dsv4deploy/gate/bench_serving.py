@@ -31,6 +31,11 @@ completion fails the level); a non-zero exit is a failed level with its stderr t
 bench_serving cannot be stopped from inside, so its early stop is the strict bound: a level
 that has not finished after N*L/floor seconds (plus STARTUP_ALLOWANCE_S for importing torch,
 loading the tokenizer, the ready check and warm-up) cannot reach its floor; ``timeout`` ends it.
+Its early pass is a first round (run_level): one run of k of the level's N prompts (k as the
+built-in client's early pass), under the same bound; a clear pass by the built-in client's rule is
+the level's result, marked as that client marks an early pass, and anything else runs all N
+prompts, whose run alone is the result. A first round still running at the bound means the
+level's first k prompts alone take longer than all N may: it cannot reach its floor either.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import ipaddress
 import json
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -314,66 +319,176 @@ def level_passes(level: LevelSpec, res: LevelResult, max_failed: int) -> bool:
     return True
 
 
+def first_round(level: LevelSpec, spec: GateSpec, options: GateOptions) -> LevelSpec | None:
+    """The early pass's first round of LEVEL: the same level with k prompts, k =
+    spec.early_pass_min_requests or the level's concurrency, at least 2 (the built-in client's
+    rule); None when the level has none (no floor, no margin, early pass off, or k >= its prompts)."""
+    if not options.early_pass or spec.early_pass_margin is None or not level.min_output_throughput:
+        return None
+    k = spec.early_pass_min_requests or max(2, level.concurrency)
+    return replace(level, num_prompts=k) if k < level.num_prompts else None
+
+
+def not_clear_pass(level: LevelSpec, first: LevelResult, sent: int, margin: float, max_failed: int) -> str | None:
+    """Why a first round of SENT prompts is not a clear pass of LEVEL (None: it is): the built-in
+    client's rule (client.py _passed_early): every prompt completed, no failure beyond the maximum,
+    output throughput >= (1 + MARGIN) x floor, p99 TTFT / TPOT <= ceiling / (1 + MARGIN)."""
+    if first.status != OK:
+        return f"it ended {first.status}" + (f" ({first.reason})" if first.reason else "")
+    if first.completed < sent or first.failed > max_failed:
+        return f"{first.completed}/{sent} requests completed"
+    need = (1 + margin) * level.min_output_throughput
+    if first.output_throughput < need:
+        return (f"{first.output_throughput:.1f} tok/s < {1 + margin:.2f} x floor "
+                f"{level.min_output_throughput:g} tok/s")
+    for name, ceiling, p99 in (("TTFT", level.max_p99_ttft_ms, first.ttft_ms.p99),
+                               ("TPOT", level.max_p99_tpot_ms, first.tpot_ms.p99)):
+        if ceiling is not None and (p99 is None or p99 > ceiling / (1 + margin)):
+            seen = "not measured" if p99 is None else f"{p99:.1f} ms"
+            return f"p99 {name} {seen} > ceiling {ceiling:g} ms / {1 + margin:.2f}"
+    return None
+
+
+def passed_early(level: LevelSpec, first: LevelResult, margin: float, wall_s: float) -> LevelResult:
+    """LEVEL's result from its first round FIRST, a clear pass: that run's figures, marked as the
+    built-in client marks an early pass (status ok, completed k of the level's n prompts,
+    early_stop rule "pass", a reason that starts with "passed early")."""
+    k, n = first.completed, level.num_prompts
+    res = replace(first, num_prompts=n, failed=0, extra=dict(first.extra, wall_s=round(wall_s, 3)))
+    res.early_stop = {"rule": "pass", "at_s": round(first.duration_s, 3), "requests_done": k, "first_round": k}
+    res.reason = (f"passed early: {first.output_throughput:.1f} tok/s over {k}/{n} completed requests >= "
+                  f"{1 + margin:.2f} x floor {level.min_output_throughput:g} tok/s (a first round of {k} prompts)")
+    return res
+
+
+def stopped_in_first_round(level: LevelSpec, first: LevelResult) -> LevelResult:
+    """LEVEL's result when its first round ran past a limit: past the floor's (the whole level's
+    time), the level cannot reach its floor, since its first k prompts alone took longer; past
+    the budget's, the budget ran out. The level's n prompts, none of the round's figures judged."""
+    res = replace(first, num_prompts=level.num_prompts)
+    if res.status == EARLY_STOP:
+        tokens = level.total_output_tokens
+        res.reason = (f"cannot reach the floor: {tokens} tokens at {level.min_output_throughput:g} tok/s take "
+                      f"{tokens / level.min_output_throughput:.0f} s; a first round of {first.num_prompts} of its "
+                      f"{level.num_prompts} prompts was still running after {first.early_stop['at_s']:.0f} s "
+                      f"(incl. {STARTUP_ALLOWANCE_S:.0f} s start-up)")
+    return res
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every level's runs share: where, against what, the gate's spec, the module, the
+    budget and its start, the log."""
+
+    spec: GateSpec
+    host: GateHost
+    server: GateServer
+    module: str
+    budget_s: float
+    t0: float
+    log: Callable[[str], None] | None
+
+
+def _remaining(ctx: _Run) -> float:
+    return ctx.budget_s - (time.monotonic() - ctx.t0)
+
+
+def _one(ctx: _Run, lv: LevelSpec, limit_level: LevelSpec) -> LevelResult:
+    """One bench_serving run of LV (its prompts), stopped at LIMIT_LEVEL's floor limit or the
+    budget, whichever comes first."""
+    remaining = _remaining(ctx)
+    fl = floor_limit_s(limit_level)
+    kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
+    cmd = build_command(lv, ctx.server, warmup_requests=ctx.spec.warmup_requests, limit_s=limit,
+                        run_as=ctx.host.run_as, module=ctx.module, confined=ctx.host.confined)
+    if ctx.log:
+        of = f" of {limit_level.num_prompts}" if lv.num_prompts != limit_level.num_prompts else ""
+        ctx.log(f"bench_serving ({ctx.module}) {lv.label}: {lv.num_prompts}{of} prompts {lv.input_len}/"
+                f"{lv.output_len}, limit {limit:.0f} s ({kind})")
+    ts = time.monotonic()
+    try:
+        rc_outer, out, err = ctx.host.execute(cmd, limit + SSH_SLACK_S)
+    except Exception as e:  # the SSH call itself timed out or broke
+        res = skipped(lv, "")
+        res.status = BUDGET if kind == "budget" else FAILED
+        res.reason = f"remote command failed: {type(e).__name__}: {e}"
+        res.duration_s = time.monotonic() - ts
+        res.extra["remote_error"] = True
+        return res
+    sec = split_output(out or "")
+    rc = sec["rc"]
+    stderr = sec["stderr"] or (err or "")
+    if rc is None and rc_outer not in (0, None):
+        stderr = (err or "") + "\n" + (out or "")
+    res = level_from_run(lv, BenchRun(rc, sec["jsonl"], stderr, time.monotonic() - ts),
+                         warmup_requests=ctx.spec.warmup_requests, limit_kind=kind, limit_s=limit,
+                         budget_s=ctx.budget_s)
+    res.extra["wall_s"] = round(time.monotonic() - ts, 3)
+    return res
+
+
+def run_level(ctx: _Run, lv: LevelSpec, options: GateOptions) -> LevelResult:
+    """LV's result: with an early pass, a first round of k prompts (one bench_serving run, bounded
+    by the whole level's floor limit); a clear pass is the level's result, anything else runs all
+    n prompts and that run alone is the verdict (two runs' percentiles are never merged)."""
+    first = first_round(lv, ctx.spec, options)
+    if first is None:
+        return _one(ctx, lv, lv)
+    margin = float(ctx.spec.early_pass_margin)
+    tried = _one(ctx, first, lv)
+    wall = tried.extra.get("wall_s") or tried.duration_s
+    if tried.status in (EARLY_STOP, BUDGET) or tried.extra.get("remote_error"):
+        return stopped_in_first_round(lv, tried)
+    why = not_clear_pass(lv, tried, first.num_prompts, margin, ctx.spec.max_failed_requests)
+    if why is None:
+        return passed_early(lv, tried, margin, wall)
+    if ctx.log:
+        ctx.log(f"bench_serving {lv.label}: the first round of {first.num_prompts} is not a clear pass ({why}): "
+                f"all {lv.num_prompts} prompts")
+    res = _one(ctx, lv, lv)
+    res.extra["first_round"] = {"num_prompts": first.num_prompts, "completed": tried.completed,
+                                "output_throughput": tried.output_throughput, "wall_s": wall, "why_not": why}
+    res.extra["wall_s"] = round((res.extra.get("wall_s") or res.duration_s) + wall, 3)
+    return res
+
+
 def run(spec: GateSpec, host: GateHost, server: GateServer, options: GateOptions = GateOptions(), *,
         budget_s: float | None = None, module: str = MODULE,
         log: Callable[[str], None] | None = None) -> GateResult:
-    """Run the levels one remote command each on HOST against SERVER; budget_s defaults to
-    spec.budget_s."""
-    clock = time.monotonic
-    execute, order, fail_fast = host.execute, options.order, options.fail_fast
+    """Run the levels, one bench_serving run each (two for a level whose first round of an early
+    pass is not a clear pass: run_level), on HOST against SERVER; budget_s defaults to spec.budget_s."""
     budget = float(spec.budget_s if budget_s is None else budget_s)
-    t0 = clock()
+    ctx = _Run(spec, host, server, module, budget, time.monotonic(), log)
     started = time.time()
     levels: list[LevelResult] = []
     skip_reason = None
     budget_hit = False
-    for lv in spec.run_order(order):
+    for lv in spec.run_order(options.order):
         if skip_reason:
             levels.append(skipped(lv, skip_reason, spec.warmup_requests))
             continue
-        remaining = budget - (clock() - t0)
-        if remaining <= 1:
+        if _remaining(ctx) <= 1:
             budget_hit = True
             skip_reason = f"not run: gate budget {budget:g} s exhausted"
             levels.append(skipped(lv, skip_reason, spec.warmup_requests))
             continue
-        fl = floor_limit_s(lv)
-        kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
-        cmd = build_command(lv, server, warmup_requests=spec.warmup_requests, limit_s=limit, run_as=host.run_as,
-                            module=module, confined=host.confined)
-        if log:
-            log(f"bench_serving ({module}) {lv.label}: {lv.num_prompts} prompts {lv.input_len}/{lv.output_len}, "
-                f"limit {limit:.0f} s ({kind})")
-        ts = clock()
-        try:
-            rc_outer, out, err = execute(cmd, limit + SSH_SLACK_S)
-        except Exception as e:  # the SSH call itself timed out or broke
-            res = skipped(lv, "")
-            res.status = BUDGET if kind == "budget" else FAILED
-            res.reason = f"remote command failed: {type(e).__name__}: {e}"
-            res.duration_s = clock() - ts
-            levels.append(res)
-            budget_hit = budget_hit or res.status == BUDGET
-            skip_reason = f"not run: gate stopped after {lv.label} failed"
-            continue
-        sec = split_output(out or "")
-        rc = sec["rc"]
-        stderr = sec["stderr"] or (err or "")
-        if rc is None and rc_outer not in (0, None):
-            stderr = (err or "") + "\n" + (out or "")
-        res = level_from_run(lv, BenchRun(rc, sec["jsonl"], stderr, clock() - ts),
-                             warmup_requests=spec.warmup_requests, limit_kind=kind, limit_s=limit, budget_s=budget)
-        res.extra["wall_s"] = round(clock() - ts, 3)
+        res = run_level(ctx, lv, options)
         levels.append(res)
         if log:
             log(f"bench_serving {lv.label}: {res.status}, {res.completed}/{lv.num_prompts} completed, "
                 f"{res.output_throughput:.1f} tok/s" + (f" ({res.reason})" if res.reason else ""))
-        if res.status == BUDGET:
+        if res.extra.pop("remote_error", False):
+            budget_hit = budget_hit or res.status == BUDGET
+            skip_reason = f"not run: gate stopped after {lv.label} failed"
+        elif res.status == BUDGET:
             budget_hit = True
             skip_reason = f"not run: gate budget {budget:g} s exhausted"
-        elif fail_fast and not level_passes(lv, res, spec.max_failed_requests):
+        elif options.fail_fast and not level_passes(lv, res, spec.max_failed_requests):
             skip_reason = f"not run: gate stopped after {lv.label} failed (fail fast)"
     return GateResult(runner="bench_serving", levels=levels, base_url=server.base_url, started_at=started,
-                      wall_s=clock() - t0, budget_s=budget, budget_exhausted=budget_hit,
+                      wall_s=time.monotonic() - ctx.t0, budget_s=budget, budget_exhausted=budget_hit,
                       client={"venv_python": server.venv_python, "module": module, "model_path": server.model_path,
-                              "fail_fast": fail_fast, "order": order, "startup_allowance_s": STARTUP_ALLOWANCE_S})
+                              "fail_fast": options.fail_fast, "order": options.order,
+                              "startup_allowance_s": STARTUP_ALLOWANCE_S,
+                              "early_pass": {"margin": spec.early_pass_margin if options.early_pass else None,
+                                             "min_requests": spec.early_pass_min_requests}})

@@ -4,8 +4,9 @@
 
 Pure functions of the data and a target folder; matplotlib (Agg) is imported only to plot.
 "Measured the same way" = same runner and same level (concurrency, prompts, input/output
-lengths), both run to the end; regressions beyond 5 %: output throughput down, p99 TTFT or
-p99 TPOT up.
+lengths), both run to the end, or both passed early over the same number of requests (an early
+pass's figures rest on its first requests alone); regressions beyond 5 %: output throughput
+down, p99 TTFT or p99 TPOT up.
 """
 
 from __future__ import annotations
@@ -103,10 +104,14 @@ def compare(previous: Any, current: GateResult, threshold_pct: float = REGRESSIO
         return Comparison(False, f"not measured the same way: runner {prev.runner} then {current.runner}",
                           info, threshold_pct=threshold_pct)
     pk, ck = prev.by_key(), current.by_key()
-    common = [k for k in sorted(ck) if k in pk and pk[k].status == OK and ck[k].status == OK]
+    ran = [k for k in sorted(ck) if k in pk and pk[k].status == OK and ck[k].status == OK]
+    common = [k for k in ran if pk[k].basis() == ck[k].basis()]
+    apart = "; ".join(f"{ck[k].label} rests on {ck[k].basis()}, the previous on {pk[k].basis()}"
+                      for k in ran if k not in common)
     if not common:
         return Comparison(False, "no level measured the same way (same concurrency, prompts and lengths, "
-                                 "both run to the end) in both gates", info, threshold_pct=threshold_pct)
+                                 "both run to the end or both passed early over as many requests) in both gates"
+                          + (f": {apart}" if apart else ""), info, threshold_pct=threshold_pct)
     changes: list[Change] = []
     for k in common:
         a, b = pk[k], ck[k]
@@ -118,8 +123,9 @@ def compare(previous: Any, current: GateResult, threshold_pct: float = REGRESSIO
             worse = -pct if higher_better else pct
             changes.append(Change(b.label, name, va, vb, unit, pct, worse > threshold_pct))
     differ = sorted(set(pk) ^ set(ck))
-    reason = "" if not differ else f"levels only in one gate: {', '.join(f'C={k[0]} n={k[1]} {k[2]}/{k[3]}' for k in differ)}"
-    return Comparison(True, reason, info, changes, threshold_pct)
+    notes = [f"levels only in one gate: {', '.join(f'C={k[0]} n={k[1]} {k[2]}/{k[3]}' for k in differ)}"] if differ else []
+    notes += [f"not compared: {apart}"] if apart else []
+    return Comparison(True, "; ".join(notes), info, changes, threshold_pct)
 
 
 # ------------------------------------------------------------------------------ markdown

@@ -84,6 +84,18 @@ class LevelResult(LevelShape):
     # peak_in_flight}}, "busiest_share"} (client.routing); None otherwise
     routed: dict[str, Any] | None = None
 
+    @property
+    def passed_early(self) -> bool:
+        """It stopped as a clear pass (either runner's early pass): its figures rest on its
+        `completed` requests, fewer than its `num_prompts`."""
+        return self.status == OK and (self.early_stop or {}).get("rule") == "pass"
+
+    def basis(self) -> str:
+        """What its figures rest on, in words: 'all 128 requests', '64 of 128 requests (passed early)'."""
+        if self.passed_early:
+            return f"{self.completed + self.failed} of {self.num_prompts} requests (passed early)"
+        return f"all {self.num_prompts} requests"
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -167,9 +167,8 @@ def judge_level(lv: LevelSpec, res: LevelResult | None, max_failed: int) -> Leve
         if not passed:
             failures.append(f"{label} {metric} {p99:.1f} ms > ceiling {ceiling:g} ms")
     # informational
-    passed_early = ran_to_end and (res.early_stop or {}).get("rule") == "pass"
     rows.append(Row("completed", f"{res.completed}/{res.num_prompts}",
-                    note=res.reason if passed_early else ""))     # the client's reason says "passed early: ..."
+                    note=res.reason if res.passed_early else ""))  # the runner's reason says "passed early: ..."
     rows.append(Row("duration", res.duration_s, "s"))
     passed = ran_to_end and not failures
     return LevelVerdict(label, lv.concurrency, lv.key, res.status, passed, rows, failures, res.reason)
@@ -210,10 +209,22 @@ def _obs(result: GateResult, lv: LevelSpec) -> float:
 
 
 def _headline(spec: GateSpec, result: GateResult) -> dict:
-    """The number history shows: the highest-concurrency level with a floor (C=64 tok/s vs floor)."""
+    """The number history shows: the highest-concurrency level with a floor (C=64 tok/s vs floor),
+    and what it rests on: `passed_early` (its figure is over `completed` of `num_prompts` requests)."""
     floored = [lv for lv in spec.levels if lv.min_output_throughput is not None] or list(spec.levels)
     lv = max(floored, key=lambda x: x.concurrency)
     r = _match(lv, result)
-    return {"level": lv.label, "concurrency": lv.concurrency, "floor": lv.min_output_throughput,
+    head = {"level": lv.label, "concurrency": lv.concurrency, "floor": lv.min_output_throughput,
             "output_throughput": None if (r is None or r.status == SKIPPED) else round(_obs(result, lv), 2),
             "status": None if r is None else r.status}
+    if r is not None and r.passed_early:
+        head.update(passed_early=True, completed=r.completed, num_prompts=r.num_prompts)
+    return head
+
+
+def headline_basis(head: dict) -> str:
+    """' (passed early: 64 of 128 requests)' for a headline whose figure rests on part of its level's
+    requests, '' otherwise: what `history`, the fleet and the page add after the figure."""
+    if not head.get("passed_early"):
+        return ""
+    return f" (passed early: {head.get('completed', '?')} of {head.get('num_prompts', '?')} requests)"

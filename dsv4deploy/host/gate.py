@@ -225,7 +225,8 @@ def rolling_gate_record(per_replica: dict[int, dict], through_gateway: str) -> d
     the headline is the weakest replica's. THROUGH_GATEWAY: what the probe through the gateway
     found (the set as users reach it is checked, not loaded: docs/replicas.md)."""
     index, weakest = min(per_replica.items(), key=lambda kv: (kv[1].get("output_throughput") or 0.0, kv[0]))
-    head = {k: weakest[k] for k in ("level", "concurrency", "floor", "output_throughput", "status") if k in weakest}
+    head = {k: weakest[k] for k in ("level", "concurrency", "floor", "output_throughput", "status", "passed_early",
+                                    "completed", "num_prompts") if k in weakest}
     return {**head, "passed": all(r.get("passed") for r in per_replica.values()),
             "summary": "; ".join(f"replica {i}: {r.get('summary', '?')}" for i, r in sorted(per_replica.items())),
             "scope": f"replica {index}, the weakest of {len(per_replica)} gated one at a time",

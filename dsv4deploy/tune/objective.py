@@ -105,6 +105,10 @@ class Measurement:
     p99_tpot_ms: float | None = None
     completed: int = 0
     failed: int = 0
+    # the gate's early pass (either runner): the level stopped as a clear pass, so the figures rest on
+    # `completed` of its `num_prompts` requests (a full run's on all of them), as the gate reads them
+    passed_early: bool = False
+    num_prompts: int = 0
     cannot_reach: bool = False               # the gate's early stop: it could not reach the floor
     gate_passed: bool | None = None          # the gate's verdict on the level, when the backend judged it
     error: str | None = None                 # the candidate did not serve (start failed, OOM, no health)
@@ -116,6 +120,10 @@ class Measurement:
     per_replica: list = field(default_factory=list)
     requests_per_replica: list = field(default_factory=list)   # through a gateway: who served the score
     out_of_memory: bool = False              # it did not start because the GPUs ran out of memory
+
+    def basis(self) -> str:
+        """' (passed early: 64 of 128 requests)' when the figures rest on part of the level, else ''."""
+        return f" (passed early: {self.completed} of {self.num_prompts} requests)" if self.passed_early else ""
 
     def to_dict(self) -> dict:
         return asdict(self)

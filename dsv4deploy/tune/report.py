@@ -111,7 +111,7 @@ def render_markdown(rep: TuneReport, png_name: str | None = "tune.png") -> str:
         t = r.last_trial(c.id)
         mm = t.measurement if t else None
         out.append(f"| {c.id} | {_cell(c.label)} | {status} | {t.level.index if t else ''} | "
-                   f"{_f(mm.output_throughput) if mm else ''} | {_f(mm.p99_ttft_ms) if mm else ''} | "
+                   f"{_f(mm.output_throughput) + mm.basis() if mm else ''} | {_f(mm.p99_ttft_ms) if mm else ''} | "
                    f"{_f(mm.p99_tpot_ms) if mm else ''} | {_cell(why)} |")
     out += ["", "## Pareto front", ""]
     for key, name in LATENCIES:

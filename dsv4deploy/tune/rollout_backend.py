@@ -95,6 +95,8 @@ def measurement_from_report(report: dict, concurrency: int, release: int | None)
                        p99_ttft_ms=(lv.get("ttft_ms") or {}).get("p99"),
                        p99_tpot_ms=(lv.get("tpot_ms") or {}).get("p99"),
                        completed=int(lv.get("completed") or 0), failed=int(lv.get("failed") or 0),
+                       passed_early=lv.get("status") == "ok" and early.get("rule") == "pass",
+                       num_prompts=int(lv.get("num_prompts") or 0),
                        cannot_reach=lv.get("status") == "early_stop" and early.get("rule") != "pass",
                        gate_passed=bool(report.get("passed")), release=release,
                        scope=f"through the gateway ({len(split)} replicas)" if split else "the server",

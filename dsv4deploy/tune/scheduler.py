@@ -119,7 +119,7 @@ class Scheduler:
         self.result.trials.append(trial)
         tag = " (from state)" if trial.from_state else ""
         self.log(f"{cand.id} level {level.index} ({level.num_prompts} prompts at C={level.concurrency}): "
-                 f"{trial.measurement.output_throughput:.1f} tok/s"
+                 f"{trial.measurement.output_throughput:.1f} tok/s{trial.measurement.basis()}"
                  + ("" if trial.feasible else " OUT: " + "; ".join(trial.why_out)) + tag)
         return trial
 

@@ -125,9 +125,11 @@ def verdict(target: dict, gpus: list[dict], cfg: dict, baseline: dict | None, pa
             return {"verdict": INCONCLUSIVE, "cause": None,
                     "reasons": [f"probe TPOT {tpot:.1f} ms > {limit:.1f} ms, but users' load ({busy if busy is not None else 'unknown'} "
                                 "running) makes it not comparable"] + notes}
+        over = baseline.get("requests")
         return {"verdict": FAILED, "cause": REGRESSION,
                 "reasons": [f"probe TPOT {tpot:.1f} ms, {tpot / base - 1:.0%} above the gate's {base:.1f} ms "
-                            f"(limit {cfg['slower_than_gate']:.0%})"] + notes}
+                            + (f"over {over} of {baseline.get('num_prompts')} requests " if over else "")
+                            + f"(limit {cfg['slower_than_gate']:.0%})"] + notes}
     return {"verdict": PASSED, "cause": None, "reasons": notes}
 
 

@@ -68,14 +68,16 @@ def gateway_url(data: dict) -> str | None:
 
 
 def baseline(gate_report: dict | None) -> dict | None:
-    """The release's own gate figures at its one-client level: median TTFT and TPOT (ms). None:
-    no report, or no level at concurrency 1 (the probe's speed then stays inconclusive)."""
+    """The release's own gate figures at its one-client level: median TTFT and TPOT (ms), and the
+    requests they rest on (`requests` of the level's `num_prompts`: fewer when it passed early).
+    None: no report, or no level at concurrency 1 (the probe's speed then stays inconclusive)."""
     doc = gate_report or {}
     for level in (doc.get("result") or doc).get("levels") or []:
         if level.get("concurrency") == 1:
             tpot, ttft = (level.get("tpot_ms") or {}).get("median"), (level.get("ttft_ms") or {}).get("median")
             if tpot:
-                return {"tpot_ms": float(tpot), "ttft_ms": float(ttft) if ttft else None}
+                return {"tpot_ms": float(tpot), "ttft_ms": float(ttft) if ttft else None,
+                        "requests": level.get("completed"), "num_prompts": level.get("num_prompts")}
     return None
 
 
