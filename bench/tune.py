@@ -38,12 +38,16 @@ def main() -> int:
     ap.add_argument("--profile", default="fp8-ctx1m-baseline")
     ap.add_argument("--inventory", default="inventory/sim.py")
     ap.add_argument("--fresh", action="store_true", help="forget an earlier run's measurements")
+    ap.add_argument("--state-dir", help="passed to dsv4deploy tune (default .cache/tune)")
+    ap.add_argument("--reports-dir", help="passed to dsv4deploy tune (default reports)")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=V1,V2",
                     help="passed to dsv4deploy tune (replaces that knob's tune.space entry), e.g. "
                          "--set server.context_length=8192 (default: the profile's own space)")
     args = ap.parse_args()
     cli = [str(REPO / ".venv" / "bin" / "dsv4deploy"), "tune", args.profile, "--inventory", args.inventory,
-           *(w for s in args.set for w in ("--set", s))]
+           *(w for s in args.set for w in ("--set", s)),
+           *(["--state-dir", args.state_dir] if args.state_dir else []),
+           *(["--reports-dir", args.reports_dir] if args.reports_dir else [])]
     plan = json.loads(subprocess.run([*cli, "--plan", "--json"], cwd=REPO, capture_output=True, text=True,
                                      check=True).stdout)
     start = time.monotonic()
@@ -76,7 +80,9 @@ def main() -> int:
             oom += [c["id"]] if m.get("out_of_memory") else []
             alone = ", ".join(f"replica {g['replica']} alone {g['output_throughput']:.1f}" for g in m.get("per_replica") or [])
             split = m.get("requests_per_replica") or []
-            print(f"        level {t['level']}: {m['output_throughput']:7.1f} tok/s {m.get('scope') or ''}"
+            early = (f" (passed early: {m.get('completed')} of {m.get('num_prompts')} requests)"
+                     if m.get("passed_early") else "")
+            print(f"        level {t['level']}: {m['output_throughput']:7.1f} tok/s{early} {m.get('scope') or ''}"
                   + (f", requests per replica {split}" if split else "") + (f" (rolled: {alone})" if alone else ""))
     print(f"wall time {wall:.0f} s; verdict: {doc.get('verdict')}")
     print(f"did not start for lack of GPU memory: {', '.join(sorted(set(oom))) or 'none'}")

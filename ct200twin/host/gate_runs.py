@@ -1,19 +1,22 @@
 """Both gate runners against one twin server: the built-in client and SGLang's bench_serving, each
 run on the twin as a deploy runs it (over SSH, as the gate account; bench_serving from the
 server's venv, with the checkpoint's tokenizer), every level of the profile's gate to its end, and
-how far apart they came out. Shared by bench/gate_runners.py (the figures, every level of the
-profile's gate) and tests/test_gate_runners_twin.py (the agreement within 1% on shorter levels).
+how far apart they came out; and one runner's gate with its early pass against the same gate run
+in full. Shared by bench/gate_runners.py (the figures, every level of the profile's gate) and
+tests/test_gate_runners_twin.py (the agreement within 1% on shorter levels).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ct200twin.faultlab.reading import releases
 
 from dsv4deploy.gate import run_gate
+from dsv4deploy.gate.runner import GateOutcome
 from dsv4deploy.gate.inputs import GateHost, GateOptions, GateServer
 from dsv4deploy.gate.result import GateResult, LevelResult
 from dsv4deploy.gate.spec import GateSpec
@@ -107,3 +110,35 @@ def agreements(results: dict[str, GateResult]) -> list[Agreement]:
     """The levels both runners measured, paired by concurrency."""
     theirs = {lv.concurrency: lv for lv in results["bench_serving"].levels}
     return [Agreement(lv, theirs[lv.concurrency]) for lv in results["builtin"].levels if lv.concurrency in theirs]
+
+
+def early_and_full(twin, spec: GateSpec, server: GateServer, runner: str, log=None) -> dict[str, tuple[float, GateOutcome]]:
+    """RUNNER's gate as a deploy runs it, in full (early_pass off) and with its early pass, one after
+    the other on the same server: {"full" | "early": (wall s as the control node timed it, outcome)}."""
+    host = twin_gate_host(twin)
+    out = {}
+    for name, early in (("full", False), ("early", True)):
+        t0 = time.monotonic()
+        outcome = run_gate(spec, host, server, GateOptions(runner=runner, early_pass=early), log=log)
+        out[name] = (time.monotonic() - t0, outcome)
+    return out
+
+
+EARLY_HEADER = ("| runner | level | full: tok/s over | early pass: tok/s over | gap | level s, full / early |\n"
+                "|---|---|---|---|---|---|")
+
+
+def early_rows(runner: str, runs: dict[str, tuple[float, GateOutcome]]) -> list[str]:
+    """One Markdown row per level of early_and_full's RUNS: each figure with what it rests on."""
+    full, early = runs["full"][1].result, runs["early"][1].result
+    rows = []
+    for lv in sorted(full.levels, key=lambda x: x.concurrency):
+        other = early.level(lv.concurrency)
+        if other is None or other.status == "skipped" or lv.status == "skipped":
+            rows.append(f"| {runner} | {lv.label} | {lv.status} | {other.status if other else 'absent'} | | |")
+            continue
+        gap = other.output_throughput / lv.output_throughput - 1 if lv.output_throughput else 0.0
+        rows.append(f"| {runner} | {lv.label} | {lv.output_throughput:.1f} over {lv.basis()} | "
+                    f"{other.output_throughput:.1f} over {other.basis()} | {100 * gap:+.1f}% | "
+                    f"{lv.extra.get('wall_s', lv.duration_s):.1f} / {other.extra.get('wall_s', other.duration_s):.1f} |")
+    return rows
