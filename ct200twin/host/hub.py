@@ -48,8 +48,8 @@ Faults for tests (:class:`HubFaults`; also ``PUT /_sim/faults`` with JSON, ``GET
             connection for up to 30 s (a hung transfer: a test kills the client meanwhile).
 ``fail``    {path: N}: the next N GETs of the file answer 500.
 ``rate``    bytes per second per response (0: unlimited), so a test can kill a client mid-way.
-``GET /_sim/requests`` lists the requests served (method, path, range, status, bytes sent, cut,
-start and end time), appended when each answer ends;
+``GET /_sim/requests`` lists the requests answered (method, path, range, status, bytes sent, cut, client,
+User-Agent, start and end time), appended once the answer is written (a client gone by then never read it);
 ``DELETE /_sim/requests`` clears the list.  ``/_sim/*`` needs no token.
 """
 
@@ -320,6 +320,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _record(self, status: int, sent: int = 0, cut: bool = False) -> None:
         self.hub.log({"method": self.command, "path": urlsplit(self.path).path, "range": self.headers.get("Range"),
                       "status": status, "sent": sent, "cut": cut, "auth": "Authorization" in self.headers,
+                      "agent": self.headers.get("User-Agent"), "client": self.client_address[0],
                       "start": getattr(self, "_started", None), "time": time.time()})
 
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None,

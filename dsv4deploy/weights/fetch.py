@@ -38,6 +38,7 @@ HF_PARTIAL = ".cache/huggingface/download"     # hf download's own *.<uuid>.inco
 TOKEN_CREDENTIAL = "hf-token"
 CHUNK = 1 << 20
 TRIES = 5
+USER_AGENT = "dsv4deploy-weights-fetch/1"    # names this program in the hub's and its CDN's logs
 
 
 def _unsafe(path: str) -> bool:
@@ -59,7 +60,7 @@ def _request(url: str, method: str, headers: dict, proxy: str | None = None, tim
             target = url
     else:
         conn = cls(u.hostname, u.port, timeout=timeout)
-    conn.request(method, target, headers=headers)
+    conn.request(method, target, headers={"User-Agent": USER_AGENT, **headers})
     return conn, conn.getresponse()
 
 
