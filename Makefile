@@ -220,7 +220,9 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 	rc=$$?; $(call REFRESH_REPORT,$(INVENTORY)); exit $$rc)
 
 # The twin's Debian root and SGLang's parser venvs start building (bare python3, in the background;
-# the parser venvs and the control venv with the one uv, bootstrapped first) before the venv installs;
+# the parser venvs and the control venv with the one uv, bootstrapped first) before the venv installs,
+# and the release's wheels are fetched into that uv's cache (the twins with the real host's venv get
+# them linked into their own caches: ct200twin/host/uv_cache.py);
 # then five pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
 # it), the three groups on isolated twins (own network namespaces, so they collide with nothing: the
 # fleet of three followed by the rollbacks on a twin of their own, the lab twin that the fault
@@ -240,6 +242,7 @@ test: twin-debs browser-debs
 	  > .cache/rootfs-build.log 2>&1 &
 	@python3 -m dsv4deploy.host.uvpip path > /dev/null
 	@python3 tests/tools/sglang_parser.py prebuild > .cache/parser-build.log 2>&1 &
+	@python3 -m ct200twin.host.uv_cache warm > .cache/uv-warm.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
 	@$(BIN)/pytest -m twin -p no:cacheprovider --durations=8 $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE) $(OWN_TWINS) $(WATCH_TWIN)) \

@@ -17,6 +17,7 @@ import pytest
 
 from ct200twin import faultlab
 from ct200twin.host import machines as simhost
+from ct200twin.host import uv_cache
 from ct200twin.server.faults import DEFAULT_PATH as TWIN_FAULTS
 
 NOT_ROOT = os.geteuid() != 0
@@ -42,6 +43,7 @@ def sim_twin():
             time.sleep(1)
         time.sleep(5)
         twin = simhost.up(1)[0]
+    uv_cache.share(twin.root, wait=True)      # its venv is the real host's: the release's wheels warm
     _calibrated(twin)
     yield twin
     _calibrated(twin)
@@ -64,13 +66,17 @@ LAB_FLEET = os.environ.get("DSV4_SIM_LAB_FLEET", "lab")    # another name: a lab
 LAB_ENV = {"DSV4_SIM_FLEET": LAB_FLEET, "DSV4_SIM_LAUNCH_CHECK": "twin"}
 
 
-def _isolated_twin(fleet: str):
+def _isolated_twin(fleet: str, real_venv: bool = False):
     """Twin 1 of FLEET (`sim up --fleet FLEET`: its own network namespace, docs/fleet.md), reset to
-    CT200's GPUs; stopped at the end unless it ran before (or DSV4_SIM_KEEP=1)."""
+    CT200's GPUs; stopped at the end unless it ran before (or DSV4_SIM_KEEP=1). REAL_VENV: its
+    deploys install the real host's venv, so its uv cache first gets the release's wheels once
+    make test's background fetch of them is done (ct200twin/host/uv_cache.py)."""
     if NOT_ROOT:
         pytest.skip(NOT_ROOT_REASON)
     was_running = simhost.SimHost(1, fleet).running()
     twin = simhost.up(1, fleet=fleet)[0]
+    if real_venv:
+        uv_cache.share(twin.root, wait=True)
     _calibrated(twin)
     yield twin
     _calibrated(twin)

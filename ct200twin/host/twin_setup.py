@@ -1,8 +1,8 @@
 """Making a twin before it boots: its root, a copy of the cached one with its own machine-id and
 host key (``_create_twin``); at every boot its sshd configuration, root's and the deploy
-account's keys and sudo, /etc/hosts, this machine's environment, the GPU tools and the kernel
-log's stand-in (``_configure_twin``); and on this side, the client keys and the twins' host keys in
-known_hosts (host-key checking stays on).
+account's keys and sudo, /etc/hosts, this machine's environment, the GPU tools, the kernel
+log's stand-in and this machine's uv cache linked into the twin's (``_configure_twin``); and on
+this side, the client keys and the twins' host keys in known_hosts (host-key checking stays on).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ct200twin.host.netns import LAN_NAME
 from ct200twin.host.proxyctl import PORT as PROXY_PORT
 from ct200twin.host.rootfs import ROOTFS_MARKER
 from ct200twin.host.twin_host import DEPLOY_USER, SimHost
+from ct200twin.host.uv_cache import share as share_uv_cache
 
 log = logging.getLogger("ct200twin.host")
 
@@ -130,4 +131,5 @@ def _configure_twin(host: SimHost) -> None:
                               direct=(host.net()["host_ip"], LAN_NAME))
     _install_twin_tools(root, host.name)
     _kernel_log_stand_in(root)
+    share_uv_cache(root)                  # a host that installed before: its uv cache warm (uv_cache.py)
     _record_host_key(host.address, (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text())
