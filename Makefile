@@ -223,17 +223,23 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 # the parser venvs and the control venv with the one uv, bootstrapped first) before the venv installs,
 # and the release's wheels are fetched into that uv's cache (the twins with the real host's venv get
 # them linked into their own caches: ct200twin/host/uv_cache.py);
-# then five pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
-# it), the three groups on isolated twins (own network namespaces, so they collide with nothing: the
+# then seven pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
+# it), the five groups on isolated twins (own network namespaces, so they collide with nothing: the
 # fleet of three followed by the rollbacks on a twin of their own, the lab twin that the fault
-# matrix and the replica sets share, and the tests with a twin of their own) and all the others
-# (they mostly compute). The twins' logs,
+# matrix and the replica sets share, the tests with a twin of their own, the gate runners'
+# comparison and the slow baseline, each on a twin with the real venv) and all the others (they
+# mostly compute). The twins' logs,
 # with each group's slowest tests, are printed when all are done.
 ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py tests/test_faults_rollback_twin.py \
   tests/test_memory_calibration_twin.py
 # Tests that each boot an isolated twin of their own (the download's hub, the driver's apt repository,
 # root's login without sudo, the watch's sick twin): a fourth process, one twin after the other.
 OWN_TWINS := tests/test_download_resume_twin.py tests/test_driver_apt_twin.py tests/test_root_login_twin.py
+# Both gate runners' full levels on one server (about 4 minutes), and the shipped slow baseline
+# failing bench_serving's gate (about 4 minutes, mostly waiting): each on an isolated twin with the
+# real host's venv, in a process of its own, not on the default twin's path.
+RUNNER_TWIN := tests/test_gate_runners_twin.py
+BASELINE_TWIN := tests/test_slow_baseline_twin.py
 # The watch's twin test (about 10 minutes; its sick twin stopped answering SSH under make test's
 # load once): `make test-watch` runs it on its own until it is made robust (docs/testing.md).
 WATCH_TWIN := tests/test_watch_twin.py
@@ -245,19 +251,25 @@ test: twin-debs browser-debs
 	@python3 -m ct200twin.host.uv_cache warm > .cache/uv-warm.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
 	@$(BIN)/pytest -m twin -p no:cacheprovider --durations=8 $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
-	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE) $(OWN_TWINS) $(WATCH_TWIN)) \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE) $(OWN_TWINS) $(WATCH_TWIN) $(RUNNER_TWIN) $(BASELINE_TWIN)) \
 	  $(PYTEST_ARGS) > .cache/test-lab.log 2>&1 & lab=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(ISOLATED_THREE) $(PYTEST_ARGS) \
 	  > .cache/test-fleet.log 2>&1 & fleet=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(OWN_TWINS) $(PYTEST_ARGS) \
 	  > .cache/test-own.log 2>&1 & own=$$!; \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(RUNNER_TWIN) $(PYTEST_ARGS) \
+	  > .cache/test-runners.log 2>&1 & runners=$$!; \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(BASELINE_TWIN) $(PYTEST_ARGS) \
+	  > .cache/test-baseline.log 2>&1 & baseline=$$!; \
 	$(BIN)/pytest -m "not twin and not fleet" --durations=8 $(PYTEST_ARGS); rest=$$?; \
 	wait $$twin; twin_rc=$$?; wait $$lab; lab_rc=$$?; wait $$fleet; fleet_rc=$$?; wait $$own; own_rc=$$?; \
+	wait $$runners; runners_rc=$$?; wait $$baseline; baseline_rc=$$?; \
 	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins, then the rollbacks' twin" \
-	  own:"isolated twins of their own, one after the other"; do \
+	  own:"isolated twins of their own, one after the other" runners:"the gate runners' twin (the real venv)" \
+	  baseline:"the slow baseline's twin (the real venv)"; do \
 	  echo; echo "=============== tests on $${log#*:} (.cache/test-$${log%%:*}.log) ==============="; \
 	  cat .cache/test-$${log%%:*}.log; done; \
-	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc $$own_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
+	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc $$own_rc $$runners_rc $$baseline_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 test-watch: twin-debs venv
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(WATCH_TWIN) $(PYTEST_ARGS)

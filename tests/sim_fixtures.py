@@ -129,6 +129,32 @@ def fault_lab(twin, profiles_dir, env: dict[str, str]):
     twin.run(f"rm -f {faultlab.FAULTS}", check=False)
 
 
+RUNNER_FLEET = os.environ.get("DSV4_SIM_RUNNER_FLEET", "runners")
+# The gate runners' comparison: SGLang's bench_serving runs from the server's venv, so this twin's
+# venv is the real host's (no DSV4_SIM_LAUNCH_CHECK=twin), as on the default twin.
+RUNNER_ENV = {"DSV4_SIM_FLEET": RUNNER_FLEET}
+
+
+@pytest.fixture(scope="session")
+def runner_twin():
+    """An isolated twin with the real host's venv for tests/test_gate_runners_twin.py: make test runs
+    it in a process of its own, beside the default twin's (both runners' full levels take about
+    4 minutes, which the default twin's process need not wait for)."""
+    yield from _isolated_twin(RUNNER_FLEET, real_venv=True)
+
+
+BASELINE_FLEET = os.environ.get("DSV4_SIM_BASELINE_FLEET", "baseline")
+# The shipped slow baseline gated by SGLang's bench_serving: the real host's venv, as RUNNER_ENV.
+BASELINE_ENV = {"DSV4_SIM_FLEET": BASELINE_FLEET}
+
+
+@pytest.fixture(scope="session")
+def baseline_twin():
+    """An isolated twin with the real host's venv for tests/test_slow_baseline_twin.py (its gate
+    stops after about 3.5 minutes, mostly waiting): a process of its own in make test."""
+    yield from _isolated_twin(BASELINE_FLEET, real_venv=True)
+
+
 ROOT_FLEET = os.environ.get("DSV4_SIM_ROOT_FLEET", "root")
 # CT200's likely login: root over SSH with a key, no sudo (DSV4_SIM_USER=root); the twin's own
 # parser for the launch check, as for the rollbacks (what is tested is the login, not the parser).

@@ -3,7 +3,8 @@
 The module's tests run in order on twin-1 and build on each other: first deploy, no-op
 re-deploy, plan, a gate that fails and rolls back, profile switch, then the refusals, manual
 rollbacks and history. The rollbacks after a crash, no health, errors or a crash mid-gate, and a
-patched venv with an API key, have a twin of their own (tests/test_rollbacks_twin.py).
+patched venv with an API key, have a twin of their own (tests/test_rollbacks_twin.py), and so has
+the shipped slow baseline failing SGLang's bench_serving gate (tests/test_slow_baseline_twin.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ pytestmark = pytest.mark.slow
 # context length. The first deploy's gate is SGLang's bench_serving, picked by `auto`.
 FIRST_DEPLOY: dict = {}
 VARIANTS = {"quick16k": 16384}
+# The slow baseline gated by the built-in client: its per-request progress stops the gate once the
+# floor is out of reach (bench_serving's stop, on the shipped profile: tests/test_slow_baseline_twin.py)
+SLOW = "fp8builtin"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +42,7 @@ def profiles(tmp_path_factory):
     for name, ctx in VARIANTS.items():    # the built-in client: these test the rollout, not the runner
         (folder / f"{name}.yaml").write_text(f"extends: nvfp4-ctx8k\nserver:\n  context_length: {ctx}\n"
                                              + QUICK_GATE + "  runner: builtin\n")
+    (folder / f"{SLOW}.yaml").write_text("extends: fp8-ctx1m-baseline\ngate:\n  runner: builtin\n")
     return folder
 
 
@@ -158,26 +163,20 @@ def test_plan_shows_the_unit_diff_and_changes_nothing(twin):
     assert twin.run("test -e /var/lib/dsv4deploy/deploy.lock", check=False).returncode != 0
 
 
-def test_the_slow_baseline_fails_its_gate_early_and_rolls_back(twin):
+def test_the_slow_baseline_fails_its_gate_early_and_rolls_back(twin, profiles):
     start = time.monotonic()
-    out = deploy("fp8-ctx1m-baseline")
+    out = deploy(SLOW, profiles_dir=profiles)
     took = time.monotonic() - start
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "release 0002 (fp8-ctx1m-baseline) failed the smoke gate: C=64" in text, text[-3000:]
-    if "bench_serving still running" in text:
-        # the twin's venv is the real host's, so the auto runner is SGLang's bench_serving, as on
-        # CT200: no per-request progress, it stops once the floor is out of reach in time
-        assert "stopped early" in text and "cannot reach the floor" in text
-        assert took < 300, "the full gate of this profile would take about 27 minutes"
-    else:
-        assert "C=64 output throughput" in text and "< floor 400 tok/s" in text and "stopped early" in text
-        assert took < 180, "the full gate of this profile would take about 27 minutes"
+    assert f"release 0002 ({SLOW}) failed the smoke gate: C=64" in text, text[-3000:]
+    assert "C=64 output throughput" in text and "< floor 400 tok/s" in text and "stopped early" in text
+    assert took < 180, "the full gate of this profile would take about 27 minutes"
     assert "rolled back: release 0003 (restores 0001, profile nvfp4-ctx8k) is serving" in text
     assert "Traceback" not in text
     recs = releases(twin)
     assert [(r["release"], r["profile"], r["status"]) for r in recs] == [
-        (1, "nvfp4-ctx8k", "superseded"), (2, "fp8-ctx1m-baseline", "failed"), (3, "nvfp4-ctx8k", "deployed")]
+        (1, "nvfp4-ctx8k", "superseded"), (2, SLOW, "failed"), (3, "nvfp4-ctx8k", "deployed")]
     assert recs[1]["gate"]["passed"] is False
     assert health(twin) == "200" and served_context(twin) == 8192
 
@@ -317,7 +316,7 @@ def test_rollback_to_a_named_release_and_refusals(twin):
 def test_history_lists_every_release_with_its_gate(twin):
     out = run(["make", "history"])
     assert out.returncode == 0, out.stderr
-    for needle in ("nvfp4-ctx8k", "fp8-ctx1m-baseline", "failed", "rollback of 0001", "deployed",
+    for needle in ("nvfp4-ctx8k", SLOW, "failed", "rollback of 0001", "deployed",
                    "pass: C=64", "FAIL: C=64"):
         assert needle in out.stdout, needle
     doc = json.loads(run([str(REPO / ".venv/bin/dsv4deploy"), "history", "--json"]).stdout)

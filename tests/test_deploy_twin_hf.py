@@ -39,7 +39,10 @@ def pinned(hub, tmp_path_factory, sim_twin):  # noqa: F811
     folder = tmp_path_factory.mktemp("profiles")
     for src in (REPO / "profiles").glob("*.yaml"):
         (folder / src.name).write_text(src.read_text())
-    (folder / "hfq.yaml").write_text("extends: nvfp4-ctx8k\nserver:\n  context_length: 12288\n" + QUICK_GATE)
+    # the built-in client: these test the download, not the runner (bench_serving's start costs
+    # ~19 s a level; the first deploy of tests/test_deploy_twin.py is gated by it)
+    (folder / "hfq.yaml").write_text("extends: nvfp4-ctx8k\nserver:\n  context_length: 12288\n" + QUICK_GATE
+                                     + "  runner: builtin\n")
     env = {**os.environ, "DSV4_PROFILES_DIR": str(folder), "HF_ENDPOINT": hub.url}
     out = subprocess.run([str(REPO / ".venv/bin/dsv4deploy"), "pin", "hfq"], cwd=REPO, env=env,
                          capture_output=True, text=True)
