@@ -20,6 +20,7 @@ import time
 import pytest
 
 from ct200twin import faultlab
+from ct200twin.faultlab.tool import run as tool_run
 from sim_fixtures import LAB_ENV, LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
@@ -249,3 +250,65 @@ def test_a_set_that_shrinks_rolls_and_stops_the_replica_it_no_longer_runs(rset):
     back = faultlab.deploy(BASE, *downtime, profiles_dir=rset.profiles, inventory=INVENTORY, env=rset.env)
     assert back.returncode == 0, (back.stdout + back.stderr)[-4000:]
     assert _routes(twin) == 2
+
+
+def gpu_memory(twin) -> dict[int, tuple[int, list[tuple[int, int]]]]:
+    """Each GPU's memory.used and its compute apps (pid, MiB), as the twin's nvidia-smi says."""
+    out = twin.run("for i in 0 1 2 3 4 5 6 7; do echo \"$i|$(nvidia-smi -i $i --query-gpu=memory.used "
+                   "--format=csv,noheader,nounits)|$(nvidia-smi -i $i --query-compute-apps=pid,used_memory "
+                   "--format=csv,noheader,nounits | tr '\\n' ';')\"; done").stdout
+    found = {}
+    for line in out.splitlines():
+        index, used, apps = line.split("|")
+        found[int(index)] = (int(used), [tuple(map(int, a.split(", "))) for a in apps.split(";") if a])
+    return found
+
+
+def watch_once(twin) -> list[dict]:
+    """One interval of the release's watch, now; the GPUs as it read them."""
+    twin.run("systemctl start dsv4-watch.service", timeout=300)
+    return json.loads(twin.read_file("/var/lib/dsv4-watch/state.json"))["last_reading"]["gpus"]
+
+
+def host_status(lab) -> dict:
+    out = tool_run([str(faultlab.REPO / ".venv/bin/dsv4deploy"), "status", "--inventory", INVENTORY,
+                             "--json"], env=lab.env, timeout=120)
+    return json.loads(out.stdout)["hosts"][0]
+
+
+def test_the_gpus_show_what_each_replica_holds_and_a_process_left_on_them_fails_the_shrink(rset):
+    """The twin's nvidia-smi reports what each replica's server holds (its memory model) by PID, and
+    the watch takes them for the release's own. A process that is none of the release's, left on
+    replica 1's GPUs: the watch and `dsv4deploy status` name it, and the shrink to one replica, which
+    checks replica 1's GPUs free once it is stopped, fails there and restores the set of two."""
+    from ct200twin.host import sick
+
+    twin = rset.twin
+    if [r["profile"] for r in faultlab.releases(twin)[-1:]] != [BASE] or 0 in pids(twin).values():
+        first = rset.deploy(BASE)
+        assert first.rc == 0, first.output[-3000:]
+    owner = pids(twin)
+    mem = gpu_memory(twin)
+    held = mem[0][0]
+    assert held > 60000, mem          # TP4 at 0.70: its static share, the CUDA context, the decode graphs
+    for i in range(8):
+        pid = owner["sglang@0.service" if i < 4 else "sglang@1.service"]
+        assert mem[i] == (held, [(pid, held)]), mem
+    assert all(g["foreign_mib"] == 0 for g in watch_once(twin))
+    leak = sick.hold(twin, [4, 5, 6, 7], 4000)     # what is left free beside a replica: a few GiB
+    try:
+        assert gpu_memory(twin)[4] == (held + 4000, [(owner["sglang@1.service"], held), (leak, 4000)])
+        assert {g["index"]: g["foreign_mib"] for g in watch_once(twin)} == {**{i: 0 for i in range(4)},
+                                                                            **{i: 4000 for i in range(4, 8)}}
+        status = host_status(rset)
+        assert "GPU 4 4000 MiB held by a process that is not the release's" in status["gpus"]["faults"], status
+        assert status["set"]["replicas"][1]["gpu_mib"] == [held + 4000] * 4
+        shrink = rset.deploy(ONE)
+        assert shrink.rc != 0, shrink.output[-3000:]
+        assert "its GPUs are not free after the stop: GPU 4: 4000 MiB in use; GPU 5: 4000 MiB in use" \
+            in shrink.output, shrink.output[-3000:]
+    finally:
+        twin.run(f"systemctl stop {sick.HOLD_UNIT}-4-5-6-7", check=False)
+    assert _routes(twin) == 2 and faultlab.releases(twin)[-1]["profile"] == BASE
+    again = gpu_memory(twin)
+    assert again[4] == (held, [(pids(twin)["sglang@1.service"], held)]), again

@@ -1,6 +1,8 @@
 """What nvidia-smi reports in a twin: the settings file (``gpus.json``, CT200's eight GPUs by
 default), the fake nvidia-smi (``sim/nvidia_smi.py``, installed as /usr/bin/nvidia-smi while
-the "driver" is installed) and the stand-in driver tool that installs or removes it.
+the "driver" is installed), the stand-in driver tool that installs or removes it, and the folder
+where the twin's servers say what GPU memory they hold (made at every boot by systemd-tmpfiles:
+ct200twin/server/gpu_hold.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from ct200twin.host.files import _guard, _write
 from ct200twin.host.layout import PACKAGE_DIR
-from ct200twin.host.nvidia_smi import DEFAULTS as NVIDIA_SMI_DEFAULTS
+from ct200twin.host.nvidia_smi import DEFAULTS as NVIDIA_SMI_DEFAULTS, HOLDS_DIR
 
 NVIDIA_SMI_SCRIPT = PACKAGE_DIR / "nvidia_smi.py"
 
@@ -20,6 +22,12 @@ TWIN_GPUS_FILE = TWIN_SETTINGS_DIR + "/gpus.json"
 TWIN_NVIDIA_SMI_LIB = "usr/lib/dsv4deploy-twin/nvidia-smi"
 TWIN_NVIDIA_SMI = "usr/bin/nvidia-smi"
 TWIN_DRIVER_TOOL = "usr/local/sbin/dsv4deploy-twin-driver"
+TWIN_HOLDS_TMPFILES = "etc/tmpfiles.d/dsv4deploy-twin-gpu.conf"
+# /dev/shm is the container's own tmpfs, empty at every boot; any user's server writes its own file
+# there (sticky: none removes another's), as any process may allocate on a GPU on the host
+HOLDS_TMPFILES = ("# written by dsv4deploy sim: where the twin's servers say what GPU memory they hold,\n"
+                  "# the stand-in for the driver's accounting (ct200twin/server/gpu_hold.py)\n"
+                  f"d {HOLDS_DIR} 1777 root root -\n")
 
 # the twin's settings file starts from the fake nvidia-smi's own CT200 defaults (one table): the
 # settings `sim gpus` can change
@@ -75,6 +83,7 @@ def _apply_gpus(root: Path, settings: dict[str, Any]) -> None:
 def _install_twin_tools(root: Path, name: str) -> None:
     _write(root / TWIN_NVIDIA_SMI_LIB, NVIDIA_SMI_SCRIPT.read_bytes(), 0o755)
     _write(root / TWIN_DRIVER_TOOL, _DRIVER_TOOL, 0o755)
+    _write(root / TWIN_HOLDS_TMPFILES, HOLDS_TMPFILES, 0o644)
     settings = dict(GPU_DEFAULTS, uuid_seed=name)
     settings.update(_read_gpus(root))
     _apply_gpus(root, settings)

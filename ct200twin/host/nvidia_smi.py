@@ -28,8 +28,14 @@ file again): ``"faults": {"<index>": {...}}`` with ``gone`` (the GPU fell off th
 longer listed, "Unable to determine the device handle" on stderr), ``ecc_uncorrectable`` (n),
 ``remap_pending`` (bool), ``clock_events`` (names such as ``hw_thermal_slowdown``: reported
 Active), ``pcie_gen`` / ``pcie_width`` (the link as trained now, below the slot's 5 / 16);
-``"foreign_processes": [{"gpu": i, "pid": n, "used_mib": m}]`` are listed by
-``--query-compute-apps`` beside nothing else (the twin's server holds no real GPU memory).
+``"foreign_processes": [{"gpu": i, "pid": n, "used_mib": m}]``: processes that need not run.
+
+The memory a process holds: the twin's servers write what they hold per GPU into
+``/dev/shm/dsv4deploy-twin-gpu/<pid>.json`` (ct200twin/server/gpu_hold.py; env
+``DSV4_TWIN_GPU_HOLDS`` moves the folder), the stand-in for the driver's accounting. A file
+counts while its PID runs the process that wrote it (same start time, not a zombie): a server
+stopped or killed holds nothing, as on the host. These processes and the foreign ones are
+listed by ``--query-compute-apps`` and the summary table, and add to ``memory.used``.
 
 Missing keys take these defaults (CT200's values). ``memory_used_mib`` may be
 a list (one value per GPU).  Exit codes follow the real tool: 2 for a bad
@@ -45,6 +51,8 @@ import time
 
 SETTINGS_PATH = "/etc/dsv4deploy-twin/gpus.json"
 SETTINGS_ENV = "DSV4_TWIN_GPUS"
+HOLDS_DIR = "/dev/shm/dsv4deploy-twin-gpu"      # the servers' side: ct200twin/server/gpu_hold.py
+HOLDS_ENV = "DSV4_TWIN_GPU_HOLDS"
 
 DEFAULTS = {
     "count": 8,
@@ -104,8 +112,8 @@ class Gpu:
         used = s["memory_used_mib"]
         if isinstance(used, list):
             used = used[index] if index < len(used) else 0
-        self.memory_used = int(used)
-        self.memory_free = max(self.memory_total - self.memory_used, 0)
+        self.memory_base = int(used)
+        self.processes = []         # {"pid", "name", "used_mib"} of the processes holding memory here
         digest = hashlib.sha1(("%s:%d" % (s["uuid_seed"], index)).encode()).hexdigest()
         self.uuid = "GPU-%s-%s-%s-%s-%s" % (
             digest[0:8], digest[8:12], digest[12:16], digest[16:20], digest[20:32])
@@ -114,6 +122,14 @@ class Gpu:
         self.bus_id = "00000000:%02X:00.0" % bus
         self.numa = 0 if index < max(int(s["count"]) // 2, 1) else 1
         self.power_limit = int(s.get("power_limit_w") or 600)
+
+    @property
+    def memory_used(self):
+        return min(self.memory_base + sum(p["used_mib"] for p in self.processes), self.memory_total)
+
+    @property
+    def memory_free(self):
+        return max(self.memory_total - self.memory_used, 0)
 
 
 def fault(g, key, default=None):
@@ -127,7 +143,59 @@ def gpus(settings):
     for g in every:
         if fault(g, "gone"):
             sys.stderr.write("Unable to determine the device handle for GPU%s: Unknown Error\n" % g.bus_id[4:])
-    return [g for g in every if not fault(g, "gone")]
+    listed = [g for g in every if not fault(g, "gone")]
+    by_index = {g.index: g for g in listed}
+    for p in settings.get("foreign_processes") or []:
+        if isinstance(p, dict) and p.get("gpu") in by_index:
+            by_index[p["gpu"]].processes.append({"pid": int(p.get("pid", 0)), "name": str(p.get("name", "python3")),
+                                                 "used_mib": int(p.get("used_mib", 0))})
+    for pid, name, token, mib in held(os.environ.get(HOLDS_ENV) or HOLDS_DIR):
+        for g in select(listed, token)[:1]:
+            g.processes.append({"pid": pid, "name": name, "used_mib": mib})
+    return listed
+
+
+def running(pid, start):
+    """Whether PID still runs the process that wrote its file: it exists, is no zombie, and
+    started at START (a PID reused is another process). kill(pid, 0) answers for any user."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass
+    except OSError:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid, encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    if fields and fields[0] in ("Z", "X"):
+        return False
+    return start is None or len(fields) < 20 or fields[19] == str(start)
+
+
+def held(folder):
+    """(pid, name, GPU as -i names it, MiB) of each running process's file in FOLDER, by PID."""
+    try:
+        names = sorted(os.listdir(folder), key=lambda n: (len(n), n))
+    except OSError:
+        return []
+    out = []
+    for fname in names:
+        if not (fname.endswith(".json") and fname[:-5].isdigit()):
+            continue
+        try:
+            with open(os.path.join(folder, fname), encoding="utf-8") as f:
+                doc = json.load(f)
+            pid = int(doc["pid"])
+            per_gpu = {str(k): int(v) for k, v in dict(doc["gpus"]).items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if pid != int(fname[:-5]) or not running(pid, doc.get("start")):
+            continue
+        name = str(doc.get("name") or "python3")
+        out += [(pid, name, token, mib) for token, mib in per_gpu.items() if mib > 0]
+    return out
 
 
 def select(all_gpus, ids):
@@ -238,22 +306,29 @@ def query_gpu(selected, fields, fmt):
     return "\n".join(lines) + "\n"
 
 
+SIDE_FIELDS = {
+    "query-remapped-rows": ("gpu_uuid", "gpu_bus_id", "remapped_rows.correctable", "remapped_rows.uncorrectable",
+                            "remapped_rows.pending", "remapped_rows.failure"),
+    "query-compute-apps": ("gpu_name", "gpu_uuid", "gpu_bus_id", "gpu_serial", "pid", "process_name", "used_memory"),
+}
+
+
 def side_query(settings, selected, mode, fields, fmt):
-    """--query-remapped-rows (one row per GPU) and --query-compute-apps (the foreign processes)."""
+    """--query-remapped-rows (one row per GPU) and --query-compute-apps (a row per GPU and process)."""
+    for f in fields:
+        if f not in SIDE_FIELDS[mode]:
+            raise Exit(2, 'Field "%s" is not a valid field to query.\n\n' % f)
+    mib = "" if "nounits" in fmt else " MiB"
     if mode == "query-remapped-rows":
         rows = [{"gpu_uuid": g.uuid, "gpu_bus_id": g.bus_id, "remapped_rows.correctable": "0",
                  "remapped_rows.uncorrectable": str(fault(g, "ecc_uncorrectable", 0)),
                  "remapped_rows.pending": "Yes" if fault(g, "remap_pending") else "No",
                  "remapped_rows.failure": "No"} for g in selected]
     else:
-        by_index = {g.index: g for g in selected}
-        rows = [{"gpu_uuid": by_index[p["gpu"]].uuid, "gpu_bus_id": by_index[p["gpu"]].bus_id, "pid": str(p["pid"]),
-                 "process_name": p.get("name", "python3"), "used_memory": str(p.get("used_mib", 0))}
-                for p in settings.get("foreign_processes") or [] if p.get("gpu") in by_index]
-    for f in fields:
-        if rows and f not in rows[0]:
-            raise Exit(2, 'Field "%s" is not a valid field to query.\n\n' % f)
-    lines = [] if "noheader" in fmt else [", ".join(fields)]
+        rows = [{"gpu_uuid": g.uuid, "gpu_bus_id": g.bus_id, "pid": str(p["pid"]), "process_name": p["name"],
+                 "used_memory": "%d%s" % (p["used_mib"], mib), "gpu_name": g.name, "gpu_serial": g.serial}
+                for g in selected for p in g.processes]
+    lines = [] if "noheader" in fmt else [", ".join(f + (" [MiB]" if f == "used_memory" else "") for f in fields)]
     lines += [", ".join(r[f] for f in fields) for r in rows]
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -307,9 +382,14 @@ def table_text(s, selected):
             "| Processes:" + " " * 78 + "|",
             "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
             "|        ID   ID                                                               Usage      |",
-            "|" + "=" * 89 + "|",
-            "|  No running processes found" + " " * 61 + "|",
-            wide]
+            "|" + "=" * 89 + "|"]
+    procs = [(g, p) for g in selected for p in g.processes]
+    for g, p in procs:
+        name = p["name"] if len(p["name"]) <= 35 else "..." + p["name"][-32:]
+        out.append("|%5d   N/A  N/A%16d      C   %-36s%10s |" % (g.index, p["pid"], name, "%dMiB" % p["used_mib"]))
+    if not procs:
+        out.append("|  No running processes found" + " " * 61 + "|")
+    out.append(wide)
     return "\n".join(out) + "\n"
 
 

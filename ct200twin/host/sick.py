@@ -4,6 +4,7 @@
     python -m ct200twin.host.sick --fleet watch gpu 2 gone=1 | ecc_uncorrectable=2 | remap_pending=1
                                  | clock_events=hw_thermal_slowdown | pcie_width=8 | pcie_gen=3
     python -m ct200twin.host.sick --fleet watch foreign 2 20000     # a foreign process, MiB
+    python -m ct200twin.host.sick --fleet watch hold 4,5 4000       # a running process holds MiB on each
     python -m ct200twin.host.sick --fleet watch xid 2 79            # an NVRM Xid line in the kernel log
     python -m ct200twin.host.sick --fleet watch heal
 
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
 
 from ct200twin.host.machines import SimHost
-from ct200twin.host.nvidia_smi import _BUSES
+from ct200twin.host.nvidia_smi import _BUSES, HOLDS_DIR
 
 SICK = "/etc/dsv4deploy-twin/sick.json"
 GPUS = "/etc/dsv4deploy-twin/gpus.json"
@@ -56,6 +59,34 @@ def foreign(twin, index: int, mib: int, pid: int = 4242) -> None:
     twin.write_file(GPUS, json.dumps(doc, indent=1, sort_keys=True) + "\n", 0o644)
 
 
+HOLD_UNIT = "dsv4deploy-twin-gpu-hold"
+# the process of `hold`: says what it holds as a twin server does (ct200twin/server/gpu_hold.py), then waits
+_HOLDER = ("import json, os, signal, sys\n"
+           "folder, mib, gpus = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(',')\n"
+           "start = open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19]\n"
+           "path = '%s/%d.json' % (folder, os.getpid())\n"
+           "open(path + '.tmp', 'w').write(json.dumps({'pid': os.getpid(), 'start': start, 'name': 'python3',\n"
+           "                                           'gpus': {g: mib for g in gpus}}))\n"
+           "os.replace(path + '.tmp', path)\n"
+           "while True:\n    signal.pause()\n")
+
+
+def hold(twin, gpus: list[int], mib: int) -> int:
+    """A process that is none of the release's holds MIB on each of GPUS while it runs (a CUDA
+    process left behind, a server started by hand): the transient unit HOLD_UNIT-<gpus>, stopped
+    by `heal`. Returns its PID once nvidia-smi can see it."""
+    unit = f"{HOLD_UNIT}-{'-'.join(map(str, gpus))}"
+    twin.run(f"systemctl reset-failed {unit} 2>/dev/null; systemd-run --quiet --collect --unit {unit} "
+             f"/usr/bin/python3 -c {shlex.quote(_HOLDER)} {HOLDS_DIR} {int(mib)} {','.join(map(str, gpus))}")
+    pid = int(twin.run(f"systemctl show -p MainPID --value {unit}").stdout.strip() or 0)
+    for _ in range(100):
+        if twin.run(f"test -f {HOLDS_DIR}/{pid}.json", check=False).returncode == 0:
+            return pid
+        time.sleep(0.1)
+    raise RuntimeError(f"{unit} (PID {pid}) wrote no {HOLDS_DIR}/{pid}.json: is {HOLDS_DIR} there (a twin "
+                       "booted before it existed)?")
+
+
 def xid(twin, index: int, code: int) -> None:
     """An NVRM Xid record for GPU INDEX in the twin's kernel log, as the driver writes it."""
     bus = "0000:%02x:00" % _BUSES[index]
@@ -66,8 +97,9 @@ def xid(twin, index: int, code: int) -> None:
 
 
 def heal(twin) -> None:
-    """Every sickness off: the server, the GPUs' faults, the foreign processes."""
+    """Every sickness off: the server, the GPUs' faults, the foreign processes and those of `hold`."""
     server(twin)
+    twin.run(f"systemctl stop '{HOLD_UNIT}-*' 2>/dev/null; true", check=False)
     doc = _gpus(twin)
     doc.pop("faults", None)
     doc.pop("foreign_processes", None)
@@ -86,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ct200twin.host.sick", description=__doc__.split("\n\n")[0])
     p.add_argument("--fleet", default=None)
     p.add_argument("--host", type=int, default=1)
-    p.add_argument("what", choices=("server", "gpu", "foreign", "xid", "heal"))
+    p.add_argument("what", choices=("server", "gpu", "foreign", "hold", "xid", "heal"))
     p.add_argument("args", nargs="*")
     a = p.parse_args(argv)
     twin = SimHost(a.host, a.fleet) if a.fleet else SimHost(a.host)
@@ -96,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         gpu(twin, int(a.args[0]), **_pairs(a.args[1:]))
     elif a.what == "foreign":
         foreign(twin, int(a.args[0]), int(a.args[1]))
+    elif a.what == "hold":
+        print(hold(twin, [int(g) for g in a.args[0].split(",")], int(a.args[1])))
     elif a.what == "xid":
         xid(twin, int(a.args[0]), int(a.args[1]))
     else:

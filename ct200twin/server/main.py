@@ -28,6 +28,7 @@ from aiohttp import web  # noqa: E402
 
 from ct200twin.server import args as targs  # noqa: E402
 from ct200twin.server.faults import FaultFileError, load_faults  # noqa: E402
+from ct200twin.server.gpu_hold import GpuHold, server_gpus  # noqa: E402
 from ct200twin.server.http_api import TwinServer  # noqa: E402
 from ct200twin.server.local_twin import LocalTwin, free_port, nvfp4_ctx8k_argv  # noqa: E402
 from ct200twin.server.logs import _SG, Log, StartupFailure, _traceback  # noqa: E402
@@ -39,6 +40,33 @@ __all__ = ["LocalTwin", "free_port", "main", "nvfp4_ctx8k_argv", "run_server", "
 
 
 # ----------------------------------------------------------------------------- startup phases
+def ranks_here(res: Resolved) -> int:
+    """The ranks (one GPU each) this node runs: tp * pp * dp over the nodes."""
+    a = res.args.ns
+    return a.tp_size * (a.pp_size or 1) * (a.dp_size or 1) // max(1, a.nnodes or 1)
+
+
+def gpu_hold(res: Resolved) -> GpuHold:
+    """Where this server's GPU memory shows in the twin's nvidia-smi (gpu_hold.py): its ranks'
+    GPUs as --base-gpu-id, --gpu-id-step and CUDA_VISIBLE_DEVICES give them."""
+    a = res.args.ns
+    step = getattr(a, "gpu_id_step", None)
+    step = step[0] if isinstance(step, list) and step else step
+    try:
+        step = int(step) if step not in (None, True) else 1
+    except (TypeError, ValueError):
+        step = 1
+    return GpuHold(server_gpus(ranks_here(res), res.gpu_count, a.base_gpu_id or 0, step,
+                               os.environ.get("CUDA_VISIBLE_DEVICES")))
+
+
+def _serving_gib(res: Resolved) -> float:
+    """What a started server holds per GPU: the CUDA context, weights and KV pool (the static
+    share), and the decode graphs (nvidia-smi shows capacity minus SGLang's available_gpu_mem)."""
+    mem = res.mem
+    return CUDA_CTX + (mem.static_gib + mem.graph_reserve_gib if mem is not None else 0.0)
+
+
 def _fmt_args(res: Resolved) -> str:
     d = res.server_args_dict()
     return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in d.items()) + ")"
@@ -108,11 +136,14 @@ async def _bind(app_runner: web.AppRunner, host: str, port: int, log: Log) -> No
     log.info(f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
 
 
-async def run_worker_rank(res: Resolved, log: Log) -> int:
+async def run_worker_rank(res: Resolved, log: Log, hold: GpuHold | None = None) -> int:
     """node_rank >= 1 of a multi-node run: dummy health server; on SIGTERM waits for rank 0."""
     a = res.args.ns
+    hold = hold or GpuHold([])
+    hold.hold(CUDA_CTX)
     reader, writer = await _rendezvous_worker(res, log)
     await asyncio.sleep(res.faults.load_seconds)
+    hold.hold(_serving_gib(res))
     app = web.Application()
 
     async def ok(request):
@@ -132,14 +163,18 @@ async def run_worker_rank(res: Resolved, log: Log) -> int:
     return 0
 
 
-async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
+async def run_server(res: Resolved, log: Log, stale: bool = False, hold: GpuHold | None = None) -> int:
+    """Rank 0's start, phase by phase (HOLD: the GPU memory each phase holds, for nvidia-smi)."""
     a = res.args.ns
     f = res.faults
     mem = res.mem
+    hold = hold or GpuHold([])
     peers: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    if not stale:
+    if stale:
+        hold.hold(_serving_gib(res))
+    else:
         log.info(f"server_args={_fmt_args(res)}")
-        gpus_needed = a.tp_size * (a.pp_size or 1) * (a.dp_size or 1) // max(1, a.nnodes or 1)
+        gpus_needed = ranks_here(res)
         if gpus_needed + (a.base_gpu_id or 0) > res.gpu_count:
             await asyncio.sleep(min(1.0, f.load_seconds))
             log.raw(_traceback([(f"{_SG}/model_executor/model_runner.py", 512, "init_torch_distributed",
@@ -147,6 +182,7 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
                                f"torch.AcceleratorError: CUDA error: invalid device ordinal (this node has "
                                f"{res.gpu_count} GPU(s); tp*pp*dp/nnodes = {gpus_needed} needed)"))
             raise StartupFailure(1)
+        hold.hold(CUDA_CTX)
         if (a.nnodes or 1) > 1:
             if not a.dist_init_addr:
                 log.raw("ValueError: --dist-init-addr is required when --nnodes > 1")
@@ -163,6 +199,7 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
             except KVCacheError as e:
                 err = str(e)
             weights = weights_per_gpu_gib(a.tp_size, a.pp_size or 1, f.weights_gib or WEIGHTS_TOTAL_GIB)
+            hold.hold(CUDA_CTX + weights)
             log.info(f"Load weight end. elapsed={f.load_seconds * 0.8:.2f} s, type={res.model.architectures[0]}, "
                      f"avail mem={max(cap - CUDA_CTX - weights, 0):.2f} GB, mem usage={weights:.2f} GB.", tp=True)
             log.raw("Scheduler hit an exception: " + _traceback(
@@ -173,6 +210,7 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
             raise StartupFailure(1)
         log.info(f"Load weight end. elapsed={f.load_seconds * 0.8:.2f} s, type={res.model.architectures[0]}, "
                  f"avail mem={cap - CUDA_CTX - mem.weights_gib:.2f} GB, mem usage={mem.weights_gib:.2f} GB.", tp=True)
+        hold.hold(CUDA_CTX + mem.static_gib)
         log.info(f"KV Cache is allocated. #tokens: {mem.max_total_num_tokens}, "
                  f"KV size: {mem.kv_pool_gib:.2f} GB", tp=True)
         log.info(f"Memory pool end. avail mem={mem.headroom_gib:.2f} GB", tp=True)
@@ -208,6 +246,7 @@ async def run_server(res: Resolved, log: Log, stale: bool = False) -> int:
                     "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose "))
                 log.error("Received sigquit from a child process. It usually means the child failed.")
                 raise StartupFailure(1)
+            hold.hold(_serving_gib(res))
             log.info(f"Capture target decode CUDA graph end. bs={mem.graph_bs}, elapsed={f.load_seconds * 0.2:.2f} s, "
                      f"mem usage={mem.graph_reserve_gib:.2f} GB, avail mem={mem.available_after_gib:.2f} GB.",
                      tp=True)
@@ -291,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     except StartupFailure as e:
         return e.code
     worker = (pa.ns.nnodes or 1) > 1 and (pa.ns.node_rank or 0) >= 1
+    hold = gpu_hold(res)
 
     async def amain() -> int:
         loop = asyncio.get_running_loop()
@@ -311,14 +351,17 @@ def main(argv: list[str] | None = None) -> int:
         loop.add_signal_handler(signal.SIGINT, on_term, "SIGINT")
         try:
             if worker:
-                return await run_worker_rank(res, log)
-            return await run_server(res, log, stale=stale)
+                return await run_worker_rank(res, log, hold=hold)
+            return await run_server(res, log, stale=stale, hold=hold)
         except asyncio.CancelledError:
             return 0
         except StartupFailure as e:
             return e.code
 
-    code = asyncio.run(amain())
+    try:
+        code = asyncio.run(amain())
+    finally:
+        hold.release()
     sys.stderr.flush()
     sys.stdout.flush()
     return code
