@@ -233,15 +233,14 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py tests/test_faults_rollback_twin.py \
   tests/test_memory_calibration_twin.py
 # Tests that each boot an isolated twin of their own (the download's hub, the driver's apt repository,
-# root's login without sudo, the watch's sick twin): a fourth process, one twin after the other.
+# root's login without sudo): a fourth process, one twin after the other.
 OWN_TWINS := tests/test_download_resume_twin.py tests/test_driver_apt_twin.py tests/test_root_login_twin.py
 # Both gate runners' full levels on one server (about 4 minutes), and the shipped slow baseline
 # failing bench_serving's gate (about 4 minutes, mostly waiting): each on an isolated twin with the
 # real host's venv, in a process of its own, not on the default twin's path.
 RUNNER_TWIN := tests/test_gate_runners_twin.py
 BASELINE_TWIN := tests/test_slow_baseline_twin.py
-# The watch's twin test (about 10 minutes; its sick twin stopped answering SSH under make test's
-# load once): `make test-watch` runs it on its own until it is made robust (docs/testing.md).
+# The watch's sick twin (about 3 minutes alone): after the slow baseline, in that process.
 WATCH_TWIN := tests/test_watch_twin.py
 test: twin-debs browser-debs
 	@mkdir -p .cache; python3 -c 'from ct200twin.host.machines import prebuild_root; prebuild_root()' \
@@ -259,14 +258,14 @@ test: twin-debs browser-debs
 	  > .cache/test-own.log 2>&1 & own=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(RUNNER_TWIN) $(PYTEST_ARGS) \
 	  > .cache/test-runners.log 2>&1 & runners=$$!; \
-	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(BASELINE_TWIN) $(PYTEST_ARGS) \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(BASELINE_TWIN) $(WATCH_TWIN) $(PYTEST_ARGS) \
 	  > .cache/test-baseline.log 2>&1 & baseline=$$!; \
 	$(BIN)/pytest -m "not twin and not fleet" --durations=8 $(PYTEST_ARGS); rest=$$?; \
 	wait $$twin; twin_rc=$$?; wait $$lab; lab_rc=$$?; wait $$fleet; fleet_rc=$$?; wait $$own; own_rc=$$?; \
 	wait $$runners; runners_rc=$$?; wait $$baseline; baseline_rc=$$?; \
 	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins, then the rollbacks' twin" \
 	  own:"isolated twins of their own, one after the other" runners:"the gate runners' twin (the real venv)" \
-	  baseline:"the slow baseline's twin (the real venv)"; do \
+	  baseline:"the slow baseline's twin (the real venv), then the watch's sick twin"; do \
 	  echo; echo "=============== tests on $${log#*:} (.cache/test-$${log%%:*}.log) ==============="; \
 	  cat .cache/test-$${log%%:*}.log; done; \
 	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc $$own_rc $$runners_rc $$baseline_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
