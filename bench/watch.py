@@ -4,7 +4,7 @@ each judged right or wrong, with the time from the fault to the watch's decision
     .venv/bin/python -m ct200twin up --fleet watch --hosts 1
     DSV4_PROFILES_DIR=... DSV4_SIM_FLEET=watch .venv/bin/pyinfra -y inventory/fleet-sim.py deploy/serve.py \\
         --data profile=nvfp4-ctx8k-watch          # nvfp4-ctx8k with `watch: {interval_s: 3, ...}`
-    .venv/bin/python bench/watch.py [--fleet watch] [--healthy-intervals 60]
+    .venv/bin/python bench/watch.py [--fleet watch] [--healthy-intervals 1200]   # about 65 minutes
 
 (bench/watch.py --profiles-dir DIR writes that profile into DIR: see WATCH_PROFILE.) Faults are
 switched on through the twin's own files (ct200twin/host/sick.py); results are read from the
@@ -167,8 +167,9 @@ def run_condition(tw: Twin, name: str, expect: str | None, inject, *, watch_s: f
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fleet", default="watch")
-    ap.add_argument("--healthy-intervals", type=int, default=60,
-                    help="intervals of the healthy condition under varying load")
+    ap.add_argument("--healthy-intervals", type=int, default=1200,
+                    help="intervals of the healthy condition under varying load (1200: an hour at 3 s; "
+                         "60 for a quick run)")
     ap.add_argument("--replicas", action="store_true",
                     help="the replica-set condition only (after a deploy of nvfp4-ctx8k-dp2-watch)")
     ap.add_argument("--profiles-dir", help="write the twin's watch profile into this folder (a copy of profiles/) and exit")
