@@ -14,6 +14,10 @@ runs its files, and nothing is lost.
     that release is refused, nothing changed;
 (f) an instance started by hand and a replica restarted from other files than those in place:
     `make plan` names both, the next run stops the one and rolls the other.
+
+They run in the order a, b, f, d, c, e, each from the set the one before left: (c) rolls back from
+the smg change that (d)'s re-run deployed (no deploy of its own, a roll of the whole set), and (e)
+is refused the way back to it.
 """
 
 from __future__ import annotations
@@ -205,11 +209,16 @@ def drifted(lab: Lab, row: Row, before: dict) -> Row:
 
 
 def rollback_across_smg(lab: Lab, row: Row, before: dict) -> Row:
-    """(c): F15_POLICY (another routing policy) deployed, then `make rollback`."""
+    """(c): `make rollback` from F15_POLICY (another routing policy) serving, as (d)'s re-run left
+    it (deployed here first when it is not), to the release before it."""
     twin, t0 = lab.twin, time.monotonic()
-    changed = lab.deploy(F15_POLICY)
-    problems = [] if changed.rc == 0 and gateway_policy(twin) == "random" else [
-        f"the policy change did not deploy: {did(changed.output)}, gateway --policy {gateway_policy(twin)}"]
+    problems = []
+    last = releases(twin)[-1]
+    if (last["profile"], last["status"], gateway_policy(twin)) != (F15_POLICY, "deployed", "random"):
+        changed = lab.deploy(F15_POLICY)
+        if changed.rc != 0 or gateway_policy(twin) != "random":
+            problems.append(f"the policy change did not deploy: {did(changed.output)}, "
+                            f"gateway --policy {gateway_policy(twin)}")
     first = _rollback(lab)
     if "restarted sglang-gateway.service: it ran other gateway files than the restored release's" not in first.output:
         problems.append("the rollback did not restart the gateway on the restored files")
@@ -251,11 +260,12 @@ def cut_before_gateway_restart(lab: Lab, row: Row, before: dict) -> Row:
 
 
 def tampered_kept_profile(lab: Lab, row: Row, before: dict) -> Row:
-    """(e): the release a rollback would restore has a shell word in its kept service.user."""
+    """(e): the release a rollback would restore (F15_POLICY's, which (c) rolled back from) has a
+    shell word in its kept service.user."""
     twin, t0 = lab.twin, time.monotonic()
     recs = releases(twin)
     by_number = {r["release"]: r for r in recs}
-    target = [r for r in recs[:-1] if r["profile"] == F15_SET2 and passed(r, by_number)][-1]
+    target = [r for r in recs[:-1] if r["profile"] == F15_POLICY and passed(r, by_number)][-1]
     kept = f"{RELEASES_DIR}/{target['release']:04d}/profile.json"
     twin.run(f"cp -a {kept} {kept}.h10 && python3 -c \"import json,sys; p=sys.argv[1]; d=json.load(open(p)); "
              f"d['data']['service']['user']='sglang; touch /tmp/pwned'; json.dump(d, open(p, 'w'))\" {kept}")
@@ -273,7 +283,7 @@ def tampered_kept_profile(lab: Lab, row: Row, before: dict) -> Row:
         problems.append("a unit restarted: the refusal changed something")
     first = Run(rc=0, output=first.output, wall_s=first.wall_s)     # refused as it must be: judged as nothing done
     return _case(row, lab, "15e", "tampered kept profile.json, then a rollback to it", first, None,
-                 problems + set_problems(twin, 2, "random"), before, t0)
+                 problems + set_problems(twin, 2, "round_robin"), before, t0)
 
 
 def fault_15(lab: Lab) -> Row:
@@ -287,8 +297,8 @@ def fault_15(lab: Lab) -> Row:
         row.outputs["setup"] = setup.output
         return row
     cases = [crash_mid_roll(lab, row, before), shrink(lab, row, before), drifted(lab, row, before),
-             rollback_across_smg(lab, row, before),
-             cut_before_gateway_restart(lab, row, before), tampered_kept_profile(lab, row, before)]
+             cut_before_gateway_restart(lab, row, before), rollback_across_smg(lab, row, before),
+             tampered_kept_profile(lab, row, before)]
     row.did = ("crashed replica out of the gateway until rolled; surplus drained, stopped, GPUs free; gateway "
                "restarted on restored or cut-off files; tampered kept profile refused")
     return fold(row, cases)
