@@ -92,6 +92,21 @@ def lab_twin():
     yield from _isolated_twin(LAB_FLEET)
 
 
+SETS_FLEET = os.environ.get("DSV4_SIM_SETS_FLEET", "sets")
+# Fault 15 (a replica set converges) and the tuner through the gateway: the lab's parser (LAB_ENV)
+# on a twin of their own.
+SETS_ENV = {"DSV4_SIM_FLEET": SETS_FLEET, "DSV4_SIM_LAUNCH_CHECK": "twin"}
+
+
+@pytest.fixture(scope="session")
+def sets_twin():
+    """An isolated twin for tests/test_faults_converge_twin.py and tests/test_tune_gateway_twin.py:
+    together about as long as the rest of the lab's tests, and mostly waiting on smg and the twin
+    servers (not CPU), so a pytest process of their own beside the lab's halves the lab's wall
+    time (bench/results/lab-twin-time-2026-12-06.md)."""
+    yield from _isolated_twin(SETS_FLEET)
+
+
 ROLLBACK_FLEET = os.environ.get("DSV4_SIM_ROLLBACK_FLEET", "rollbacks")
 # The rollbacks' deploys test what a failed release leaves serving, not the launch check: the twin's
 # own parser, as in the lab (LAB_ENV).
@@ -115,13 +130,13 @@ def recovered(row: faultlab.Row) -> None:
 FAULT_BASE = "fbase"    # the fault tests' baseline: nvfp4-ctx8k's server with a one-level gate (and its own context)
 
 
-def fault_lab(twin, profiles_dir, env: dict[str, str]):
+def fault_lab(twin, profiles_dir, env: dict[str, str], baseline: str = FAULT_BASE):
     """A faultlab.Lab on TWIN (an isolated twin of inventory/fleet-sim.py, ENV naming it) from a
-    good release serving, put back to a clean host after the module. Any release that passed its
-    gate is a clean start (each test leaves one), and a fault that ends with one serving is not
-    deployed a second time: bench/faults.py does both in full."""
+    good release serving (BASELINE's), put back to a clean host after the module. Any release that
+    passed its gate is a clean start (each test leaves one), and a fault that ends with one serving
+    is not deployed a second time: bench/faults.py does both in full."""
     profiles = faultlab.write_profiles(profiles_dir, {**faultlab.VARIANTS, FAULT_BASE: faultlab.variant(7680)})
-    lab = faultlab.Lab(twin, profiles, baseline=FAULT_BASE, any_good=True, rerun=False,
+    lab = faultlab.Lab(twin, profiles, baseline=baseline, any_good=True, rerun=False,
                        inventory="inventory/fleet-sim.py", env=env)
     lab.baseline()
     yield lab

@@ -9,8 +9,9 @@ its gate, earlier releases' files intact, and no process of ours left on the hos
 
 They run on an isolated twin (`sim up --fleet lab`, its own network namespace, shared with the
 replica tests) in `make test`'s isolated-twin process; the reboot (fault 12) last, as it boots the
-lab twin anew. Two more rows run on the rollbacks' twin (tests/test_faults_rollback_twin.py), so
-that the isolated-twin processes of `make test` take about as long as each other.
+lab twin anew. Two more rows run on the rollbacks' twin (tests/test_faults_rollback_twin.py), and
+fault 15 (replica sets) on a twin of its own (tests/test_faults_converge_twin.py), so that the
+isolated-twin processes of `make test` take about as long as each other.
 """
 
 from __future__ import annotations
@@ -102,27 +103,6 @@ def test_the_disk_filling_during_the_weights_step_stops_before_any_restart(lab):
     row = faultlab.fault_11(lab)
     recovered(row)
     assert "Restart | restart" not in row.outputs["first"]
-
-
-def test_a_replica_set_converges_to_its_release_after_each_fault(lab):
-    """Fault 15 (issue 40), six cases on three TP2 replicas: a replica crashing mid-roll leaves
-    the gateway until its turn; count 3 -> 2 rolls and stops the surplus replica, its GPUs free; a
-    rollback across an smg change restarts the gateway; a cut before the gateway's restart is
-    settled by the re-run; a tampered kept profile is refused; an instance started by hand and a
-    replica restarted from other files are named by make plan and converged by the next run. Each
-    ends with the instances, the gateway's workers and its policy those of the release serving."""
-    try:
-        row = faultlab.fault_15(lab)
-    finally:        # the single server back (a rollback across the shape): the tests after start from it
-        lab.any_good = False
-        try:
-            lab.baseline()
-        finally:
-            lab.any_good = True
-    recovered(row)
-    assert "taken out of sglang-gateway.service" in row.outputs["15a"]
-    assert "holds a value no profile may" in row.outputs["15e"]
-    assert "runs other files than those in place" in row.outputs["15f-plan"]
 
 
 def test_the_host_rebooting_mid_deploy_is_settled_by_the_rerun(lab):

@@ -7,7 +7,8 @@ deploy gates each replica alone, so the backend measures the set again through i
 set candidates score above the single server, and above any one replica's own gate, which the
 measurement keeps beside the score.
 
-On the lab's isolated twin (DSV4_SIM_LAB_FLEET names it; marker `fleet`), about 3 minutes.
+On an isolated twin shared with fault 15 (tests/test_faults_converge_twin.py; DSV4_SIM_SETS_FLEET
+names it; marker `fleet`), about 1.5 minutes.
 """
 
 from __future__ import annotations
@@ -24,28 +25,28 @@ from dsv4deploy.profile.load import load_profile
 from dsv4deploy.tune.candidates import Candidate, candidate_profile
 from dsv4deploy.tune.objective import Level
 from dsv4deploy.tune.rollout_backend import RolloutBackend
-from sim_fixtures import LAB_ENV, lab_twin  # noqa: F401
+from sim_fixtures import SETS_ENV, sets_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 
 BASE = "tgw-base"
 LEVEL = Level(index=0, concurrency=64, num_prompts=64, input_len=128, output_len=32, final=True, floor=100.0)
-UNITS = "sglang.service sglang@0.service sglang@1.service sglang-gateway.service"
+UNITS = "sglang.service sglang@0.service sglang@1.service sglang@2.service sglang-gateway.service"  # (fault 15 ran three)
 
 
 @pytest.fixture(scope="module")
-def backend(lab_twin, tmp_path_factory):  # noqa: F811
+def backend(sets_twin, tmp_path_factory):  # noqa: F811
     profiles = tmp_path_factory.mktemp("profiles")
     for path in (CHECKOUT / "profiles").glob("*.yaml"):
         shutil.copyfile(path, profiles / path.name)
     (profiles / f"{BASE}.yaml").write_text("extends: nvfp4-ctx8k\n")
-    lab_twin.run(f"systemctl disable --now {UNITS} 2>/dev/null; true", check=False)
-    lab_twin.write_file(FAULTS, json.dumps(FAST_START))
-    settings = Settings.from_environment({**os.environ, **LAB_ENV, PROFILES_VAR: str(profiles)}, CHECKOUT)
+    sets_twin.run(f"systemctl disable --now {UNITS} 2>/dev/null; true", check=False)
+    sets_twin.write_file(FAULTS, json.dumps(FAST_START))
+    settings = Settings.from_environment({**os.environ, **SETS_ENV, PROFILES_VAR: str(profiles)}, CHECKOUT)
     rb = RolloutBackend("inventory/fleet-sim.py", load_profile(BASE, profiles), None, settings)
     yield rb
     rb.close()
-    lab_twin.run(f"systemctl disable --now {UNITS} 2>/dev/null; rm -f {FAULTS}; true", check=False)
+    sets_twin.run(f"systemctl disable --now {UNITS} 2>/dev/null; rm -f {FAULTS}; true", check=False)
 
 
 def measure(rb: RolloutBackend, index: int, overrides: dict):
