@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +138,22 @@ def test_writes_into_a_twin_do_not_follow_its_symlinks_out(tmp_path, monkeypatch
     (h.root / "etc/dsv4deploy-twin").symlink_to("../tmp")          # stays inside: fine
     assert h.set_gpus(count=2)["count"] == 2
     assert (h.root / "tmp/gpus.json").exists() and (h.root / "usr/bin/nvidia-smi").exists()
+
+
+def test_a_twins_gpus_change_while_another_process_boots_a_twin(tmp_path, monkeypatch):
+    """`up` holds the twins' state lock through a whole boot, and make test's processes boot twins
+    while the lab's tests reset their own twin's GPUs: set_gpus does not wait for that lock."""
+    monkeypatch.setenv("DSV4_SIM_DIR", str(tmp_path / "sim"))
+    h = simhost.SimHost(1, "lab")
+    (h.root / "usr/sbin").mkdir(parents=True)
+    (h.root / "usr/sbin/sshd").write_text("")
+    done: list = []
+    worker = threading.Thread(target=lambda: done.append(h.set_gpus(count=2)["count"]))
+    with simhost._locked():                 # as another process's `up` holds it
+        worker.start()
+        worker.join(timeout=30)
+        assert done == [2] and h.gpus()["count"] == 2
+    worker.join()
 
 
 def test_inventory_without_twins_says_make_sim_up(tmp_path, monkeypatch):

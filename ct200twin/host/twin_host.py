@@ -8,6 +8,8 @@ network namespace, at the address its network record holds (``netns.py``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -15,12 +17,12 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ct200twin.host.errors import SimError
 from ct200twin.host.files import _write
 from ct200twin.host.gpu_settings import GPU_DEFAULTS, NVIDIA_SMI_SCRIPT, TWIN_NVIDIA_SMI_LIB, _apply_gpus, _read_gpus
-from ct200twin.host.layout import (_locked, check_fleet, client_key, deploy_key, fleet_tag, hosts_dir,
+from ct200twin.host.layout import (check_fleet, client_key, deploy_key, fleet_tag, hosts_dir,
                                    known_hosts_file, twin_address, twin_name)
 from ct200twin.host.netns import read_record
 from ct200twin.host.proxyctl import PORT as PROXY_PORT
@@ -182,6 +184,8 @@ class SimHost:
 
         ``driver_installed=False`` removes /usr/bin/nvidia-smi, True (or a
         ``driver_version``) puts it back.  ``reset`` starts from CT200's defaults.
+        Under this twin's own lock, not the twins' state lock: `up` holds that one through a
+        whole boot, and a test resetting its twin's GPUs waited for other processes' twins.
         """
         if count is not None and not 0 <= count <= 64:
             raise SimError(f"--count must be 0..64, got {count}", 2)
@@ -193,7 +197,7 @@ class SimHost:
             raise SimError(f"--driver must look like 580.95.05, got {driver_version!r}", 2)
         if not self.exists():
             raise SimError(f"{self.name} does not exist; run `python -m ct200twin up --hosts {self.index}` first")
-        with _locked():
+        with self._gpus_locked():
             settings = dict(GPU_DEFAULTS, uuid_seed=self.name)
             if not reset:
                 settings.update(_read_gpus(self.root))
@@ -208,6 +212,18 @@ class SimHost:
                 _write(self.root / TWIN_NVIDIA_SMI_LIB, NVIDIA_SMI_SCRIPT.read_bytes(), 0o755)
             _apply_gpus(self.root, settings)
         return settings
+
+    @contextlib.contextmanager
+    def _gpus_locked(self) -> Iterator[None]:
+        """One read-modify-write of this twin's GPU settings at a time (its files are replaced whole:
+        files._write). `up` writes them too (twin_setup), but only for a twin it boots, which no
+        other process uses meanwhile."""
+        with open(self.dir / "gpus.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     # -- status
     def status(self, check_ssh: bool = True) -> dict[str, Any]:
