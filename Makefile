@@ -227,18 +227,19 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 # it), the five groups on isolated twins (own network namespaces, so they collide with nothing: the
 # fleet of three followed by the rollbacks on a twin of their own, the lab twin that the fault
 # matrix and the replica sets share, the tests with a twin of their own, the gate runners'
-# comparison and the slow baseline, each on a twin with the real venv) and all the others (they
-# mostly compute). The twins' logs,
+# comparison then the hub downloads, and the slow baseline, each on a twin with the real venv) and
+# all the others (they mostly compute). The twins' logs,
 # with each group's slowest tests, are printed when all are done.
 ISOLATED_THREE := tests/test_fleet_twin.py tests/test_rollbacks_twin.py tests/test_faults_rollback_twin.py \
   tests/test_memory_calibration_twin.py
 # Tests that each boot an isolated twin of their own (the download's hub, the driver's apt repository,
 # root's login without sudo): a fourth process, one twin after the other.
 OWN_TWINS := tests/test_download_resume_twin.py tests/test_driver_apt_twin.py tests/test_root_login_twin.py
-# Both gate runners' full levels on one server (about 4 minutes), and the shipped slow baseline
-# failing bench_serving's gate (about 4 minutes, mostly waiting): each on an isolated twin with the
-# real host's venv, in a process of its own, not on the default twin's path.
-RUNNER_TWIN := tests/test_gate_runners_twin.py
+# Both gate runners' full levels on one server (about 4 minutes) then the downloads from a local hub
+# (about 1 minute), and the shipped slow baseline failing bench_serving's gate (about 4 minutes,
+# mostly waiting): each on an isolated twin with the real host's venv, in a process of its own, not
+# on the default twin's path.
+RUNNER_TWIN := tests/test_gate_runners_twin.py tests/test_deploy_twin_hf.py
 BASELINE_TWIN := tests/test_slow_baseline_twin.py
 # The watch's sick twin (about 3 minutes alone): after the slow baseline, in that process.
 WATCH_TWIN := tests/test_watch_twin.py
@@ -264,7 +265,8 @@ test: twin-debs browser-debs
 	wait $$twin; twin_rc=$$?; wait $$lab; lab_rc=$$?; wait $$fleet; fleet_rc=$$?; wait $$own; own_rc=$$?; \
 	wait $$runners; runners_rc=$$?; wait $$baseline; baseline_rc=$$?; \
 	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins, then the rollbacks' twin" \
-	  own:"isolated twins of their own, one after the other" runners:"the gate runners' twin (the real venv)" \
+	  own:"isolated twins of their own, one after the other" \
+	  runners:"the gate runners' twin (the real venv), then the hub downloads" \
 	  baseline:"the slow baseline's twin (the real venv), then the watch's sick twin"; do \
 	  echo; echo "=============== tests on $${log#*:} (.cache/test-$${log%%:*}.log) ==============="; \
 	  cat .cache/test-$${log%%:*}.log; done; \

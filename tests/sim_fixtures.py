@@ -152,9 +152,9 @@ RUNNER_ENV = {"DSV4_SIM_FLEET": RUNNER_FLEET}
 
 @pytest.fixture(scope="session")
 def runner_twin():
-    """An isolated twin with the real host's venv for tests/test_gate_runners_twin.py: make test runs
-    it in a process of its own, beside the default twin's (both runners' full levels take about
-    4 minutes, which the default twin's process need not wait for)."""
+    """An isolated twin with the real host's venv for tests/test_gate_runners_twin.py, then
+    tests/test_deploy_twin_hf.py: make test runs them in a process of their own, beside the default
+    twin's (both runners' full levels take about 4 minutes, which that process need not wait for)."""
     yield from _isolated_twin(RUNNER_FLEET, real_venv=True)
 
 

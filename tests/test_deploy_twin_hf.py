@@ -4,7 +4,9 @@
 downloads a complete checkpoint again. A corrupted byte from the hub fails the deploy before any
 restart; a connection cut mid-file is retried within the run.
 
-Runs after tests/test_deploy_twin.py on the same twin (as the `deploy` user, through sudo).
+Runs on the gate runners' isolated twin after tests/test_gate_runners_twin.py, in that module's
+process of make test (the real host's venv; as the `deploy` user, through sudo): the hub listens on
+this machine's end of the twin's veth, its CDN under the name the twin knows that end by.
 """
 
 from __future__ import annotations
@@ -16,25 +18,26 @@ import time
 
 import pytest
 
+from ct200twin.faultlab import FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, changed_ops, main_pid, run
 from ct200twin.host.checkpoint import CHECKPOINTS, make_checkpoint
 from ct200twin.host.hub import HubFaults, serve_hub
-from sim_fixtures import sim_twin  # noqa: F401
-from test_deploy_twin import FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, changed_ops, main_pid, run
+from ct200twin.host.netns import LAN_NAME
+from sim_fixtures import RUNNER_ENV, runner_twin  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 MODEL = "nvidia/DeepSeek-V4-Flash-NVFP4"
 SHARD = "model-00002-of-00003.safetensors"
 
 
 @pytest.fixture(scope="module")
-def hub(sim_twin):  # noqa: F811
+def hub(runner_twin):  # noqa: F811
     make_checkpoint(MODEL)
-    with serve_hub(CHECKPOINTS) as h:
+    with serve_hub(CHECKPOINTS, host=runner_twin.net()["host_ip"], cdn_host=LAN_NAME) as h:
         yield h
 
 
 @pytest.fixture(scope="module")
-def pinned(hub, tmp_path_factory, sim_twin):  # noqa: F811
+def pinned(hub, tmp_path_factory, runner_twin):  # noqa: F811
     """A quick-gate profile pinned to the hub's commit by `dsv4deploy pin` (as an operator does)."""
     folder = tmp_path_factory.mktemp("profiles")
     for src in (REPO / "profiles").glob("*.yaml"):
@@ -47,13 +50,14 @@ def pinned(hub, tmp_path_factory, sim_twin):  # noqa: F811
     out = subprocess.run([str(REPO / ".venv/bin/dsv4deploy"), "pin", "hfq"], cwd=REPO, env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    sim_twin.write_file(FAULTS, json.dumps(FAST_START))
+    runner_twin.write_file(FAULTS, json.dumps(FAST_START))
     return folder
 
 
 def deploy_hf(hub, profiles) -> subprocess.CompletedProcess:
-    return run([PYINFRA, "-y", "inventory/sim.py", "deploy/serve.py", "--data", "profile=hfq",
-                "--data", "health_poll_s=0.5"], env={"DSV4_PROFILES_DIR": str(profiles), "DSV4_SIM_HUB": hub.url})
+    return run([PYINFRA, "-y", "inventory/fleet-sim.py", "deploy/serve.py", "--data", "profile=hfq",
+                "--data", "health_poll_s=0.5"],
+               env={**RUNNER_ENV, "DSV4_PROFILES_DIR": str(profiles), "DSV4_SIM_HUB": hub.url})
 
 
 def model_dir(twin, profiles) -> str:
@@ -68,14 +72,14 @@ def downloads(hub) -> list[str]:
             and ("/resolve/" in r["path"] or r["path"].startswith("/_cdn/"))]
 
 
-def test_hf_download_is_verified_and_never_repeated(sim_twin, hub, pinned):  # noqa: F811
+def test_hf_download_is_verified_and_never_repeated(runner_twin, hub, pinned):  # noqa: F811
     hub.clear_log()
     out = deploy_hf(hub, pinned)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     fetched = downloads(hub)
     assert SHARD in fetched and "model.safetensors.index.json" in fetched
-    folder = model_dir(sim_twin, pinned)
-    marker = json.loads(sim_twin.run(f"cat {folder}/.dsv4deploy-verified.json").stdout)
+    folder = model_dir(runner_twin, pinned)
+    marker = json.loads(runner_twin.run(f"cat {folder}/.dsv4deploy-verified.json").stdout)
     assert SHARD in marker["files"] and marker["files"][SHARD]["sha256"]
     hub.clear_log()
     again = deploy_hf(hub, pinned)
@@ -83,12 +87,12 @@ def test_hf_download_is_verified_and_never_repeated(sim_twin, hub, pinned):  # n
     assert downloads(hub) == []                          # a complete checkpoint is never fetched again
 
 
-def test_a_corrupted_shard_is_caught_by_sha256_and_a_cut_is_retried(sim_twin, hub, pinned):  # noqa: F811
+def test_a_corrupted_shard_is_caught_by_sha256_and_a_cut_is_retried(runner_twin, hub, pinned):  # noqa: F811
     """A byte corrupted by the hub fails the deploy before any restart and the bad copy is removed;
     the next deploy fetches it again through a connection cut mid-file (retried within the run)."""
-    folder = model_dir(sim_twin, pinned)
-    pid = main_pid(sim_twin)
-    sim_twin.run(f"rm -f {folder}/{SHARD}")
+    folder = model_dir(runner_twin, pinned)
+    pid = main_pid(runner_twin)
+    runner_twin.run(f"rm -f {folder}/{SHARD}")
     hub.set_faults(HubFaults(corrupt={SHARD: 100}))
     try:
         out = deploy_hf(hub, pinned)
@@ -97,8 +101,8 @@ def test_a_corrupted_shard_is_caught_by_sha256_and_a_cut_is_retried(sim_twin, hu
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert f"{SHARD}: sha256 " in text and "does not match the hub" in text, text[-3000:]
-    assert main_pid(sim_twin) == pid                     # the serving release was not touched
-    assert sim_twin.run(f"test -e {folder}/{SHARD}", check=False).returncode != 0   # the bad copy is gone
+    assert main_pid(runner_twin) == pid                     # the serving release was not touched
+    assert runner_twin.run(f"test -e {folder}/{SHARD}", check=False).returncode != 0   # the bad copy is gone
 
     hub.clear_log()
     hub.set_faults(HubFaults(cut={SHARD: 4096}))
