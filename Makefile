@@ -241,6 +241,9 @@ OWN_TWINS := tests/test_download_resume_twin.py tests/test_driver_apt_twin.py te
 # on the default twin's path.
 RUNNER_TWIN := tests/test_gate_runners_twin.py tests/test_deploy_twin_hf.py
 BASELINE_TWIN := tests/test_slow_baseline_twin.py
+# Fault 15 (a replica set converging after each fault) and the tuner through the gateway, on a
+# set of their own (about 7 minutes, mostly smg's drains): beside the lab's process.
+SETS_TWIN := tests/test_faults_converge_twin.py tests/test_tune_gateway_twin.py
 # The watch's sick twin (about 3 minutes alone): after the slow baseline, in that process.
 WATCH_TWIN := tests/test_watch_twin.py
 test: twin-debs browser-debs
@@ -251,7 +254,7 @@ test: twin-debs browser-debs
 	@python3 -m ct200twin.host.uv_cache warm > .cache/uv-warm.log 2>&1 &
 	@$(MAKE) --no-print-directory venv
 	@$(BIN)/pytest -m twin -p no:cacheprovider --durations=8 $(PYTEST_ARGS) > .cache/test-twin.log 2>&1 & twin=$$!; \
-	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE) $(OWN_TWINS) $(WATCH_TWIN) $(RUNNER_TWIN) $(BASELINE_TWIN)) \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(addprefix --ignore=,$(ISOLATED_THREE) $(OWN_TWINS) $(WATCH_TWIN) $(RUNNER_TWIN) $(BASELINE_TWIN) $(SETS_TWIN)) \
 	  $(PYTEST_ARGS) > .cache/test-lab.log 2>&1 & lab=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(ISOLATED_THREE) $(PYTEST_ARGS) \
 	  > .cache/test-fleet.log 2>&1 & fleet=$$!; \
@@ -259,18 +262,21 @@ test: twin-debs browser-debs
 	  > .cache/test-own.log 2>&1 & own=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(RUNNER_TWIN) $(PYTEST_ARGS) \
 	  > .cache/test-runners.log 2>&1 & runners=$$!; \
+	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(SETS_TWIN) $(PYTEST_ARGS) \
+	  > .cache/test-sets.log 2>&1 & sets=$$!; \
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(BASELINE_TWIN) $(WATCH_TWIN) $(PYTEST_ARGS) \
 	  > .cache/test-baseline.log 2>&1 & baseline=$$!; \
 	$(BIN)/pytest -m "not twin and not fleet" --durations=8 $(PYTEST_ARGS); rest=$$?; \
 	wait $$twin; twin_rc=$$?; wait $$lab; lab_rc=$$?; wait $$fleet; fleet_rc=$$?; wait $$own; own_rc=$$?; \
-	wait $$runners; runners_rc=$$?; wait $$baseline; baseline_rc=$$?; \
+	wait $$runners; runners_rc=$$?; wait $$baseline; baseline_rc=$$?; wait $$sets; sets_rc=$$?; \
 	for log in twin:"the CT200 twin" lab:"the isolated lab twin" fleet:"a fleet of three isolated twins, then the rollbacks' twin" \
 	  own:"isolated twins of their own, one after the other" \
 	  runners:"the gate runners' twin (the real venv), then the hub downloads" \
+	  sets:"the sets' twin (fault 15, the tuner through the gateway)" \
 	  baseline:"the slow baseline's twin (the real venv), then the watch's sick twin"; do \
 	  echo; echo "=============== tests on $${log#*:} (.cache/test-$${log%%:*}.log) ==============="; \
 	  cat .cache/test-$${log%%:*}.log; done; \
-	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc $$own_rc $$runners_rc $$baseline_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
+	for rc in $$rest $$twin_rc $$lab_rc $$fleet_rc $$own_rc $$runners_rc $$baseline_rc $$sets_rc; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 test-watch: twin-debs venv
 	$(BIN)/pytest -m fleet -p no:cacheprovider --durations=8 $(WATCH_TWIN) $(PYTEST_ARGS)
