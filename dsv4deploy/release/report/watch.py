@@ -25,10 +25,10 @@ _MARK = "@@dsv4-report-journal@@"
 
 # `journalctl -o short-unix`: "<epoch.micro> <host> <identifier>[<pid>]: <message>"; the messages
 # are agent.py's and act.py's prints
-_LINE = re.compile(r"^(\d+(?:\.\d+)?) \S+ [^:]*: (.*)$")
-_RESULT = re.compile(r"^watch (\S+): (passed|failed|inconclusive)(?: \(([a-z]+)\))?; (.*?)(?: \[(\d+)/(\d+) failed\])?$")
-_PROBE = re.compile(r"^probe TTFT (\S+) ms TPOT (\S+) ms$")
-_ACT = re.compile(r"^watch (act|decides): (.*)$")
+_LINE = re.compile(r"^(\d+(?:\.\d+)?) \S+ [^:]*: (.*)\Z")
+_RESULT = re.compile(r"^watch (\S+): (passed|failed|inconclusive)(?: \(([a-z]+)\))?; (.*?)(?: \[(\d+)/(\d+) failed\])?\Z")
+_PROBE = re.compile(r"^probe TTFT (\S+) ms TPOT (\S+) ms\Z")
+_ACT = re.compile(r"^watch (act|decides): (.*)\Z")
 
 
 def command(since: float | None) -> str:
