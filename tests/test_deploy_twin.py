@@ -20,7 +20,7 @@ from sim_fixtures import sim_twin  # noqa: F401
 from dsv4deploy.sglang.patches import MASK_SECRETS_PATCH as MASK
 
 from ct200twin.faultlab import (FAST_START, FAULTS, PYINFRA, QUICK_GATE, REPO, changed_ops, deploy, health,
-                                live_venv, main_pid, releases, run, served_context)
+                                live_venv, main_pid, releases, run, served_context, write_profiles)
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +36,10 @@ SLOW = "fp8builtin"
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("profiles")
-    for src in (REPO / "profiles").glob("*.yaml"):
-        (folder / src.name).write_text(src.read_text())
-    for name, ctx in VARIANTS.items():    # the built-in client: these test the rollout, not the runner
-        (folder / f"{name}.yaml").write_text(f"extends: nvfp4-ctx8k\nserver:\n  context_length: {ctx}\n"
-                                             + QUICK_GATE + "  runner: builtin\n")
-    (folder / f"{SLOW}.yaml").write_text("extends: fp8-ctx1m-baseline\ngate:\n  runner: builtin\n")
-    return folder
+    variants = {name: f"extends: nvfp4-ctx8k\nserver:\n  context_length: {ctx}\n" + QUICK_GATE + "  runner: builtin\n"
+                for name, ctx in VARIANTS.items()}   # the built-in client: these test the rollout, not the runner
+    variants[SLOW] = "extends: fp8-ctx1m-baseline\ngate:\n  runner: builtin\n"
+    return write_profiles(tmp_path_factory.mktemp("profiles"), variants)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ import pytest
 
 from sim_fixtures import BASELINE_ENV, baseline_twin  # noqa: F401
 
-from ct200twin.faultlab import FAST_START, FAULTS, QUICK_GATE, REPO, deploy, health, releases, served_context
+from ct200twin.faultlab import (FAST_START, FAULTS, QUICK_GATE, deploy, health, releases, served_context,
+                               write_profiles)
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
 
@@ -28,11 +29,8 @@ INVENTORY = "inventory/fleet-sim.py"
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("profiles")
-    for src in (REPO / "profiles").glob("*.yaml"):
-        (folder / src.name).write_text(src.read_text())
-    (folder / f"{GOOD}.yaml").write_text("extends: nvfp4-ctx8k\n" + QUICK_GATE + "  runner: builtin\n")
-    return folder
+    return write_profiles(tmp_path_factory.mktemp("profiles"),
+                          {GOOD: "extends: nvfp4-ctx8k\n" + QUICK_GATE + "  runner: builtin\n"})
 
 
 @pytest.fixture(scope="module")
