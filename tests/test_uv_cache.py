@@ -75,3 +75,53 @@ def test_warm_fetches_the_release_the_default_profile_deploys():
     version = load_profile("nvfp4-ctx8k").data["sglang"]["version"]
     assert version in uv_cache.WARM_VERSIONS
     assert (uv_cache.LOCKS / f"{version}.lock").is_file()
+
+
+def test_the_lock_is_compiled_once_here_and_each_twin_venv_finds_its_bytecode_current(here, tmp_path):
+    """uv_cache.warm compiles what the lock installed (hard links of this machine's cache) into a
+    store of its own; share links it beside the same source files in a twin's cache; the venv
+    uv links from there has bytecode that compileall (uv's compile step, not forced) keeps."""
+    import compileall
+    import sys
+
+    from ct200twin.host import bytecode
+    installed = tmp_path / "warm-target"
+    (installed / "torch").mkdir(parents=True)
+    os.link(here / "archive-v0/AbC/torch/__init__.py", installed / "torch/__init__.py")
+    _file(here / "archive-v0/Other/other.py", "x = 1")              # another venv's package: not compiled
+    twin_python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert bytecode.compile_lock(installed, here, twin_python) == 1
+    assert bytecode.compile_lock(installed, here, twin_python) == 0        # current: not again
+    assert bytecode.compile_lock(installed, here, "2.7") == 0               # not the twins' python
+    pyc = bytecode.store_dir(here) / "archive-v0/AbC/torch/__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
+    assert pyc.is_file() and not (here / "archive-v0/AbC/torch/__pycache__").exists()   # this machine's cache untouched
+    assert not list(bytecode.store_dir(here).rglob("other*.pyc"))
+
+    root = tmp_path / "twin-root"
+    root.mkdir()
+    uv_cache.share(root)
+    twin_pyc = _twin_cache(root) / "archive-v0/AbC/torch/__pycache__" / pyc.name
+    assert os.stat(twin_pyc).st_ino == os.stat(pyc).st_ino
+    # the venv's files are links of the twin's cache (uv's install): compileall keeps the bytecode
+    venv = tmp_path / "venv/torch"
+    (venv / "__pycache__").mkdir(parents=True)
+    os.link(_twin_cache(root) / "archive-v0/AbC/torch/__init__.py", venv / "__init__.py")
+    os.link(twin_pyc, venv / "__pycache__" / pyc.name)
+    assert compileall.compile_file(str(venv / "__init__.py"), quiet=2, force=False)
+    assert os.stat(venv / "__pycache__" / pyc.name).st_ino == os.stat(pyc).st_ino      # not rewritten
+
+
+def test_bytecode_goes_only_beside_this_machines_source_files(here, tmp_path):
+    """A twin archive of its own (its files are not this machine's: another mtime) gets no bytecode
+    of the store's: the twin compiles it itself."""
+    import sys
+
+    from ct200twin.host import bytecode
+    installed = tmp_path / "warm-target"
+    (installed / "torch").mkdir(parents=True)
+    os.link(here / "archive-v0/AbC/torch/__init__.py", installed / "torch/__init__.py")
+    assert bytecode.compile_lock(installed, here, f"{sys.version_info[0]}.{sys.version_info[1]}") == 1
+    root = tmp_path / "twin-root"
+    _file(_twin_cache(root) / "archive-v0/AbC/torch/__init__.py", "import torch")     # the twin's own copy
+    uv_cache.share(root)
+    assert not (_twin_cache(root) / "archive-v0/AbC/torch/__pycache__").exists()

@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ct200twin.host import bytecode
 from ct200twin.host.layout import REPO_ROOT
 
 log = logging.getLogger("ct200twin.host")
@@ -120,6 +121,11 @@ def warm(versions: tuple[str, ...] = WARM_VERSIONS) -> float:
                         "-r", str(lock)]
                 print("$ " + " ".join(argv), flush=True)
                 subprocess.run(argv, env=env, check=True)
+                if shared():         # while the folder holds the lock's files: their bytecode, once
+                    began = time.monotonic()
+                    done = bytecode.compile_lock(Path(target), home.cache, TWIN_PYTHON)
+                    print(f"twin bytecode: {done} modules compiled in {time.monotonic() - began:.0f} s "
+                          f"({bytecode.store_dir(home.cache)})", flush=True)
     return time.monotonic() - started
 
 
@@ -159,18 +165,26 @@ def _link_cache(source: Path, root: Path) -> int:
     finally:
         os.close(root_fd)
     try:
-        return sum(_link_tree(source / name, cache_fd, name, whole=name.startswith(ARCHIVES)) for name in buckets)
+        linked = sum(_link_tree(source / name, cache_fd, name, whole=name.startswith(ARCHIVES)) for name in buckets)
+        if bytecode.ARCHIVES in buckets:
+            archives_fd = _open_dirs(cache_fd, [bytecode.ARCHIVES], create=False)
+            try:
+                linked += bytecode.link_into(source, archives_fd, _open_dirs)
+            finally:
+                os.close(archives_fd)
+        return linked
     finally:
         os.close(cache_fd)
 
 
-def _open_dirs(fd: int, names: list[str]) -> int:
-    """The folder NAMES below the folder FD, made (root's, 0755) where missing, each opened without
-    following a link; a new descriptor (FD stays open)."""
+def _open_dirs(fd: int, names: list[str], create: bool = True) -> int:
+    """The folder NAMES below the folder FD, made (root's, 0755) where missing (CREATE), each opened
+    without following a link; a new descriptor (FD stays open)."""
     fd = os.dup(fd)
     for name in names:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o755, dir_fd=fd)
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=fd)
         try:
             child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
         finally:
