@@ -91,6 +91,15 @@ def test_nonzero_exit_and_timeouts():
     r = bs.level_from_run(lv, bs.BenchRun(124, "", ""), warmup_requests=2, limit_kind="floor",
                           limit_s=bs.floor_limit_s(lv))
     assert r.status == EARLY_STOP and r.reason.startswith("cannot reach the floor: 32768 tokens at 400 tok/s take 82 s")
+    # the outer bound: seconds after bench_serving started
+    assert r.reason.endswith("bench_serving still running after 202 s (incl. 120 s start-up)")
+    assert r.early_stop == {"rule": "bound", "at_s": 201.92, "since": "start"}
+    # the watcher's bound: seconds after the measured run began
+    r = bs.level_from_run(lv, bs.BenchRun(124, "", ""), warmup_requests=2, limit_kind="run",
+                          limit_s=bs.run_bound_s(bs.floor_time_s(lv)))
+    assert r.status == EARLY_STOP and r.reason == ("cannot reach the floor: 32768 tokens at 400 tok/s take 82 s; "
+                                                   "bench_serving's measured run was still running after 87 s")
+    assert r.early_stop == {"rule": "bound", "at_s": 86.92, "since": "measured run"}
     r = bs.level_from_run(lv, bs.BenchRun(137, "", ""), warmup_requests=2, limit_kind="budget", limit_s=30,
                           budget_s=1800)
     assert r.status == BUDGET and r.reason == "gate budget 1800 s exhausted during C=64"
@@ -116,7 +125,7 @@ def test_command_shape_and_secret_handling():
     assert ("setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
             'tail -n 1 "$d/out/bench.jsonl"') in cmd
     assert ("timeout -k 10 300 setpriv --reuid=dsv4deploy-gate --regid=dsv4deploy-gate --clear-groups --no-new-privs -- "
-            "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -I -m sglang.benchmark.serving --backend sglang "
+            "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python -I -u -m sglang.benchmark.serving --backend sglang "
             "--host 127.0.0.1 --port 30000 --model /srv/models/DeepSeek-V4-Flash --tokenizer /srv/models/DeepSeek-V4-Flash "
             "--dataset-name random-ids --tokenize-prompt --random-input-len 256 --random-output-len 256 --random-range-ratio 1.0 "
             "--num-prompts 48 --max-concurrency 16 --warmup-requests 2 --output-file \"$d/out/bench.jsonl\" --disable-tqdm") in cmd
@@ -124,7 +133,7 @@ def test_command_shape_and_secret_handling():
     assert "sglang.bench_serving" not in cmd   # the deprecated shim only where the module is absent
     legacy = bs.build_command(lv, GateServer("http://127.0.0.1:30000", "/m", "/v/bin/python"), warmup_requests=2,
                               limit_s=300, module="sglang.bench_serving")
-    assert "/v/bin/python -I -m sglang.bench_serving --backend sglang " in legacy
+    assert "/v/bin/python -I -u -m sglang.bench_serving --backend sglang " in legacy
     with pytest.raises(ValueError, match="not a bench_serving module"):
         bs.bench_argv(lv, venv_python="/v", base_url="http://h:1", model_path="/m", warmup_requests=0,
                       output_file="/o", module="os; rm -rf /")
@@ -140,14 +149,18 @@ assert sys.argv[1] == "-I", sys.argv    # isolated: the login's PYTHONPATH and d
 if sys.argv[2] == "-c":           # the runner's probe: which module this venv has
     print(cfg["module"] or "")
     sys.exit(0 if cfg["module"] else 3)
-assert sys.argv[2:4] == ["-m", cfg["module"] or "sglang.benchmark.serving"], sys.argv
-a = sys.argv[4:]
+assert sys.argv[2:5] == ["-u", "-m", cfg["module"] or "sglang.benchmark.serving"], sys.argv
+sys.stdout.reconfigure(write_through=True)    # what -u does: a print reaches the file at once
+a = sys.argv[5:]
 opt = {{a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and not a[i + 1].startswith("--")}}
 with open({log!r}, "a") as f:
     f.write(json.dumps({{"argv": sys.argv, "key": os.environ.get("OPENAI_API_KEY"),
-                        "offline": os.environ.get("HF_HUB_OFFLINE")}}) + "\n")
+                        "offline": os.environ.get("HF_HUB_OFFLINE"), "sid": os.getsid(0)}}) + "\n")
 # a behaviour for "C/n" (C's run of n prompts: an early pass's first round) before the one for "C"
 beh = cfg["levels"].get(opt["--max-concurrency"] + "/" + opt["--num-prompts"]) or cfg["levels"][opt["--max-concurrency"]]
+if "start" in beh:                # SGLang's words once its warm-up is done, then its 1 s pause
+    time.sleep(beh["start"])
+    print(f"Warmup completed with {{opt['--warmup-requests']}} sequences. Starting main benchmark run...")
 time.sleep(beh.get("sleep", 0))
 if beh.get("rc"):
     sys.stderr.write(beh.get("stderr", ""))
@@ -197,7 +210,7 @@ def test_run_gate_auto_picks_bench_serving_and_passes(tmp_path):
     assert all("s3cret-key" not in c for c, _ in seen)            # never in the command text
     assert all("s3cret-key" not in " ".join(c["argv"]) for c in calls)
     assert seen[0][1] == PROBE_TIMEOUT_S                           # the probe
-    assert all(c["argv"][1:4] == ["-I", "-m", "sglang.benchmark.serving"] for c in calls)
+    assert all(c["argv"][1:5] == ["-I", "-u", "-m", "sglang.benchmark.serving"] for c in calls)
     assert out.result.client["module"] == "sglang.benchmark.serving"
     assert "has sglang.benchmark.serving" in out.result.client["runner_choice"]
     assert all(t <= 1800 + bs.SSH_SLACK_S for _, t in seen[1:])    # each level: limit + slack
@@ -216,7 +229,7 @@ def test_run_gate_falls_back_to_the_old_module_only_where_the_new_one_is_absent(
                        GateServer("http://127.0.0.1:30000", "/m", str(py), api_key_file=str(secrets)),
                        GateOptions(runner=runner))
         assert out.passed and out.result.runner == "bench_serving", out.verdict.failures
-        assert [json.loads(x)["argv"][3] for x in log.read_text().splitlines()] == ["sglang.bench_serving"]
+        assert [json.loads(x)["argv"][4] for x in log.read_text().splitlines()] == ["sglang.bench_serving"]
         assert out.result.client["module"] == "sglang.bench_serving"
         assert "sglang.benchmark.serving is absent" in out.result.client["runner_choice"]
     # neither module: auto takes the built-in client; the explicit runner tries the new module
@@ -227,7 +240,7 @@ def test_run_gate_falls_back_to_the_old_module_only_where_the_new_one_is_absent(
                    GateHost(local_execute),
                    GateServer("http://127.0.0.1:30000", "/m", str(py), api_key_file=str(secrets)),
                    GateOptions(runner="bench_serving"))
-    assert [json.loads(x)["argv"][3] for x in log.read_text().splitlines()] == ["sglang.benchmark.serving"]
+    assert [json.loads(x)["argv"][4] for x in log.read_text().splitlines()] == ["sglang.benchmark.serving"]
     assert "has neither sglang.benchmark.serving nor sglang.bench_serving" in out.result.client["runner_choice"]
 
 
@@ -324,8 +337,27 @@ def test_the_first_round_takes_the_built_in_clients_size():
                           GateOptions()) is None
 
 
+def left_in_session(sid):
+    """PIDs still alive in session SID: local_execute runs each level's command in a session of its own."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, _pgrp, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        if int(session) == sid and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def sessions(log):
+    return [json.loads(x)["sid"] for x in log.read_text().splitlines()]
+
+
 @pytest.mark.slow
 def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
+    """A run that never says its measured run began (or hangs before it) is stopped at the outer
+    bound: the floor time plus the start-up allowance."""
     monkeypatch.setattr(bs, "STARTUP_ALLOWANCE_S", 1.0)
     py, log, secrets = fake_venv(tmp_path, {"4": {"sleep": 30, "record": record(4, 8, 5.0, out_len=4)}})
     spec = GateSpec(levels=(LevelSpec(4, 8, 16, 4, min_output_throughput=32),))   # 32 tokens / 32 tok/s = 1 s
@@ -348,6 +380,68 @@ def test_bench_serving_floor_limit_stops_a_slow_level(tmp_path, monkeypatch):
                    GateOptions(runner="bench_serving", early_pass=False))
     assert re.fullmatch(r"C=4 stopped early after 2\.\d s: cannot reach the floor: 32 tokens at 32 tok/s take 1 s; "
                         r"bench_serving still running after 2 s \(incl\. 1 s start-up\)", out.verdict.failures[0])
+    assert out.result.levels[0].early_stop == {"rule": "bound", "at_s": 2.0, "since": "start"}
+    assert all(left_in_session(sid) == [] for sid in sessions(log))      # nothing of either run left
+
+
+FAST_WATCH = {"MAIN_RUN_PAUSE_S": 0.1, "BOUND_SLACK_S": 0.1, "WATCH_POLL_S": 0.1, "STARTUP_ALLOWANCE_S": 60.0}
+
+
+@pytest.mark.slow
+def test_the_floor_bound_counts_from_the_measured_run_not_from_the_start(tmp_path, monkeypatch):
+    """bench_serving says when its warm-up is done and its measured run begins: a level still
+    running its floor time after that is stopped then, not after the start-up allowance; the
+    whole run (timeout, bench_serving, the watcher) is gone when the level's command returns."""
+    for name, value in FAST_WATCH.items():
+        monkeypatch.setattr(bs, name, value)
+    start, floor_s = 0.5, 1.0                  # a start-up of 0.5 s; 32 tokens at 32 tok/s: 1 s
+    py, log, secrets = fake_venv(tmp_path, {"4": {"start": start, "sleep": 30, "record": record(4, 8, 5.0, out_len=4)}})
+    spec = GateSpec(levels=(LevelSpec(4, 8, 16, 4, min_output_throughput=32),))
+    server = GateServer("http://127.0.0.1:1", "/m", str(py), api_key_file=str(secrets))
+    for options, still in ((GateOptions(runner="bench_serving"),
+                            "a first round of 4 of its 8 prompts was still running 1 s after its measured run began"),
+                           (GateOptions(runner="bench_serving", early_pass=False),
+                            "bench_serving's measured run was still running after 1 s")):
+        t0 = time.monotonic()
+        out = run_gate(spec, GateHost(local_execute), server, options)
+        took = time.monotonic() - t0
+        lv = out.result.levels[0]
+        assert lv.status == EARLY_STOP and lv.num_prompts == 8, lv
+        assert lv.reason == "cannot reach the floor: 32 tokens at 32 tok/s take 1 s; " + still
+        assert lv.early_stop == {"rule": "bound", "at_s": floor_s + 0.1, "since": "measured run"}
+        # never before its measured run has had its floor time; long before the outer bound (61 s)
+        assert start + 0.1 + floor_s <= took < 15, took
+        assert out.verdict.failures[0].startswith("C=4 stopped early after ")
+    assert len(sessions(log)) == 2 and all(left_in_session(sid) == [] for sid in sessions(log))
+
+
+@pytest.mark.slow
+def test_a_level_that_ends_just_within_its_floor_time_is_not_stopped(tmp_path, monkeypatch):
+    for name, value in FAST_WATCH.items():
+        monkeypatch.setattr(bs, name, value)
+    # the measured run (after the phrase and the pause) takes 1.5 s of its 2 s floor time
+    py, log, secrets = fake_venv(tmp_path, {"4": {"start": 0.2, "sleep": 0.1 + 1.5,
+                                                  "record": record(4, 8, 43.0, out_len=8)}})
+    spec = GateSpec(levels=(LevelSpec(4, 8, 16, 8, min_output_throughput=32),))    # 64 tokens / 32 tok/s = 2 s
+    out = run_gate(spec, GateHost(local_execute), GateServer("http://127.0.0.1:1", "/m", str(py), api_key_file=str(secrets)),
+                   GateOptions(runner="bench_serving", early_pass=False))
+    lv = out.result.levels[0]
+    assert out.passed and lv.status == OK and lv.early_stop is None and lv.extra["exit_code"] == 0, out.verdict.failures
+    assert lv.output_throughput == 43.0 and lv.completed == 8
+    assert all(left_in_session(sid) == [] for sid in sessions(log))
+
+
+def test_the_watcher_is_only_in_a_command_with_a_floor():
+    lv = LevelSpec(4, 8, 16, 4, min_output_throughput=32)
+    server = GateServer("http://127.0.0.1:1", "/m", "/v/bin/python")
+    plain = bs.build_command(lv, server, warmup_requests=2, limit_s=30)
+    watched = bs.build_command(lv, server, warmup_requests=2, limit_s=30, floor_s=bs.floor_time_s(lv))
+    assert "$d/bound" not in plain and 'timeout -k 10 30 /v/bin/python -I -u -m ' in plain
+    assert "grep -qF 'Starting main benchmark run' \"$d/stdout\"" in watched
+    assert watched.count("timeout -k 10 30 ") == 1          # the outer bound stays as it was
+    sec = bs.split_output(f"{bs.MARK} bound=run\n{bs.MARK} rc=124\n{bs.MARK} jsonl\n\n{bs.MARK} stderr\nTerminated\n")
+    assert sec["run_bound"] and sec["rc"] == 124
+    assert not bs.split_output(f"{bs.MARK} rc=124\n")["run_bound"]
 
 
 HOSTILE = r'''#!/usr/bin/python3

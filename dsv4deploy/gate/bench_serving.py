@@ -29,10 +29,14 @@ failed = num_prompts - completed, judged against max_failed_requests (default 0:
 completion fails the level); a non-zero exit is a failed level with its stderr tail.
 
 bench_serving cannot be stopped from inside, so its early stop is the strict bound: a level
-that has not finished after N*L/floor seconds (plus STARTUP_ALLOWANCE_S for importing torch,
-loading the tokenizer, the ready check and warm-up) cannot reach its floor; ``timeout`` ends it.
+whose measured run has not finished N*L/floor seconds after it began cannot reach its floor. The
+run begins 1 s after bench_serving prints MAIN_RUN_PHRASE (its warm-up done), so a watcher in the
+remote shell polls bench_serving's stdout (unbuffered: ``-u``) for that phrase and, floor time
+plus BOUND_SLACK_S later, sends TERM to ``timeout``, which hands it on (watch_main_run). The outer
+``timeout`` stays at N*L/floor + STARTUP_ALLOWANCE_S (importing torch, the tokenizer, the ready
+check, warm-up): a release that never prints the phrase, or hangs before, is still stopped there.
 Its early pass is a first round (run_level): one run of k of the level's N prompts (k as the
-built-in client's early pass), under the same bound; a clear pass by the built-in client's rule is
+built-in client's early pass), under the same bounds; a clear pass by the built-in client's rule is
 the level's result, marked as that client marks an early pass, and anything else runs all N
 prompts, whose run alone is the result. A first round still running at the bound means the
 level's first k prompts alone take longer than all N may: it cannot reach its floor either.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import shlex
 import time
 from dataclasses import dataclass, replace
@@ -57,6 +62,10 @@ MODULE = "sglang.benchmark.serving"      # SGLang's benchmark client
 LEGACY_MODULE = "sglang.bench_serving"   # deprecated shim for MODULE; the client itself before it existed
 MODULES = (MODULE, LEGACY_MODULE)        # in order of preference
 STARTUP_ALLOWANCE_S = 120.0    # python -m MODULE: imports torch, tokenizer, ready check
+MAIN_RUN_PHRASE = "Starting main benchmark run"   # printed by every release once its warm-up is done
+MAIN_RUN_PAUSE_S = 1.0         # SGLang sleeps this long between the phrase and its measured run
+BOUND_SLACK_S = 5.0            # past the floor time: the run's own clock, its metrics and JSONL
+WATCH_POLL_S = 0.5             # how often the watcher reads bench_serving's stdout
 SSH_SLACK_S = 30.0             # the outer execute timeout is the level limit plus this
 TIMEOUT_CODES = (124, 137)     # timeout(1): TERM sent / KILL sent
 STAT_FIELDS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "itl_ms": "itl_ms", "e2e_ms": "e2e_latency_ms"}
@@ -72,8 +81,9 @@ def bench_argv(level: LevelSpec, *, venv_python: str, base_url: str, model_path:
     if module not in MODULES:
         raise ValueError(f"not a bench_serving module: {module!r} (one of {', '.join(MODULES)})")
     host, port = host_port(base_url)
-    # -I: isolated, as every python the deploy starts on the host (host/__init__.py)
-    return [venv_python, "-I", "-m", module, "--backend", "sglang", "--host", host, "--port", str(port),
+    # -I: isolated, as every python the deploy starts on the host (host/__init__.py); -u: its
+    # stdout unbuffered, so the watcher sees MAIN_RUN_PHRASE when printed (-I ignores PYTHONUNBUFFERED)
+    return [venv_python, "-I", "-u", "-m", module, "--backend", "sglang", "--host", host, "--port", str(port),
             "--model", model_path, "--tokenizer", model_path, "--dataset-name", "random-ids", "--tokenize-prompt",
             "--random-input-len", str(level.input_len), "--random-output-len", str(level.output_len),
             "--random-range-ratio", "1.0", "--num-prompts", str(level.num_prompts),
@@ -81,11 +91,37 @@ def bench_argv(level: LevelSpec, *, venv_python: str, base_url: str, model_path:
             "--output-file", output_file, "--disable-tqdm"]
 
 
-def floor_limit_s(level: LevelSpec) -> float | None:
-    """Past this many seconds the level cannot reach its floor (None: no floor)."""
+def floor_time_s(level: LevelSpec) -> float | None:
+    """How long the level's measured run may take and still reach its floor (None: no floor)."""
     if not level.min_output_throughput:
         return None
-    return level.total_output_tokens / level.min_output_throughput + STARTUP_ALLOWANCE_S
+    return level.total_output_tokens / level.min_output_throughput
+
+
+def floor_limit_s(level: LevelSpec) -> float | None:
+    """Past this many seconds from bench_serving's start, start-up included, the level cannot
+    reach its floor (None: no floor): the outer bound, for a run that never says it began."""
+    floor_s = floor_time_s(level)
+    return None if floor_s is None else floor_s + STARTUP_ALLOWANCE_S
+
+
+def run_bound_s(floor_s: float) -> float:
+    """Seconds after its measured run began at which the watcher stops a level of floor time FLOOR_S."""
+    return floor_s + BOUND_SLACK_S
+
+
+def watch_main_run(floor_s: float) -> str:
+    """Shell (POSIX sh) run in the background beside `timeout` (PID $t): it polls "$d/stdout"
+    for MAIN_RUN_PHRASE and, the measured run's bound later (run_bound_s, plus the pause before
+    the run), sends TERM to $t, "$d/bound" saying so (removed if the kill fails: the command had
+    already ended). It ends when $t ends; TERM (sent by the command's shell then) ends its sleep
+    at once. Nothing of it outlives the command: the shell waits for it."""
+    ticks = max(1, math.ceil((MAIN_RUN_PAUSE_S + run_bound_s(floor_s)) / WATCH_POLL_S))
+    return ("{ s=; trap 'kill \"$s\" 2>/dev/null' TERM; n=-1; while kill -0 \"$t\" 2>/dev/null; do "
+            f'if [ "$n" -lt 0 ]; then grep -qF {shlex.quote(MAIN_RUN_PHRASE)} "$d/stdout" && n={ticks - 1}; '
+            'elif [ "$n" -eq 0 ]; then : >"$d/bound"; kill -TERM "$t" 2>/dev/null || rm -f "$d/bound"; break; '
+            f'else n=$((n - 1)); fi; sleep {WATCH_POLL_S:g} & s=$!; wait "$s"; s=; done; }} '
+            '</dev/null >/dev/null 2>&1 & w=$!; ')
 
 
 def drop_privileges(user: str | None) -> list[str]:
@@ -139,9 +175,12 @@ def cache_environment(home: str, user: str | None = None) -> str:
 
 
 def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int, limit_s: float,
-                  run_as: str | None = None, module: str = MODULE, confined: bool = False) -> str:
+                  floor_s: float | None = None, run_as: str | None = None, module: str = MODULE,
+                  confined: bool = False) -> str:
     """The remote shell command (POSIX sh) for one level against SERVER; prints marked sections
-    on stdout.
+    on stdout. `timeout` stops it at LIMIT_S; with FLOOR_S (the floor time of the level whose
+    bound applies), watch_main_run stops it once its measured run has gone on past that, and the
+    command says so ("bound=run") with rc 124; a run that ended by itself (rc 0) is kept.
 
     bench_serving runs the model repository's tokenizer code (trust_remote_code), so with RUN_AS
     it may write only in a folder of its own ($d/out, its home and caches in $d/out/home) inside
@@ -161,15 +200,19 @@ def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int,
             f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/dsv4deploy-gate.XXXXXX") && mkdir "$d/out" "$d/out/home" && {owner}'
             f': >"$d/stdout" && : >"$d/stderr" || {{ echo "{MARK} rc=97"; rm -rf "$d"; exit 0; }}; '
             + cache_environment("$d/out/home", run_as) +
-            f'timeout -k 10 {max(1, int(limit_s))} {cmd} >"$d/stdout" 2>"$d/stderr" </dev/null; rc=$?; '
+            f'timeout -k 10 {max(1, int(limit_s))} {cmd} >"$d/stdout" 2>"$d/stderr" </dev/null' +
+            ('; rc=$?; ' if floor_s is None else
+             ' & t=$!; ' + watch_main_run(floor_s) + 'wait "$t"; rc=$?; kill "$w" 2>/dev/null; wait "$w"; '
+             f'if [ -e "$d/bound" ] && [ "$rc" -ne 0 ]; then rc=124; echo "{MARK} bound=run"; fi; ') +
             f'echo "{MARK} rc=$rc"; echo "{MARK} jsonl"; {read_jsonl}tail -n 1 "$d/out/bench.jsonl" 2>/dev/null; echo; '
             f'echo "{MARK} stderr"; tail -c 4000 "$d/stderr"; echo; '
             f'echo "{MARK} stdout"; tail -c 2000 "$d/stdout"; echo; rm -rf "$d"')
 
 
 def split_output(stdout: str) -> dict:
-    """The marked sections of build_command's output: rc (int|None), jsonl, stderr, stdout."""
-    out = {"rc": None, "jsonl": "", "stderr": "", "stdout": ""}
+    """The marked sections of build_command's output: rc (int|None), run_bound (the watcher
+    stopped it), jsonl, stderr, stdout."""
+    out = {"rc": None, "run_bound": False, "jsonl": "", "stderr": "", "stdout": ""}
     section = None
     buf: dict[str, list[str]] = {"jsonl": [], "stderr": [], "stdout": []}
     for line in stdout.splitlines():
@@ -180,6 +223,9 @@ def split_output(stdout: str) -> dict:
                     out["rc"] = int(tag[3:])
                 except ValueError:
                     pass
+                section = None
+            elif tag == "bound=run":
+                out["run_bound"] = True
                 section = None
             elif tag in buf:
                 section = tag
@@ -246,6 +292,10 @@ def parse_jsonl(text: str, level: LevelSpec) -> LevelResult:
     return res
 
 
+# early_stop["since"] of a level stopped by a bound: what its at_s counts from
+SINCE = {"run": "measured run", "floor": "start"}
+
+
 @dataclass(frozen=True)
 class BenchRun:
     """What one level's bench_serving run left: its exit status (None: the remote command did not
@@ -259,8 +309,9 @@ class BenchRun:
 
 def level_from_run(level: LevelSpec, run: BenchRun, *, warmup_requests: int, limit_kind: str = "budget",
                    limit_s: float | None = None, budget_s: float | None = None) -> LevelResult:
-    """One level's result from its bench_serving RUN, stopped at LIMIT_S (LIMIT_KIND "floor": it
-    could not reach its floor; "budget": the gate's budget, BUDGET_S)."""
+    """One level's result from its bench_serving RUN, stopped at LIMIT_S (LIMIT_KIND "run": that
+    long after its measured run began, it could not reach its floor; "floor": that long after
+    bench_serving started, start-up included, neither; "budget": the gate's budget, BUDGET_S)."""
     rc, jsonl, stderr, wall_s = run.rc, run.jsonl, run.stderr, run.wall_s
     parsed: LevelResult | None = None
     parse_error = None
@@ -275,12 +326,13 @@ def level_from_run(level: LevelSpec, run: BenchRun, *, warmup_requests: int, lim
     res.warmup_requests = warmup_requests
     res.extra.update({"exit_code": rc, "stderr_tail": _tail(stderr)})
     if rc in TIMEOUT_CODES:
-        if limit_kind == "floor":
+        if limit_kind in ("run", "floor"):
             res.status = EARLY_STOP
+            still = (f"bench_serving's measured run was still running after {limit_s:.0f} s" if limit_kind == "run"
+                     else f"bench_serving still running after {limit_s:.0f} s (incl. {STARTUP_ALLOWANCE_S:.0f} s start-up)")
             res.reason = (f"cannot reach the floor: {level.total_output_tokens} tokens at "
-                          f"{level.min_output_throughput:g} tok/s take {level.total_output_tokens / level.min_output_throughput:.0f} s; "
-                          f"bench_serving still running after {limit_s:.0f} s (incl. {STARTUP_ALLOWANCE_S:.0f} s start-up)")
-            res.early_stop = {"rule": "bound", "at_s": limit_s}
+                          f"{level.min_output_throughput:g} tok/s take {floor_time_s(level):.0f} s; {still}")
+            res.early_stop = {"rule": "bound", "at_s": round(limit_s or 0.0, 3), "since": SINCE[limit_kind]}
         else:
             res.status = BUDGET
             res.reason = f"gate budget {budget_s:g} s exhausted during {level.label}" if budget_s else \
@@ -368,10 +420,12 @@ def stopped_in_first_round(level: LevelSpec, first: LevelResult) -> LevelResult:
     res = replace(first, num_prompts=level.num_prompts)
     if res.status == EARLY_STOP:
         tokens = level.total_output_tokens
+        at_s = first.early_stop["at_s"]
+        since = (f"{at_s:.0f} s after its measured run began" if first.early_stop.get("since") == SINCE["run"]
+                 else f"after {at_s:.0f} s (incl. {STARTUP_ALLOWANCE_S:.0f} s start-up)")
         res.reason = (f"cannot reach the floor: {tokens} tokens at {level.min_output_throughput:g} tok/s take "
                       f"{tokens / level.min_output_throughput:.0f} s; a first round of {first.num_prompts} of its "
-                      f"{level.num_prompts} prompts was still running after {first.early_stop['at_s']:.0f} s "
-                      f"(incl. {STARTUP_ALLOWANCE_S:.0f} s start-up)")
+                      f"{level.num_prompts} prompts was still running {since}")
     return res
 
 
@@ -394,17 +448,18 @@ def _remaining(ctx: _Run) -> float:
 
 
 def _one(ctx: _Run, lv: LevelSpec, limit_level: LevelSpec) -> LevelResult:
-    """One bench_serving run of LV (its prompts), stopped at LIMIT_LEVEL's floor limit or the
-    budget, whichever comes first."""
+    """One bench_serving run of LV (its prompts), stopped at LIMIT_LEVEL's floor time after its
+    measured run began, its floor limit or the budget, whichever comes first."""
     remaining = _remaining(ctx)
-    fl = floor_limit_s(limit_level)
+    floor_s, fl = floor_time_s(limit_level), floor_limit_s(limit_level)
     kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
-    cmd = build_command(lv, ctx.server, warmup_requests=ctx.spec.warmup_requests, limit_s=limit,
+    cmd = build_command(lv, ctx.server, warmup_requests=ctx.spec.warmup_requests, limit_s=limit, floor_s=floor_s,
                         run_as=ctx.host.run_as, module=ctx.module, confined=ctx.host.confined)
     if ctx.log:
         of = f" of {limit_level.num_prompts}" if lv.num_prompts != limit_level.num_prompts else ""
+        run = f"{run_bound_s(floor_s):.0f} s into its measured run or " if floor_s is not None else ""
         ctx.log(f"bench_serving ({ctx.module}) {lv.label}: {lv.num_prompts}{of} prompts {lv.input_len}/"
-                f"{lv.output_len}, limit {limit:.0f} s ({kind})")
+                f"{lv.output_len}, limit {run}{limit:.0f} s in all ({kind})")
     ts = time.monotonic()
     try:
         rc_outer, out, err = ctx.host.execute(cmd, limit + SSH_SLACK_S)
@@ -420,6 +475,8 @@ def _one(ctx: _Run, lv: LevelSpec, limit_level: LevelSpec) -> LevelResult:
     stderr = sec["stderr"] or (err or "")
     if rc is None and rc_outer not in (0, None):
         stderr = (err or "") + "\n" + (out or "")
+    if sec["run_bound"] and floor_s is not None:
+        kind, limit = "run", run_bound_s(floor_s)
     res = level_from_run(lv, BenchRun(rc, sec["jsonl"], stderr, time.monotonic() - ts),
                          warmup_requests=ctx.spec.warmup_requests, limit_kind=kind, limit_s=limit,
                          budget_s=ctx.budget_s)
@@ -489,6 +546,6 @@ def run(spec: GateSpec, host: GateHost, server: GateServer, options: GateOptions
                       wall_s=time.monotonic() - ctx.t0, budget_s=budget, budget_exhausted=budget_hit,
                       client={"venv_python": server.venv_python, "module": module, "model_path": server.model_path,
                               "fail_fast": options.fail_fast, "order": options.order,
-                              "startup_allowance_s": STARTUP_ALLOWANCE_S,
+                              "startup_allowance_s": STARTUP_ALLOWANCE_S, "run_bound_slack_s": BOUND_SLACK_S,
                               "early_pass": {"margin": spec.early_pass_margin if options.early_pass else None,
                                              "min_requests": spec.early_pass_min_requests}})
