@@ -110,7 +110,7 @@ def test_command_shape_and_secret_handling():
     lv = LevelSpec(16, 48, 256, 256)
     server = GateServer("http://127.0.0.1:30000", "/srv/models/DeepSeek-V4-Flash",
                         "/opt/dsv4deploy/venvs/sglang-0.5.23/bin/python", "/etc/dsv4deploy/secrets/sglang-api-key")
-    cmd = bs.build_command(lv, server, warmup_requests=2, limit_s=300, run_as="dsv4deploy-gate")
+    cmd = bs.build_command(lv, server, warmup_requests=2, bound=bs.Bound(300), run_as="dsv4deploy-gate")
     assert cmd.startswith("if [ -s /etc/dsv4deploy/secrets/sglang-api-key ]; then OPENAI_API_KEY=$(cat "
                           "/etc/dsv4deploy/secrets/sglang-api-key); export OPENAI_API_KEY; fi; ")
     assert cmd.count("OPENAI_API_KEY") == 2                         # one place hands the key over
@@ -132,7 +132,7 @@ def test_command_shape_and_secret_handling():
     assert "mktemp -d" in cmd       # a fresh output file every run
     assert "sglang.bench_serving" not in cmd   # the deprecated shim only where the module is absent
     legacy = bs.build_command(lv, GateServer("http://127.0.0.1:30000", "/m", "/v/bin/python"), warmup_requests=2,
-                              limit_s=300, module="sglang.bench_serving")
+                              bound=bs.Bound(300), module="sglang.bench_serving")
     assert "/v/bin/python -I -u -m sglang.bench_serving --backend sglang " in legacy
     with pytest.raises(ValueError, match="not a bench_serving module"):
         bs.bench_argv(lv, venv_python="/v", base_url="http://h:1", model_path="/m", warmup_requests=0,
@@ -434,8 +434,8 @@ def test_a_level_that_ends_just_within_its_floor_time_is_not_stopped(tmp_path, m
 def test_the_watcher_is_only_in_a_command_with_a_floor():
     lv = LevelSpec(4, 8, 16, 4, min_output_throughput=32)
     server = GateServer("http://127.0.0.1:1", "/m", "/v/bin/python")
-    plain = bs.build_command(lv, server, warmup_requests=2, limit_s=30)
-    watched = bs.build_command(lv, server, warmup_requests=2, limit_s=30, floor_s=bs.floor_time_s(lv))
+    plain = bs.build_command(lv, server, warmup_requests=2, bound=bs.Bound(30))
+    watched = bs.build_command(lv, server, warmup_requests=2, bound=bs.Bound(30, bs.floor_time_s(lv)))
     assert "$d/bound" not in plain and 'timeout -k 10 30 /v/bin/python -I -u -m ' in plain
     assert "grep -qF 'Starting main benchmark run' \"$d/stdout\"" in watched
     assert watched.count("timeout -k 10 30 ") == 1          # the outer bound stays as it was
@@ -478,7 +478,7 @@ def test_tokenizer_code_run_as_the_gate_user_cannot_make_root_read_a_secret_back
         py.write_text(HOSTILE.format(secret=str(secret)))
         py.chmod(0o755)
         cmd = bs.build_command(LevelSpec(1, 1, 8, 8), GateServer("http://127.0.0.1:30000", "/m", str(py)),
-                               warmup_requests=0, limit_s=30, run_as="daemon")
+                               warmup_requests=0, bound=bs.Bound(30), run_as="daemon")
         rc, out, err = local_execute(f"TMPDIR={work}; export TMPDIR; {cmd}", 60)
         assert rc == 0 and f"{bs.MARK} rc=0" in out, (out, err)
         assert "TOPSECRET" not in out + err
@@ -521,7 +521,7 @@ def test_the_gate_user_writes_its_caches_in_a_folder_of_its_own_removed_after_th
         py.write_text(CACHE_WRITER.format(record=json.dumps(record(1, 1, 12.0))))
         py.chmod(0o755)
         cmd = bs.build_command(LevelSpec(1, 1, 8, 8), GateServer("http://127.0.0.1:30000", "/m", str(py)),
-                               warmup_requests=0, limit_s=30, run_as="daemon")
+                               warmup_requests=0, bound=bs.Bound(30), run_as="daemon")
         rc, out, err = local_execute(f"TMPDIR={work}; export TMPDIR HOME=/root USER=root; {cmd}", 60)
         sec = bs.split_output(out)
         assert rc == 0 and sec["rc"] == 0, (out, err)
@@ -540,7 +540,7 @@ def test_on_the_host_bench_serving_reaches_the_server_alone():
     address, and the key is in no property of that scope (systemctl show shows them to anyone)."""
     lv = LevelSpec(16, 48, 256, 256)
     server = GateServer("http://127.0.0.1:30000", "/m", "/v/bin/python", "/etc/dsv4deploy/secrets/sglang-api-key")
-    cmd = bs.build_command(lv, server, warmup_requests=2, limit_s=300, run_as="dsv4deploy-gate", confined=True)
+    cmd = bs.build_command(lv, server, warmup_requests=2, bound=bs.Bound(300), run_as="dsv4deploy-gate", confined=True)
     assert ("timeout -k 10 300 systemd-run --quiet --scope --collect --property=IPAddressDeny=any "
             "--property=IPAddressAllow=127.0.0.1 -- setpriv --reuid=dsv4deploy-gate") in cmd
     assert cmd.count("OPENAI_API_KEY") == 2 and "--setenv" not in cmd   # the key: root's shell, inherited
@@ -549,4 +549,4 @@ def test_on_the_host_bench_serving_reaches_the_server_alone():
     # the deploy's gate host confines it; the tests' local hosts (no systemd) do not
     from dsv4deploy.host.gate import gate_host
     assert gate_host(object()).confined is True
-    assert "systemd-run" not in bs.build_command(lv, server, warmup_requests=2, limit_s=300, run_as="dsv4deploy-gate")
+    assert "systemd-run" not in bs.build_command(lv, server, warmup_requests=2, bound=bs.Bound(300), run_as="dsv4deploy-gate")

@@ -174,13 +174,20 @@ def cache_environment(home: str, user: str | None = None) -> str:
     return f'export HOME="{home}" {dirs}{names} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1; '
 
 
-def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int, limit_s: float,
-                  floor_s: float | None = None, run_as: str | None = None, module: str = MODULE,
-                  confined: bool = False) -> str:
+@dataclass(frozen=True)
+class Bound:
+    """When a run is stopped: `timeout` at LIMIT_S from its start; with FLOOR_S (the floor time of
+    the level whose bound applies), once its measured run has gone on past that (watch_main_run)."""
+
+    limit_s: float
+    floor_s: float | None = None
+
+
+def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int, bound: Bound,
+                  run_as: str | None = None, module: str = MODULE, confined: bool = False) -> str:
     """The remote shell command (POSIX sh) for one level against SERVER; prints marked sections
-    on stdout. `timeout` stops it at LIMIT_S; with FLOOR_S (the floor time of the level whose
-    bound applies), watch_main_run stops it once its measured run has gone on past that, and the
-    command says so ("bound=run") with rc 124; a run that ended by itself (rc 0) is kept.
+    on stdout. It is stopped at BOUND; stopped by the floor's bound after its measured run began,
+    the command says so ("bound=run") with rc 124; a run that ended by itself (rc 0) is kept.
 
     bench_serving runs the model repository's tokenizer code (trust_remote_code), so with RUN_AS
     it may write only in a folder of its own ($d/out, its home and caches in $d/out/home) inside
@@ -189,6 +196,7 @@ def build_command(level: LevelSpec, server: GateServer, *, warmup_requests: int,
     there reads nothing RUN_AS could not. CONFINED: it runs under no_egress, so the key in its
     environment cannot leave the host."""
     q = shlex.quote
+    limit_s, floor_s = bound.limit_s, bound.floor_s
     as_user = drop_privileges(run_as)
     argv = (no_egress(server.base_url) if confined else []) + as_user + bench_argv(level, venv_python=server.venv_python, base_url=server.base_url,
                                 model_path=server.model_path, warmup_requests=warmup_requests,
@@ -453,7 +461,7 @@ def _one(ctx: _Run, lv: LevelSpec, limit_level: LevelSpec) -> LevelResult:
     remaining = _remaining(ctx)
     floor_s, fl = floor_time_s(limit_level), floor_limit_s(limit_level)
     kind, limit = ("floor", fl) if (fl is not None and fl < remaining) else ("budget", remaining)
-    cmd = build_command(lv, ctx.server, warmup_requests=ctx.spec.warmup_requests, limit_s=limit, floor_s=floor_s,
+    cmd = build_command(lv, ctx.server, warmup_requests=ctx.spec.warmup_requests, bound=Bound(limit, floor_s),
                         run_as=ctx.host.run_as, module=ctx.module, confined=ctx.host.confined)
     if ctx.log:
         of = f" of {limit_level.num_prompts}" if lv.num_prompts != limit_level.num_prompts else ""
