@@ -86,11 +86,14 @@ def test_the_lock_is_compiled_once_here_and_each_twin_venv_finds_its_bytecode_cu
 
     from ct200twin.host import bytecode
     installed = tmp_path / "warm-target"
-    (installed / "torch").mkdir(parents=True)
-    os.link(here / "archive-v0/AbC/torch/__init__.py", installed / "torch/__init__.py")
+    (installed / "torch-2.14.1.dist-info").mkdir(parents=True)                  # what the lock installed
     _file(here / "archive-v0/Other/other.py", "x = 1")              # another venv's package: not compiled
+    _file(here / "archive-v0/Other/other-1.0.dist-info/RECORD", "record")
+    # the same wheel unpacked twice (two installs fetched it at once): a twin may use either
+    _file(here / "archive-v0/Twice/torch/__init__.py", "import torch")
+    _file(here / "archive-v0/Twice/torch-2.14.1.dist-info/RECORD", "record")
     twin_python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    assert bytecode.compile_lock(installed, here, twin_python) == 1
+    assert bytecode.compile_lock(installed, here, twin_python) == 2
     assert bytecode.compile_lock(installed, here, twin_python) == 0        # current: not again
     assert bytecode.compile_lock(installed, here, "2.7") == 0               # not the twins' python
     pyc = bytecode.store_dir(here) / "archive-v0/AbC/torch/__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
@@ -118,8 +121,7 @@ def test_bytecode_goes_only_beside_this_machines_source_files(here, tmp_path):
 
     from ct200twin.host import bytecode
     installed = tmp_path / "warm-target"
-    (installed / "torch").mkdir(parents=True)
-    os.link(here / "archive-v0/AbC/torch/__init__.py", installed / "torch/__init__.py")
+    (installed / "torch-2.14.1.dist-info").mkdir(parents=True)
     assert bytecode.compile_lock(installed, here, f"{sys.version_info[0]}.{sys.version_info[1]}") == 1
     root = tmp_path / "twin-root"
     _file(_twin_cache(root) / "archive-v0/AbC/torch/__init__.py", "import torch")     # the twin's own copy

@@ -9,7 +9,7 @@ uv's compile step is compileall without ``force``: a ``.pyc`` whose header names
 mtime is kept. A twin's venv files are hard links of its uv cache, which ``uv_cache.share`` links
 from this machine's, so a source file is one inode, with one mtime, on this machine and in every
 twin's venv. ``compile_lock`` (run by ``uv_cache.warm``, once the release's wheels are here)
-compiles each module of the release's lock once, from this machine's cache file, into a store of
+compiles each module of the release's lock once, from this machine's cache files, into a store of
 its own (``.cache/twin-bytecode/archive-v0/<archive>/<path>/__pycache__/<module>.cpython-311.pyc``);
 ``link_into`` links it beside that source in a twin's cache, where uv's install links it into the
 venv with its sources, and uv's compile step finds it current. The deploy's install is unchanged;
@@ -47,17 +47,20 @@ def pyc_name(source: str) -> str:
     return f"__pycache__/{source[:-3]}.{PYC_TAG}.pyc"
 
 
-def _sources(folder: Path) -> dict[int, str]:
-    """Inode -> path relative to FOLDER of every .py file below it (links not followed)."""
-    found: dict[int, str] = {}
+def _dists(folder: Path) -> set[str]:
+    """The distributions (their .dist-info folders' names: name and version) FOLDER holds."""
+    try:
+        return {e.name for e in os.scandir(folder) if e.name.endswith(".dist-info") and e.is_dir(follow_symlinks=False)}
+    except OSError:
+        return set()
+
+
+def _modules(folder: Path) -> list[str]:
+    """Every .py file below FOLDER, relative to it (links not followed, no __pycache__)."""
+    found: list[str] = []
     for top, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if d != "__pycache__" and not d.startswith(".tmp")]
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(top, name)
-                st = os.lstat(path)
-                if st.st_nlink > 1:
-                    found[st.st_ino] = os.path.relpath(path, folder)
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found += [os.path.relpath(os.path.join(top, name), folder) for name in files if name.endswith(".py")]
     return found
 
 
@@ -88,21 +91,24 @@ def _compile(jobs: list[tuple[str, str]]) -> int:
 
 
 def compile_lock(installed: Path, cache: Path, twin_python: str) -> int:
-    """Compile every module that INSTALLED (a folder uv filled from CACHE with hard links: the lock's
-    packages) holds, from CACHE's file, into the store. Returns the modules compiled (0 where this
-    python is not TWIN_PYTHON, the twins' "3.11")."""
+    """Compile every module of each archive in CACHE that holds a distribution INSTALLED holds (a
+    folder uv filled from CACHE: the lock's packages) into the store. Every such archive: uv can
+    unpack one wheel twice when two installs fetch it at once (make test's parser venvs and this
+    warm), and a twin installs from whichever its pointer names. Returns the modules compiled (0
+    where this python is not TWIN_PYTHON, the twins' "3.11")."""
     if f"{sys.version_info[0]}.{sys.version_info[1]}" != twin_python:
         log.warning("twin bytecode: this python is %d.%d, the twins' %s: each twin compiles its own",
                     *sys.version_info[:2], twin_python)
         return 0
-    wanted = _sources(installed)
+    wanted = _dists(installed)
     store = store_dir(cache)
     jobs: list[tuple[str, str]] = []
-    for inode, rel in _sources(cache / ARCHIVES).items():
-        if inode in wanted:
-            source = cache / ARCHIVES / rel
-            pyc = store / ARCHIVES / Path(rel).parent / pyc_name(Path(rel).name)
-            jobs.append((str(source), str(pyc)))
+    for archive in sorted((cache / ARCHIVES).iterdir()):
+        if archive.name.startswith(".") or not (_dists(archive) & wanted):
+            continue
+        for rel in _modules(archive):
+            pyc = store / ARCHIVES / archive.name / Path(rel).parent / pyc_name(Path(rel).name)
+            jobs.append((str(archive / rel), str(pyc)))
     for folder in {str(Path(pyc).parent) for _, pyc in jobs}:
         os.makedirs(folder, exist_ok=True)
     workers = max(1, os.cpu_count() or 1)
