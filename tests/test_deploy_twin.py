@@ -344,7 +344,8 @@ def test_the_085_profile_forced_past_validation_crashes_at_graph_capture(twin, p
         del os.environ["DSV4_PROFILES_DIR"]
     twin.run("systemctl reset-failed oom085 2>/dev/null", check=False)
     twin.run("systemd-run --unit oom085 -E PATH=/usr/bin:/bin " + " ".join(argv))
-    for _ in range(100):
+    deadline = time.monotonic() + 60         # by the clock: a command to the twin takes ~15 ms
+    while time.monotonic() < deadline:
         state = twin.run("systemctl show -p ActiveState --value oom085", check=False).stdout.strip()
         if state in ("failed", "inactive"):
             break

@@ -12,6 +12,7 @@ profiles are nvfp4-ctx8k-dp2 with a short gate, on non-default ports (31000 for 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 
 from ct200twin import faultlab
 from ct200twin.faultlab.tool import run as tool_run
+from ct200twin.host.errors import SimError
 from sim_fixtures import LAB_ENV, LAB_FLEET, lab_twin  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.fleet]
@@ -175,8 +177,10 @@ def test_fault_14_a_killed_gateway_comes_back_and_a_replica_killed_mid_update_do
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         now = pids(twin)["sglang-gateway.service"]
-        if now not in (0, gw) and _routes(twin) == 2:
-            break
+        # systemd has started a new gateway: until it listens, its port refuses (curl exits 7)
+        with contextlib.suppress(SimError):
+            if now not in (0, gw) and _routes(twin) == 2:
+                break
         time.sleep(0.5)
     assert _routes(twin) == 2 and pids(twin)["sglang-gateway.service"] not in (0, gw)
     again = rset.deploy(current)

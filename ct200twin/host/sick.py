@@ -79,7 +79,8 @@ def hold(twin, gpus: list[int], mib: int) -> int:
     twin.run(f"systemctl reset-failed {unit} 2>/dev/null; systemd-run --quiet --collect --unit {unit} "
              f"/usr/bin/python3 -c {shlex.quote(_HOLDER)} {HOLDS_DIR} {int(mib)} {','.join(map(str, gpus))}")
     pid = int(twin.run(f"systemctl show -p MainPID --value {unit}").stdout.strip() or 0)
-    for _ in range(100):
+    deadline = time.monotonic() + 30             # by the clock: a command to the twin takes ~15 ms
+    while time.monotonic() < deadline:
         if twin.run(f"test -f {HOLDS_DIR}/{pid}.json", check=False).returncode == 0:
             return pid
         time.sleep(0.1)
