@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -186,6 +188,57 @@ def test_cli_bad_input_exits_2(tmp_path, monkeypatch, capsys):
     assert simcli.main(["gpus", "--driver", "latest"]) == 2
     assert simcli.main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["twins"] == []
+
+
+FAKE_SSH = """#!/bin/sh
+# stands in for ssh: logs its argv; a call through a shared connection fails as ssh's mux does
+echo "$*" >> "$SSH_LOG"
+case "$*" in
+  *ControlMaster=auto*) [ -n "$MUX_FAILS" ] && { echo "mux_client_request_session: session request failed" >&2; exit 255; } ;;
+esac
+for last; do :; done
+echo "ran: $last"
+"""
+
+
+@pytest.fixture
+def fake_ssh(tmp_path, monkeypatch):
+    """`ssh` on PATH is FAKE_SSH; the sim folder is short enough for a socket path (pytest's
+    tmp_path is not)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SSH_LOG", str(tmp_path / "ssh.log"))
+    sim = Path(tempfile.mkdtemp(prefix="sim-", dir="/tmp"))
+    monkeypatch.setenv("DSV4_SIM_DIR", str(sim))
+    yield tmp_path / "ssh.log", sim
+    shutil.rmtree(sim, ignore_errors=True)
+
+
+def test_commands_share_one_connection_and_a_refused_share_gets_its_own(fake_ssh, monkeypatch):
+    """SimHost.run goes through ssh's shared connection (ControlMaster, its socket in the sim's
+    ssh folder); where ssh cannot share it, the same command runs on a connection of its own.
+    ssh_argv (`ct200twin ssh`, the host-key test) never shares one."""
+    log, sim = fake_ssh
+    twin = simhost.SimHost(1)
+    assert twin.run("hostname").stdout.strip() == "ran: hostname"
+    (line,) = log.read_text().splitlines()
+    assert "ControlMaster=auto" in line and f"ControlPath={sim}/ssh/cm-%C" in line
+    assert "StrictHostKeyChecking=yes" in line
+    assert not any("Control" in a for a in twin.ssh_argv("true"))
+    log.unlink()
+    monkeypatch.setenv("MUX_FAILS", "1")
+    assert twin.run("hostname").stdout.strip() == "ran: hostname"
+    first, second = log.read_text().splitlines()
+    assert "ControlMaster=auto" in first and "Control" not in second
+
+
+def test_a_sim_folder_too_deep_for_a_socket_shares_no_connection(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 90)
+    monkeypatch.setenv("DSV4_SIM_DIR", str(deep))
+    assert simhost.SimHost(1).shared_ssh_options() == []
 
 
 # ----------------------------------------------------------- on a twin
