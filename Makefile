@@ -221,8 +221,9 @@ tune: $(if $(PLAN),,$(TWIN)) venv
 
 # The twin's Debian root and SGLang's parser venvs start building (bare python3, in the background;
 # the parser venvs and the control venv with the one uv, bootstrapped first) before the venv installs,
-# and the release's wheels are fetched into that uv's cache (the twins with the real host's venv get
-# them linked into their own caches: ct200twin/host/uv_cache.py);
+# and the release's wheels are fetched into that uv's cache and their modules byte-compiled once (the
+# twins with the real host's venv get both linked into their own caches: ct200twin/host/uv_cache.py,
+# ct200twin/host/bytecode.py);
 # then seven pytest processes side by side: the tests that use the CT200 twin (they mostly wait on
 # it), the five groups on isolated twins (own network namespaces, so they collide with nothing: the
 # fleet of three followed by the rollbacks on a twin of their own, the lab twin that the fault
