@@ -3,7 +3,6 @@ performance model at C=1/16/64, its CPU share, early stop on the default (~1M) c
 requests counted with error_rate, a crash mid-level, budget exhaustion, the API key."""
 
 import contextlib
-import re
 import sys
 import time
 
@@ -161,10 +160,9 @@ def test_budget_exhaustion_ends_within_budget():
     assert took < 6 + 4
     assert [lv.status for lv in out.result.levels] == [BUDGET, SKIPPED]
     assert out.result.budget_exhausted
-    # the client's budget is what was left of the gate's 6 s when it started (runner.py): 6 on a
-    # quiet machine, 5.9 when the upload took a tenth of a second
-    said = re.match(r"C=4: gate budget ([0-9.]+) s exhausted during C=4", out.verdict.failures[0])
-    assert said and 5 <= float(said[1]) <= 6, out.verdict.failures[0]
+    # the gate's budget as the profile sets it, not what was left of it when the client started
+    # (5.9 s when its upload took a tenth of a second under load)
+    assert out.verdict.failures[0].startswith("C=4: gate budget 6 s exhausted during C=4"), out.verdict.failures
 
 
 @pytest.mark.slow

@@ -121,6 +121,8 @@ def test_builtin_command_checks_the_client_and_passes_the_key_by_fd():
             "--clear-groups --no-new-privs -- python3 -I -S - --base-url http://127.0.0.1:30000 --levels ") in cmd
     assert cmd.endswith(' "$@" </opt/dsv4deploy/gate/client.py')
     assert "--budget-s 590.000" in cmd and "--fail-fast" in cmd
+    # what is left of the budget is the client's deadline; the profile's budget is what it names
+    assert f"--gate-budget-s {SPEC.budget_s:g} " in cmd and SPEC.budget_s != 590
     levels = json.loads(cmd.split("--levels ")[1].split(" --warmup-requests")[0].strip("'"))
     assert [lv["concurrency"] for lv in levels] == [64, 1]           # highest concurrency first
 

@@ -487,7 +487,7 @@ def _one(ctx: _Run, lv: LevelSpec, limit_level: LevelSpec) -> LevelResult:
         kind, limit = "run", run_bound_s(floor_s)
     res = level_from_run(lv, BenchRun(rc, sec["jsonl"], stderr, time.monotonic() - ts),
                          warmup_requests=ctx.spec.warmup_requests, limit_kind=kind, limit_s=limit,
-                         budget_s=ctx.budget_s)
+                         budget_s=float(ctx.spec.budget_s))     # the profile's, as the message names it
     res.extra["wall_s"] = round(time.monotonic() - ts, 3)
     return res
 

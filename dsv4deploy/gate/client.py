@@ -91,6 +91,13 @@ def seconds(value: float) -> str:
     return f"{value:.1f}".rstrip("0").rstrip(".")
 
 
+def budget_named(opts) -> str:
+    """The gate's budget as the profile sets it (--gate-budget-s), which messages name; --budget-s
+    is what is left of it when this client starts (its deadline)."""
+    named = getattr(opts, "gate_budget_s", None)
+    return seconds(opts.budget_s if named is None else named)
+
+
 def log(msg: str) -> None:
     sys.stderr.write(f"[gate {time.strftime('%H:%M:%S')}] {msg}\n")
     sys.stderr.flush()
@@ -493,7 +500,7 @@ class Level:
             await asyncio.sleep(TICK_S)
             now = time.perf_counter()
             if now >= self.deadline:
-                self.halt("budget", f"gate budget {seconds(self.o.budget_s)} s exhausted during {self.label} "
+                self.halt("budget", f"gate budget {budget_named(self.o)} s exhausted during {self.label} "
                                     f"({self.completed + self.failed}/{self.n} requests done)")
                 return
             t = now - self.t0
@@ -588,7 +595,7 @@ class Level:
                 c.close()
             self.warmup_s = time.perf_counter() - tw
             if not ok:
-                self.status, self.reason = "budget", (f"gate budget {seconds(self.o.budget_s)} s exhausted during "
+                self.status, self.reason = "budget", (f"gate budget {budget_named(self.o)} s exhausted during "
                                                       f"{self.label} warm-up")
                 return
             self.warmup_failed = sum(1 for r in results if not r.ok)
@@ -606,7 +613,7 @@ class Level:
                 c.close()
 
         if not await self._until_deadline([pre_open(c) for c in self.conns]):
-            self.status, self.reason = "budget", f"gate budget {self.o.budget_s:g} s exhausted during {self.label}"
+            self.status, self.reason = "budget", f"gate budget {budget_named(self.o)} s exhausted during {self.label}"
             return
         self.started_at = time.time()
         self.cpu0 = _cpu()
@@ -730,7 +737,7 @@ async def run_gate(opts, levels: list) -> dict:
         try:
             await asyncio.wait_for(lv.run(), timeout=max(0.5, deadline - time.perf_counter() + 5.0))
         except asyncio.TimeoutError:  # belt and braces: monitor and warm-up honour the deadline
-            lv.status, lv.reason = "budget", f"gate budget {opts.budget_s:g} s exhausted during {lv.label}"
+            lv.status, lv.reason = "budget", f"gate budget {budget_named(opts)} s exhausted during {lv.label}"
         res = lv.result()
         out.append(res)
         log(f"{lv.label}: {res['status']}: {res['completed']}/{res['num_prompts']} ok, {res['failed']} failed, "
@@ -738,7 +745,7 @@ async def run_gate(opts, levels: list) -> dict:
             + (f", client CPU {100 * res['client_cpu_share']:.1f}%" if res.get("client_cpu_share") is not None else ""))
         if res["status"] == "budget":
             budget_hit = True
-            skip_reason = f"not run: gate budget {opts.budget_s:g} s exhausted"
+            skip_reason = f"not run: gate budget {budget_named(opts)} s exhausted"
         elif opts.fail_fast and not _level_ok(res, spec, opts.max_failed):
             skip_reason = f"not run: gate stopped after C={lv.c} failed (fail fast)"
     ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -784,7 +791,9 @@ def parse_args(argv=None):
     p.add_argument("--api-key-fd", type=int, default=None, help="inherited file descriptor holding the API key")
     p.add_argument("--warmup-requests", type=int, default=2)
     p.add_argument("--max-failed", type=int, default=0)
-    p.add_argument("--budget-s", type=float, default=1800.0)
+    p.add_argument("--budget-s", type=float, default=1800.0, help="seconds this client may run (its deadline)")
+    p.add_argument("--gate-budget-s", type=float, default=None,
+                   help="the gate's budget as the profile sets it, named in messages (default: --budget-s)")
     p.add_argument("--fail-fast", action="store_true")
     p.add_argument("--no-early-stop", dest="early_stop", action="store_false")
     p.add_argument("--early-pass-margin", type=float, default=None,

@@ -150,7 +150,8 @@ def builtin_command(spec: GateSpec, host: GateHost, server: GateServer, options:
         host.host_python, "-I", "-S", "-", "--base-url", server.base_url,     # isolated, stdlib only: host/__init__.py
         "--levels", json.dumps(client_levels(spec, options.order), separators=(",", ":")),
         "--warmup-requests", str(spec.warmup_requests),
-        "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}", "--seed", str(seed),
+        "--max-failed", str(spec.max_failed_requests), "--budget-s", f"{budget:.3f}",
+        "--gate-budget-s", f"{float(spec.budget_s):g}", "--seed", str(seed),
         "--heartbeat-s", f"{HEARTBEAT_S:g}"]
     if options.fail_fast:
         argv.append("--fail-fast")
