@@ -32,6 +32,8 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from ct200twin.host.files import _open_dirs
+
 log = logging.getLogger("ct200twin.host")
 
 PYC_TAG = sys.implementation.cache_tag          # cpython-311
@@ -117,9 +119,9 @@ def compile_lock(installed: Path, cache: Path, twin_python: str) -> int:
         return sum(pool.map(_compile, chunks))
 
 
-def link_into(cache: Path, twin_archives_fd: int, open_dirs) -> int:
-    """Link the store's bytecode into a twin's cache (its archive folder open as TWIN_ARCHIVES_FD;
-    OPEN_DIRS opens folders below a descriptor without following links, making them), each file
+def link_into(cache: Path, twin_archives_fd: int) -> int:
+    """Link the store's bytecode into a twin's cache (its archive folder open as TWIN_ARCHIVES_FD,
+    every folder below it opened without following links), each file
     only beside a source that is this machine's (the same inode, so the same mtime) and only
     where the twin has none. Returns the files linked."""
     store = store_dir(cache) / ARCHIVES
@@ -132,7 +134,7 @@ def link_into(cache: Path, twin_archives_fd: int, open_dirs) -> int:
         rel_dir = os.path.relpath(os.path.dirname(top), store)      # <archive>/<path>
         parts = [p for p in rel_dir.split(os.sep) if p not in ("", ".")]
         try:
-            src_fd = open_dirs(twin_archives_fd, parts, create=False)
+            src_fd = _open_dirs(twin_archives_fd, parts, create=False)
         except OSError:
             continue                                                # the twin lacks that archive
         try:
@@ -147,7 +149,7 @@ def link_into(cache: Path, twin_archives_fd: int, open_dirs) -> int:
                 if theirs.st_ino != ours.st_ino or theirs.st_dev != ours.st_dev:
                     continue                                        # the twin's own copy: it compiles it
                 if pyc_fd is None:
-                    pyc_fd = open_dirs(src_fd, ["__pycache__"], create=True)
+                    pyc_fd = _open_dirs(src_fd, ["__pycache__"], create=True)
                 with contextlib.suppress(FileExistsError):
                     os.link(os.path.join(top, name), name, dst_dir_fd=pyc_fd, follow_symlinks=False)
                     linked += 1

@@ -1,7 +1,8 @@
 """Files written into twin roots from this machine.  Code in a twin runs as root and may plant
 symlinks there, so every write checks that it stays inside its root (``_guard``) and replaces
 the file atomically (``_write``); a root is deleted only with nothing mounted under it
-(``_safe_rmtree``).
+(``_safe_rmtree``); folders inside a root are opened below a descriptor without following a link
+(``_open_dirs``).
 """
 
 from __future__ import annotations
@@ -96,3 +97,19 @@ def _tail(path: Path, lines: int = 25) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text[-lines:])
+
+
+def _open_dirs(fd: int, names: list[str], create: bool = True) -> int:
+    """The folder NAMES below the folder FD, made (root's, 0755) where missing (CREATE), each opened
+    without following a link; a new descriptor (FD stays open)."""
+    fd = os.dup(fd)
+    for name in names:
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=fd)
+        try:
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = child
+    return fd

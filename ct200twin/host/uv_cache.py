@@ -14,6 +14,9 @@ a host that installed before. Hard links, not a bind mount: a venv can be hard-l
 cache on its own mount, so a shared bind-mounted cache would be copied into every venv (30 s and
 10 GB more each, measured).
 
+The release's bytecode comes along: ``warm`` compiles the lock's modules once into a store
+beside the cache, and ``share`` links each file beside its source (ct200twin/host/bytecode.py).
+
 The links share this machine's files: uv never rewrites a cached file (it writes a new one and
 renames it), and neither does patch(1) in a venv, so nothing a deploy does in a twin changes them.
 Every link is made below directory descriptors opened without following links (code in the twin
@@ -42,6 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ct200twin.host import bytecode
+from ct200twin.host.files import _open_dirs
 from ct200twin.host.layout import REPO_ROOT
 
 log = logging.getLogger("ct200twin.host")
@@ -169,28 +173,12 @@ def _link_cache(source: Path, root: Path) -> int:
         if bytecode.ARCHIVES in buckets:
             archives_fd = _open_dirs(cache_fd, [bytecode.ARCHIVES], create=False)
             try:
-                linked += bytecode.link_into(source, archives_fd, _open_dirs)
+                linked += bytecode.link_into(source, archives_fd)
             finally:
                 os.close(archives_fd)
         return linked
     finally:
         os.close(cache_fd)
-
-
-def _open_dirs(fd: int, names: list[str], create: bool = True) -> int:
-    """The folder NAMES below the folder FD, made (root's, 0755) where missing (CREATE), each opened
-    without following a link; a new descriptor (FD stays open)."""
-    fd = os.dup(fd)
-    for name in names:
-        if create:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=fd)
-        try:
-            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-        finally:
-            os.close(fd)
-        fd = child
-    return fd
 
 
 def _link_tree(src: Path, parent_fd: int, name: str, whole: bool) -> int:
