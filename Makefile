@@ -2,7 +2,7 @@
 #
 # The control node needs python3 (with venv) and nothing else: make builds .venv from the lock
 # file kept in the repo (requirements.lock; `make lock` refreshes it). The CT200 twin's Debian
-# packages (debootstrap, systemd-container, ...) are installed (as root, or through sudo) only
+# packages (mmdebstrap, systemd-container, ...) are installed (as root, or through sudo) only
 # for what uses the twin: INVENTORY=inventory/sim.py (the default), sim-up, test.
 #
 #   make deploy PROFILE=nvfp4-ctx8k INVENTORY=inventory/ct200.py ARGS="--data allow_reboot=true"
@@ -35,7 +35,7 @@ BIN := $(VENV)/bin
 TWIN_CLI := $(BIN)/python -m ct200twin
 LOCK := requirements.lock
 EXTRAS := test twin
-TWIN_DEBS := debootstrap systemd-container systemd openssh-client rsync patch ca-certificates python3-venv
+TWIN_DEBS := mmdebstrap systemd-container systemd openssh-client rsync patch ca-certificates python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The report page's browser test opens it in Debian's Chromium (tests/browser.py): make test installs it.
 BROWSER_DEBS := chromium
@@ -84,7 +84,8 @@ bootstrap: $(TWIN) venv
 # Only the twin needs these (and a Debian control node); a real deploy needs only the venv.
 debs: twin-debs
 twin-debs: .cache/twin-debs.stamp
-.cache/twin-debs.stamp:
+# checked again when the Makefile changes: a checkout made before TWIN_DEBS gained a package gets it
+.cache/twin-debs.stamp: Makefile
 	@missing=$$(for p in $(TWIN_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages for the CT200 twin: $$missing"; \

@@ -32,7 +32,7 @@ def profile_dir(tmp_path, monkeypatch):
 
 # --- order and background preparation ------------------------------------------------------------
 # Tests that need the CT200 twin or SGLang's parser venv (marked `slow`) run last, in their own
-# order; while the fast ones run, the twin's Debian root (debootstrap, ~2-3 min on a fresh machine)
+# order; while the fast ones run, the twin's Debian root (mmdebstrap, under a minute on a fresh machine)
 # and the parser venv are built in the background, so a fresh `make test` waits for neither.
 # Tests that use the twin are also marked `twin`: `make test` runs them in a second pytest process
 # beside the rest (they mostly wait on the twin; the rest mostly computes).

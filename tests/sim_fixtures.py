@@ -21,7 +21,7 @@ from ct200twin.host import uv_cache
 from ct200twin.server.faults import DEFAULT_PATH as TWIN_FAULTS
 
 NOT_ROOT = os.geteuid() != 0
-NOT_ROOT_REASON = "the CT200 twin needs root (debootstrap, systemd-nspawn); CI runs as root"
+NOT_ROOT_REASON = "the CT200 twin needs root (mmdebstrap, systemd-nspawn); CI runs as root"
 
 needs_root = pytest.mark.skipif(NOT_ROOT, reason=NOT_ROOT_REASON)
 

@@ -351,7 +351,7 @@ def test_make_real_deploy_passes_args_and_installs_no_twin_packages():
     assert (".venv/bin/pyinfra -y inventory/ct200.py deploy/serve.py --data profile=nvfp4-ctx8k "
             "--data allow_reboot=true") in out.stdout
     assert "--require-hashes -r requirements.lock" in out.stdout     # the venv, the lock's files, hash-checked
-    for twin_only in ("debootstrap", "apt-get", "ct200twin up"):
+    for twin_only in ("mmdebstrap", "apt-get", "ct200twin up"):
         assert twin_only not in out.stdout
 
 
@@ -359,7 +359,7 @@ def test_make_twin_targets_install_the_twin_packages():
     for args in (["deploy"], ["test"], ["sim-up"], ["rollback"], ["deploy", "INVENTORY=./inventory/sim.py"]):
         out, _ = make("-n", "-B", *args)
         assert out.returncode == 0, out.text
-        assert "debootstrap" in out.stdout and "systemd-container" in out.stdout, args
+        assert "mmdebstrap" in out.stdout and "systemd-container" in out.stdout, args
     out, _ = make("-n", "-B", "deploy")
     assert "--data profile=nvfp4-ctx8k" in out.stdout and "-m ct200twin up" in out.stdout  # the twin keeps its default
 
@@ -367,7 +367,7 @@ def test_make_twin_targets_install_the_twin_packages():
 def test_make_rollback_and_history_pass_args():
     out, _ = make("-n", "rollback", "INVENTORY=inventory/ct200.py", "TO=3", "ARGS=--data break_lock=true")
     assert ".venv/bin/pyinfra -y inventory/ct200.py deploy/rollback.py --data to=3 --data break_lock=true" in out.stdout
-    assert "debootstrap" not in out.stdout
+    assert "mmdebstrap" not in out.stdout
     out, _ = make("-n", "history", "INVENTORY=inventory/ct200.py", "ARGS=--json")
     assert ".venv/bin/dsv4deploy history --inventory inventory/ct200.py --json" in out.stdout
 

@@ -177,7 +177,7 @@ def test_cli_errors_without_root_or_tools(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(simhost.shutil, "which", lambda name: None)
     assert simcli.main(["up"]) == 1
     err = capsys.readouterr().err
-    assert "debootstrap" in err and "systemd-container" in err and "Traceback" not in err
+    assert "mmdebstrap" in err and "systemd-container" in err and "Traceback" not in err
 
 
 def test_cli_bad_input_exits_2(tmp_path, monkeypatch, capsys):

@@ -5,8 +5,8 @@ State layout (``sim_dir()``, by default ``<repo>/.sim``, env ``DSV4_SIM_DIR``)::
 
     .sim/
       .lock                      flock taken by up/down/gpus and the root's prebuild
-      rootfs/bookworm/           debootstrap root, built once (marker .dsv4deploy-rootfs.json)
-      rootfs/debootstrap.log     log of the last build
+      rootfs/bookworm/           Debian root (mmdebstrap), built once (marker .dsv4deploy-rootfs.json)
+      rootfs/mmdebstrap.log      log of the last build
       ssh/id_ed25519[.pub]       root's key pair (root's authorized_keys in every twin)
       ssh/deploy_ed25519[.pub]   the deploy account's key pair (what the inventory uses)
       ssh/known_hosts            the twins' host keys (host-key checking stays on)

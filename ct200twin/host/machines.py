@@ -57,13 +57,13 @@ STOP_WAIT_S = 60.0
 
 def require_root(action: str) -> None:
     if os.geteuid() != 0:
-        raise SimError(f"`sim {action}` needs root (debootstrap and systemd-nspawn do); run it as root or with sudo")
+        raise SimError(f"`sim {action}` needs root (mmdebstrap and systemd-nspawn do); run it as root or with sudo")
 
 
 def require_tools() -> None:
-    missing = [t for t in ("debootstrap", "systemd-nspawn", "ssh", "ssh-keygen") if not shutil.which(t)]
+    missing = [t for t in ("mmdebstrap", "systemd-nspawn", "ssh", "ssh-keygen") if not shutil.which(t)]
     if missing:
-        pkgs = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container",
+        pkgs = {"mmdebstrap": "mmdebstrap", "systemd-nspawn": "systemd-container",
                 "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
         need = sorted({pkgs[m] for m in missing})
         raise SimError(f"missing {', '.join(missing)}: install the Debian packages {' '.join(need)} "

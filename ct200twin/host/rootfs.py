@@ -1,6 +1,10 @@
-"""The cached Debian root that every twin starts as a copy of: debootstrap of bookworm (minbase
-and what a fresh server install has), built once into a temporary dir and renamed into place,
-rebuilt when its recipe changes.
+"""The cached Debian root that every twin starts as a copy of: bookworm's minbase and what a fresh
+server install has, built once by mmdebstrap into a temporary dir and renamed into place, rebuilt
+when its recipe changes.
+
+mmdebstrap, not debootstrap: the same packages (merged /usr the way debootstrap makes it, with
+usr-is-merged, not the usrmerge package and its perl), in about 25 s instead of about 80 s here
+(120 s while make test's other work runs), and every twin waits for this root.
 
 Stdlib only at module level (and so are the modules it imports): `make test` runs
 ``prebuild_root`` with a bare python3 while the venv installs.
@@ -32,8 +36,9 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 ROOTFS_PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "sudo", "iproute2", "procps",
 )
-ROOTFS_RECIPE_VERSION = 2
+ROOTFS_RECIPE_VERSION = 3
 ROOTFS_MARKER = ".dsv4deploy-rootfs.json"
+MERGED_USR_HOOK = "/usr/share/mmdebstrap/hooks/merged-usr"
 
 
 def rootfs_dir() -> Path:
@@ -41,7 +46,7 @@ def rootfs_dir() -> Path:
 
 
 def _recipe() -> dict[str, Any]:
-    return {"suite": SUITE, "variant": "minbase", "packages": list(ROOTFS_PACKAGES),
+    return {"suite": SUITE, "variant": "minbase", "packages": list(ROOTFS_PACKAGES), "builder": "mmdebstrap",
             "version": ROOTFS_RECIPE_VERSION}
 
 
@@ -69,10 +74,9 @@ def ensure_rootfs(rebuild: bool = False) -> Path:
         _safe_rmtree(stale)
     build = Path(tempfile.mkdtemp(prefix=f".{SUITE}.build-", dir=parent))
     os.chmod(build, 0o755)          # mkdtemp makes 0700: that would be the twin's "/"
-    logfile = parent / "debootstrap.log"
-    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(ROOTFS_PACKAGES),
-           SUITE, str(build), _mirror()]
-    log.info("building the twin root (debootstrap %s, about 2 min, once): log in %s", SUITE, logfile)
+    logfile = parent / "mmdebstrap.log"
+    cmd = build_command(build)
+    log.info("building the twin root (mmdebstrap %s, under a minute, once): log in %s", SUITE, logfile)
     t0 = time.monotonic()
     with open(logfile, "w") as out:
         out.write("$ " + shlex.join(cmd) + "\n")
@@ -80,7 +84,7 @@ def ensure_rootfs(rebuild: bool = False) -> Path:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
     if rc != 0:
         _safe_rmtree(build)
-        raise SimError(f"debootstrap failed (exit {rc}); see {logfile}:\n{_tail(logfile, 15)}")
+        raise SimError(f"mmdebstrap failed (exit {rc}); see {logfile}:\n{_tail(logfile, 15)}")
     _prepare_rootfs(build)
     _write(build / ROOTFS_MARKER, json.dumps({"recipe": _recipe(), "built": time.time(),
                                                "seconds": round(time.monotonic() - t0, 1)}, indent=1))
@@ -91,6 +95,13 @@ def ensure_rootfs(rebuild: bool = False) -> Path:
     os.rename(build, final)
     log.info("twin root built in %.0f s", time.monotonic() - t0)
     return final
+
+
+def build_command(target: Path) -> list[str]:
+    """mmdebstrap as root into TARGET, with debootstrap's merged /usr (its hook) and the package lists
+    kept (a freshly installed server has them; mmdebstrap removes them by default)."""
+    return ["mmdebstrap", "--mode=root", "--variant=minbase", f"--hook-dir={MERGED_USR_HOOK}",
+            "--skip=cleanup/apt/lists", "--include=" + ",".join(ROOTFS_PACKAGES), SUITE, str(target), _mirror()]
 
 
 def prebuild_root() -> None:
