@@ -94,8 +94,7 @@ def seconds(value: float) -> str:
 def budget_named(opts) -> str:
     """The gate's budget as the profile sets it (--gate-budget-s), which messages name; --budget-s
     is what is left of it when this client starts (its deadline)."""
-    named = getattr(opts, "gate_budget_s", None)
-    return seconds(opts.budget_s if named is None else named)
+    return seconds(opts.budget_s if opts.gate_budget_s is None else opts.gate_budget_s)
 
 
 def log(msg: str) -> None:
